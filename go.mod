@@ -1,0 +1,5 @@
+module github.com/onceguard/onceguard
+
+go 1.26
+
+require go.uber.org/goleak v1.3.0

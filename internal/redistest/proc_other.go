@@ -1,0 +1,9 @@
+//go:build !linux
+
+package redistest
+
+import "os/exec"
+
+// startCmd starts cmd. Outside Linux there is no parent-death signal, so
+// children rely on t.Cleanup alone.
+func startCmd(cmd *exec.Cmd) error { return cmd.Start() }

@@ -1,0 +1,256 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Lease is a held lock. Its methods are safe for concurrent use.
+//
+// A lease ends when it is released, when its TTL passes without a refresh
+// (measured locally on the monotonic clock, with a margin for clock drift
+// between this process and the backend), or when automatic renewal finds the
+// lock gone. Done and Context report the end at once, so that work done
+// under the lock can stop: a lease you no longer hold protects nothing.
+//
+// Even a held lease is only an efficiency guarantee under process pauses:
+// pass Fence to the resource and let it refuse writes carrying an older
+// fence (see the package documentation).
+type Lease struct {
+	locker *Locker
+	key    string
+	owner  string
+	fence  int64
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex // guards the fields below
+	ttl      time.Duration
+	deadline time.Time   // local validity end, monotonic
+	expiry   *time.Timer // ends the lease at deadline
+	released bool
+
+	// Watchdog (AutoRenew only): Release closes stopRenew once and waits
+	// for renewing to close.
+	stopRenew chan struct{}
+	stopOnce  sync.Once
+	renewing  chan struct{}
+}
+
+func newLease(l *Locker, key, owner string, ttl time.Duration, fence int64, start time.Time) *Lease {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	ls := &Lease{locker: l, key: key, owner: owner, fence: fence, ctx: ctx, cancel: cancel, ttl: ttl}
+	ls.mu.Lock() // the timer may fire before newLease returns
+	ls.deadline = start.Add(validity(ttl))
+	ls.expiry = time.AfterFunc(time.Until(ls.deadline), ls.expire)
+	ls.mu.Unlock()
+	if l.opts.AutoRenew {
+		ls.stopRenew = make(chan struct{})
+		ls.renewing = make(chan struct{})
+		go ls.watchdog()
+	}
+	return ls
+}
+
+// validity is how long a lease is trusted locally: its TTL less a margin for
+// drift between our clock and the backend's (1% plus up to 2ms).
+func validity(ttl time.Duration) time.Duration {
+	return ttl - ttl/100 - min(2*time.Millisecond, ttl/10)
+}
+
+// Key returns the lock's name.
+func (ls *Lease) Key() string { return ls.key }
+
+// Token returns the random owner token the backend stores for this lease.
+func (ls *Lease) Token() string { return ls.owner }
+
+// Fence returns the fencing token: a number that strictly increases with
+// every successful acquire of the same key. Send it with every write made
+// under the lock and let the resource refuse a write whose fence is lower
+// than the last it accepted: that stops a holder that was paused past its
+// TTL from overwriting the work of the next holder. Fences are
+// microseconds of the backend's clock, or the previous fence plus one when
+// that is not larger, so they also stay comparable across backends.
+func (ls *Lease) Fence() int64 { return ls.fence }
+
+// Deadline returns when the lease ends unless it is refreshed.
+func (ls *Lease) Deadline() time.Time {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.deadline
+}
+
+// Done returns a channel that is closed when the lease ends: released, run
+// out, or found lost by renewal.
+func (ls *Lease) Done() <-chan struct{} { return ls.ctx.Done() }
+
+// Context returns a context that is cancelled when the lease ends. Its
+// cause (context.Cause) is ErrReleased after Release, or matches ErrLost
+// otherwise.
+func (ls *Lease) Context() context.Context { return ls.ctx }
+
+// Err returns nil while the lease is held, nil after Release, and an error
+// matching ErrLost (and ErrExpired or ErrNotHeld when known) when it ended
+// any other way.
+func (ls *Lease) Err() error {
+	if cause := context.Cause(ls.ctx); cause != nil && cause != ErrReleased {
+		return cause
+	}
+	return nil
+}
+
+// Refresh extends the lease to ttl from now, if it is still held. It
+// returns ErrExpired or ErrNotHeld (and ends the lease) when it is not,
+// ErrInvalidTTL for a TTL under a millisecond, and the backend's error,
+// leaving the lease as it was, when the backend cannot be reached. A lease
+// that has ended is never revived.
+func (ls *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	ttl, err := check(ls.key, ttl)
+	if err != nil {
+		return err
+	}
+	return ls.refresh(ctx, ttl)
+}
+
+func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
+	if err := ls.ended(); err != nil {
+		return err
+	}
+	start := time.Now()
+	err := ls.locker.backend.Refresh(ctx, ls.key, ls.owner, ttl)
+	if errors.Is(err, ErrNotHeld) {
+		ls.lose(err)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.ctx.Err() != nil {
+		// Ended locally while the refresh was on its way: stay ended.
+		return ls.endedLocked()
+	}
+	ls.ttl = ttl
+	ls.deadline = start.Add(validity(ttl))
+	ls.expiry.Reset(time.Until(ls.deadline))
+	return nil
+}
+
+// Release gives the lock back. It runs on a context detached from ctx's
+// cancellation, bounded by Options.ReleaseTimeout, so that a cancelled
+// request still releases. It returns nil, ErrExpired when the TTL had
+// already passed, ErrNotHeld when another owner holds the lock or the lease
+// was already released, or the backend's error; retrying after a backend
+// error is safe because release compares the owner token.
+func (ls *Lease) Release(ctx context.Context) error {
+	ls.mu.Lock()
+	if ls.released {
+		ls.mu.Unlock()
+		return fmt.Errorf("release %q: %w", ls.key, ErrNotHeld)
+	}
+	ls.expiry.Stop()
+	ls.mu.Unlock()
+	ls.stopWatchdog()
+
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ls.locker.opts.ReleaseTimeout)
+	defer cancel()
+	err := ls.locker.backend.Release(ctx, ls.key, ls.owner)
+	if err == nil || errors.Is(err, ErrNotHeld) {
+		ls.mu.Lock()
+		ls.released = true
+		ls.mu.Unlock()
+	}
+	if err == nil {
+		ls.cancel(ErrReleased)
+	} else {
+		ls.lose(err)
+	}
+	return err
+}
+
+// stopWatchdog ends the renewal goroutine and waits for it, so that no
+// refresh runs after Release.
+func (ls *Lease) stopWatchdog() {
+	if ls.renewing == nil {
+		return
+	}
+	ls.stopOnce.Do(func() { close(ls.stopRenew) })
+	<-ls.renewing
+}
+
+func (ls *Lease) watchdog() {
+	defer close(ls.renewing)
+	t := time.NewTimer(ls.renewEvery())
+	defer t.Stop()
+	for {
+		select {
+		case <-ls.ctx.Done():
+			return
+		case <-ls.stopRenew:
+			return
+		case <-t.C:
+		}
+		ls.mu.Lock()
+		ttl, left := ls.ttl, time.Until(ls.deadline)
+		ls.mu.Unlock()
+		ctx, cancel := context.WithTimeout(ls.ctx, max(left, time.Millisecond))
+		err := ls.refresh(ctx, ttl)
+		cancel()
+		switch {
+		case err == nil:
+			t.Reset(ls.renewEvery())
+		case ls.ctx.Err() != nil:
+			return // lost for good (refresh ended the lease)
+		default:
+			// Transient: try again soon; the expiry timer ends the lease if
+			// the deadline passes first.
+			t.Reset(max(time.Millisecond, min(ls.renewEvery()/4, left/4)))
+		}
+	}
+}
+
+func (ls *Lease) renewEvery() time.Duration {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return max(time.Millisecond, ls.ttl/3)
+}
+
+// expire runs when the local deadline passes.
+func (ls *Lease) expire() {
+	ls.lose(ErrExpired)
+}
+
+func (ls *Lease) lose(err error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.ctx.Err() == nil {
+		ls.expiry.Stop()
+		ls.cancel(fmt.Errorf("%w: %q: %w", ErrLost, ls.key, err))
+	}
+}
+
+// ended returns the reason the lease ended, or nil while it is held.
+func (ls *Lease) ended() error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.endedLocked()
+}
+
+func (ls *Lease) endedLocked() error {
+	if ls.released {
+		return fmt.Errorf("lease %q: %w", ls.key, ErrNotHeld)
+	}
+	if ls.ctx.Err() == nil {
+		return nil
+	}
+	cause := context.Cause(ls.ctx)
+	if errors.Is(cause, ErrNotHeld) {
+		return cause
+	}
+	return fmt.Errorf("%w: %w", cause, ErrNotHeld)
+}

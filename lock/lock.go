@@ -1,0 +1,247 @@
+package lock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"time"
+)
+
+// MaxKeyLen is the longest key, in bytes, a Locker accepts.
+const MaxKeyLen = 512
+
+// Options configure a Locker. A nil *Options means all defaults.
+type Options struct {
+	// AutoRenew starts a watchdog with every lease that refreshes it every
+	// TTL/3 until Release. When a refresh finds the lock gone the lease
+	// ends at once; transient errors are retried until the lease's local
+	// deadline, then the lease ends. Default: false.
+	AutoRenew bool
+
+	// MinBackoff and MaxBackoff bound the jittered exponential backoff
+	// between attempts of a blocking Acquire. With a backend that wakes
+	// waiters (Waiter), MaxBackoff is only the polling fallback. Defaults:
+	// 5ms and 250ms.
+	MinBackoff, MaxBackoff time.Duration
+
+	// MaxWait bounds a blocking Acquire in addition to its context.
+	// Default: 0, only the context bounds it.
+	MaxWait time.Duration
+
+	// ReleaseTimeout bounds Release, which runs on a context detached from
+	// the caller's cancellation so that a cancelled request never leaves
+	// the lock held until its TTL. Default: 5s.
+	ReleaseTimeout time.Duration
+}
+
+func (o *Options) withDefaults() Options {
+	var v Options
+	if o != nil {
+		v = *o
+	}
+	if v.MinBackoff <= 0 {
+		v.MinBackoff = 5 * time.Millisecond
+	}
+	if v.MaxBackoff <= 0 {
+		v.MaxBackoff = 250 * time.Millisecond
+	}
+	if v.MaxBackoff < v.MinBackoff {
+		v.MaxBackoff = v.MinBackoff
+	}
+	if v.ReleaseTimeout <= 0 {
+		v.ReleaseTimeout = 5 * time.Second
+	}
+	return v
+}
+
+// Locker hands out leases on named locks kept by a Backend. It is safe for
+// concurrent use; create one per backend and options and share it.
+type Locker struct {
+	backend Backend
+	waiter  Waiter // backend as a Waiter, or nil
+	opts    Options
+}
+
+// New returns a Locker on backend. opts may be nil.
+func New(backend Backend, opts *Options) *Locker {
+	l := &Locker{backend: backend, opts: opts.withDefaults()}
+	l.waiter, _ = backend.(Waiter)
+	return l
+}
+
+// Backend returns the backend the Locker was created with.
+func (l *Locker) Backend() Backend { return l.backend }
+
+// TryAcquire makes one attempt to take the lock named key for ttl. It
+// returns ErrNotAcquired at once when the lock is held (or when blocked
+// waiters are queued for it), ErrInvalidKey or ErrInvalidTTL for bad input,
+// and an error matching ErrUnavailable when the backend cannot be reached.
+// TTLs are truncated to whole milliseconds.
+func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) (*Lease, error) {
+	ttl, err := check(key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, errors.Join(ErrNotAcquired, err)
+	}
+	owner := newOwner()
+	start := time.Now()
+	g, err := l.backend.Acquire(ctx, Request{Key: key, Owner: owner, TTL: ttl})
+	if err != nil {
+		return nil, err
+	}
+	return newLease(l, key, owner, ttl, g.Fence, start), nil
+}
+
+// Acquire takes the lock named key for ttl, waiting while it is held until
+// ctx ends or Options.MaxWait passes. Waiters are served in arrival order on
+// backends that queue them (memlock, redislock); on others they retry with
+// jittered exponential backoff. When the wait ends without the lock, the
+// error matches both ErrNotAcquired and ctx.Err() (context.DeadlineExceeded
+// for MaxWait) and the waiter has left the queue. Backend errors are
+// returned at once.
+func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*Lease, error) {
+	ttl, err := check(key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if l.opts.MaxWait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.opts.MaxWait)
+		defer cancel()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, errors.Join(ErrNotAcquired, err)
+	}
+	req := Request{Key: key, Owner: newOwner(), TTL: ttl, Wait: true, WaitTTL: 4 * l.opts.MaxBackoff}
+	if req.WaitTTL < time.Second {
+		req.WaitTTL = time.Second
+	}
+	var (
+		wake    <-chan struct{}
+		stop    func()
+		queued  bool
+		backoff = l.opts.MinBackoff
+		timer   *time.Timer
+	)
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		start := time.Now()
+		g, err := l.backend.Acquire(ctx, req)
+		if err == nil {
+			lease := newLease(l, key, req.Owner, ttl, g.Fence, start)
+			if ctx.Err() != nil {
+				// The caller gave up while the winning attempt was on its
+				// way: hand the lock straight back.
+				_ = lease.Release(ctx)
+				return nil, errors.Join(ErrNotAcquired, ctx.Err())
+			}
+			return lease, nil
+		}
+		if !errors.Is(err, ErrNotAcquired) {
+			l.leave(ctx, queued, key, req.Owner)
+			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+				err = errors.Join(err, ctxErr)
+			}
+			return nil, err
+		}
+		queued = true
+		if l.waiter != nil && wake == nil {
+			// Subscribe first, then try again: a release between the
+			// failed attempt and the subscription is not missed.
+			if w, s, werr := l.waiter.Wait(ctx, key, req.Owner); werr == nil {
+				wake, stop = w, s
+				continue
+			}
+			// No notifications: poll.
+		}
+		sleep := backoff
+		if wake != nil {
+			sleep = l.opts.MaxBackoff // only a fallback: release wakes us
+		} else if backoff < l.opts.MaxBackoff {
+			backoff = min(2*backoff, l.opts.MaxBackoff)
+		}
+		if g.RetryAfter > 0 && g.RetryAfter < sleep {
+			sleep = g.RetryAfter + time.Millisecond
+		}
+		sleep = jitter(sleep)
+		if timer == nil {
+			timer = time.NewTimer(sleep)
+		} else {
+			timer.Reset(sleep)
+		}
+		select {
+		case <-wake:
+		case <-timer.C:
+		case <-ctx.Done():
+			l.leave(ctx, queued, key, req.Owner)
+			return nil, errors.Join(ErrNotAcquired, ctx.Err())
+		}
+	}
+}
+
+// leave takes a waiter that gave up out of the backend's queue.
+func (l *Locker) leave(ctx context.Context, queued bool, key, owner string) {
+	if !queued || l.waiter == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.ReleaseTimeout)
+	defer cancel()
+	_ = l.waiter.Leave(ctx, key, owner) // best effort: the entry expires after WaitTTL anyway
+}
+
+// Do takes the lock with Acquire, runs fn with a context that is cancelled
+// when fn returns or the lease is lost, and releases the lock. It returns
+// fn's error, or the acquire error, or the lease's loss joined to fn's error
+// when the lease ended while fn ran.
+func (l *Locker) Do(ctx context.Context, key string, ttl time.Duration, fn func(ctx context.Context, lease *Lease) error) error {
+	lease, err := l.Acquire(ctx, key, ttl)
+	if err != nil {
+		return err
+	}
+	workCtx, cancel := context.WithCancelCause(ctx)
+	stopAfter := context.AfterFunc(lease.Context(), func() { cancel(context.Cause(lease.Context())) })
+	err = fn(workCtx, lease)
+	stopAfter()
+	cancel(nil)
+	if lost := lease.Err(); lost != nil {
+		return errors.Join(err, lost)
+	}
+	if rerr := lease.Release(ctx); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	return err
+}
+
+func check(key string, ttl time.Duration) (time.Duration, error) {
+	if key == "" || len(key) > MaxKeyLen {
+		return 0, fmt.Errorf("%w: length %d, want 1..%d bytes", ErrInvalidKey, len(key), MaxKeyLen)
+	}
+	if ttl < time.Millisecond {
+		return 0, fmt.Errorf("%w: %v, want at least 1ms", ErrInvalidTTL, ttl)
+	}
+	return ttl.Truncate(time.Millisecond), nil
+}
+
+// newOwner returns 128 random bits, base64url: the owner token.
+func newOwner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// jitter returns d scaled by a random factor in [0.5, 1.5).
+func jitter(d time.Duration) time.Duration {
+	return d/2 + mrand.N(d+1)
+}

@@ -1,0 +1,423 @@
+// Package locktest is the conformance suite every lock.Backend runs. A new
+// backend proves itself by calling Run from its tests:
+//
+//	func TestConformance(t *testing.T) {
+//		locktest.Run(t, func(t *testing.T) lock.Backend { return newBackend(t) })
+//	}
+//
+// Keys are unique per run, so several runs may share one server. The suite
+// checks mutual exclusion under 100 goroutines, TTL expiry, that refresh and
+// release fail once the lease is gone (with ErrExpired or ErrNotHeld), that
+// fencing tokens strictly increase across holders, that the lost-lease
+// signal fires, that a blocking wait honours its context and leaves no
+// trace, that release wakes a waiter long before the TTL, bad input, and
+// that no goroutine is left behind.
+package locktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/onceguard/onceguard/lock"
+)
+
+// Run runs the suite. newBackend is called once per subtest.
+func Run(t *testing.T, newBackend func(t *testing.T) lock.Backend) {
+	run := func(name string, f func(t *testing.T, b lock.Backend, key string)) {
+		t.Run(name, func(t *testing.T) {
+			b := newBackend(t)
+			leaks := goleak.IgnoreCurrent()
+			f(t, b, fmt.Sprintf("locktest/%s/%d", t.Name(), time.Now().UnixNano()))
+			goleak.VerifyNone(t, leaks)
+		})
+	}
+	run("MutualExclusion", testMutualExclusion)
+	run("TryAcquireWhileHeld", testTryAcquireWhileHeld)
+	run("TTLExpiry", testTTLExpiry)
+	run("RefreshAfterExpiry", testRefreshAfterExpiry)
+	run("ReleaseByNonOwner", testReleaseByNonOwner)
+	run("FencesIncrease", testFencesIncrease)
+	run("LostSignalOnExpiry", testLostSignalOnExpiry)
+	run("AutoRenew", testAutoRenew)
+	run("AutoRenewLoss", testAutoRenewLoss)
+	run("BlockingWaitDeadline", testBlockingWaitDeadline)
+	run("ReleaseWakesWaiter", testReleaseWakesWaiter)
+	run("ReleaseWithCancelledContext", testReleaseCancelled)
+	run("DoubleRelease", testDoubleRelease)
+	run("BadInput", testBadInput)
+	run("Do", testDo)
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustTry(t *testing.T, l *lock.Locker, key string, ttl time.Duration) *lock.Lease {
+	t.Helper()
+	lease, err := l.TryAcquire(ctxT(t), key, ttl)
+	if err != nil {
+		t.Fatalf("TryAcquire(%q) = %v; want a lease", key, err)
+	}
+	return lease
+}
+
+func mustRelease(t *testing.T, lease *lock.Lease) {
+	t.Helper()
+	if err := lease.Release(ctxT(t)); err != nil {
+		t.Fatalf("Release(%q) = %v; want nil", lease.Key(), err)
+	}
+}
+
+func testMutualExclusion(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	const workers = 100
+	var (
+		inside    atomic.Int32
+		mu        sync.Mutex
+		lastFence int64
+		count     int
+		wg        sync.WaitGroup
+		errs      = make(chan error, workers)
+	)
+	ctx := ctxT(t)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lease, err := l.Acquire(ctx, key, 10*time.Second)
+			if err != nil {
+				errs <- fmt.Errorf("Acquire = %v; want a lease", err)
+				return
+			}
+			if n := inside.Add(1); n != 1 {
+				errs <- fmt.Errorf("%d holders inside the critical section; want 1", n)
+			}
+			mu.Lock()
+			if lease.Fence() <= lastFence {
+				errs <- fmt.Errorf("fence %d after %d; want strictly increasing", lease.Fence(), lastFence)
+			}
+			lastFence = lease.Fence()
+			count++
+			mu.Unlock()
+			time.Sleep(100 * time.Microsecond)
+			inside.Add(-1)
+			if err := lease.Release(ctx); err != nil {
+				errs <- fmt.Errorf("Release = %v; want nil", err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if count != workers {
+		t.Errorf("%d goroutines got the lock; want %d", count, workers)
+	}
+}
+
+func testTryAcquireWhileHeld(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	lease := mustTry(t, l, key, 10*time.Second)
+	_, err := l.TryAcquire(ctxT(t), key, time.Second)
+	if !errors.Is(err, lock.ErrNotAcquired) {
+		t.Errorf("TryAcquire while held = %v; want ErrNotAcquired", err)
+	}
+	other := mustTry(t, l, key+"/other", time.Second) // other keys are independent
+	mustRelease(t, other)
+	mustRelease(t, lease)
+	mustRelease(t, mustTry(t, l, key, time.Second))
+}
+
+func testTTLExpiry(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	first := mustTry(t, l, key, 100*time.Millisecond)
+	time.Sleep(250 * time.Millisecond)
+	second := mustTry(t, l, key, 10*time.Second)
+	if second.Fence() <= first.Fence() {
+		t.Errorf("fence after expiry = %d; want > %d", second.Fence(), first.Fence())
+	}
+	mustRelease(t, second)
+}
+
+func testRefreshAfterExpiry(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	lease := mustTry(t, l, key, 100*time.Millisecond)
+	if err := lease.Refresh(ctxT(t), 200*time.Millisecond); err != nil {
+		t.Fatalf("Refresh while held = %v; want nil", err)
+	}
+	time.Sleep(350 * time.Millisecond)
+	if err := lease.Refresh(ctxT(t), time.Second); !errors.Is(err, lock.ErrExpired) {
+		t.Errorf("Refresh after expiry = %v; want ErrExpired", err)
+	}
+	// The failed refresh must not have revived the lock.
+	mustRelease(t, mustTry(t, l, key, time.Second))
+}
+
+func testReleaseByNonOwner(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	stale := mustTry(t, l, key, 100*time.Millisecond)
+	time.Sleep(250 * time.Millisecond)
+	current := mustTry(t, l, key, 10*time.Second)
+	err := stale.Release(ctxT(t))
+	if !errors.Is(err, lock.ErrNotHeld) || errors.Is(err, lock.ErrExpired) {
+		t.Errorf("Release by the old owner = %v; want ErrNotHeld (another owner), not ErrExpired", err)
+	}
+	if err := stale.Refresh(ctxT(t), time.Second); !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("Refresh by the old owner = %v; want ErrNotHeld", err)
+	}
+	if _, err := l.TryAcquire(ctxT(t), key, time.Second); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Errorf("TryAcquire after a non-owner release = %v; want ErrNotAcquired (the lock must still be held)", err)
+	}
+	if current.Err() != nil {
+		t.Errorf("current holder's lease Err = %v; want nil", current.Err())
+	}
+	mustRelease(t, current)
+}
+
+func testFencesIncrease(t *testing.T, b lock.Backend, key string) {
+	l1, l2 := lock.New(b, nil), lock.New(b, nil)
+	var last int64
+	for i := range 20 {
+		l := l1
+		if i%2 == 1 {
+			l = l2
+		}
+		lease := mustTry(t, l, key, time.Second)
+		if lease.Fence() <= last {
+			t.Fatalf("acquire %d: fence %d; want > %d", i, lease.Fence(), last)
+		}
+		last = lease.Fence()
+		mustRelease(t, lease)
+	}
+}
+
+func testLostSignalOnExpiry(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	lease := mustTry(t, l, key, 100*time.Millisecond)
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed 10s after a 100ms lease; want closed at its TTL")
+	}
+	if err := lease.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrExpired) {
+		t.Errorf("Err after expiry = %v; want ErrLost and ErrExpired", err)
+	}
+	if err := context.Cause(lease.Context()); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("context cause = %v; want ErrLost", err)
+	}
+	time.Sleep(100 * time.Millisecond) // past the TTL on the backend too: Done fires a drift margin early
+	if err := lease.Release(ctxT(t)); !errors.Is(err, lock.ErrExpired) {
+		t.Errorf("Release after expiry = %v; want ErrExpired", err)
+	}
+}
+
+func testAutoRenew(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, &lock.Options{AutoRenew: true})
+	lease := mustTry(t, l, key, 150*time.Millisecond)
+	time.Sleep(600 * time.Millisecond) // four TTLs
+	select {
+	case <-lease.Done():
+		t.Fatalf("renewed lease ended: %v; want held", lease.Err())
+	default:
+	}
+	if _, err := l.TryAcquire(ctxT(t), key, time.Second); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Errorf("TryAcquire of a renewed lock = %v; want ErrNotAcquired", err)
+	}
+	mustRelease(t, lease)
+	if err := lease.Err(); err != nil {
+		t.Errorf("Err after Release = %v; want nil", err)
+	}
+	if cause := context.Cause(lease.Context()); !errors.Is(cause, lock.ErrReleased) {
+		t.Errorf("cause after Release = %v; want ErrReleased", cause)
+	}
+}
+
+// stealing wraps a backend and makes Refresh report the lock as taken.
+type stealing struct {
+	lock.Backend
+	stolen atomic.Bool
+}
+
+func (s *stealing) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if s.stolen.Load() {
+		return fmt.Errorf("refresh %q: %w", key, lock.ErrNotHeld)
+	}
+	return s.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+func testAutoRenewLoss(t *testing.T, b lock.Backend, key string) {
+	s := &stealing{Backend: b}
+	l := lock.New(s, &lock.Options{AutoRenew: true})
+	lease := mustTry(t, l, key, 10*time.Second)
+	s.stolen.Store(true)
+	select {
+	case <-lease.Done():
+	case <-time.After(8 * time.Second):
+		t.Fatal("Done not closed after renewal found the lock gone; want closed at the next renewal, before the TTL")
+	}
+	if err := lease.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("Err = %v; want ErrLost and ErrNotHeld", err)
+	}
+	s.stolen.Store(false)
+	if err := lease.Release(ctxT(t)); err != nil {
+		t.Errorf("Release of the (really still held) lock = %v; want nil", err)
+	}
+}
+
+func testBlockingWaitDeadline(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	holder := mustTry(t, l, key, 20*time.Second)
+	ctx, cancel := context.WithTimeout(ctxT(t), 150*time.Millisecond)
+	defer cancel()
+	lease, err := l.Acquire(ctx, key, time.Second)
+	if lease != nil || !errors.Is(err, lock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire past its deadline = %v, %v; want nil, ErrNotAcquired joined with DeadlineExceeded", lease, err)
+	}
+	mustRelease(t, holder)
+	// The waiter that gave up must not keep its place in line.
+	mustRelease(t, mustTry(t, l, key, time.Second))
+
+	cctx, ccancel := context.WithCancel(ctxT(t))
+	ccancel()
+	if _, err := l.Acquire(cctx, key, time.Second); !errors.Is(err, context.Canceled) || !errors.Is(err, lock.ErrNotAcquired) {
+		t.Errorf("Acquire with a cancelled context = %v; want ErrNotAcquired and Canceled", err)
+	}
+	ml := lock.New(b, &lock.Options{MaxWait: 100 * time.Millisecond})
+	holder = mustTry(t, l, key, 20*time.Second)
+	if _, err := ml.Acquire(ctxT(t), key, time.Second); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire past MaxWait = %v; want DeadlineExceeded", err)
+	}
+	mustRelease(t, holder)
+}
+
+func testReleaseWakesWaiter(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	const ttl = 60 * time.Second
+	holder := mustTry(t, l, key, ttl)
+	got := make(chan *lock.Lease, 1)
+	errc := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctxT(t), key, time.Second)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- lease
+	}()
+	time.Sleep(50 * time.Millisecond) // let it start waiting
+	mustRelease(t, holder)
+	// Polling backends retry within MaxBackoff (250ms); the margin to the
+	// TTL is what this checks: the waiter got the lock from the release,
+	// not from the holder's expiry.
+	select {
+	case lease := <-got:
+		if lease.Fence() <= holder.Fence() {
+			t.Errorf("waiter's fence %d; want > %d", lease.Fence(), holder.Fence())
+		}
+		mustRelease(t, lease)
+	case err := <-errc:
+		t.Fatalf("blocked Acquire = %v; want a lease after release", err)
+	case <-time.After(ttl / 2):
+		t.Fatal("waiter still blocked long after release; want it woken")
+	}
+}
+
+func testReleaseCancelled(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	lease := mustTry(t, l, key, 20*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release with a cancelled context = %v; want nil", err)
+	}
+	mustRelease(t, mustTry(t, l, key, time.Second))
+}
+
+func testDoubleRelease(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	lease := mustTry(t, l, key, 10*time.Second)
+	mustRelease(t, lease)
+	next := mustTry(t, l, key, 10*time.Second)
+	if err := lease.Release(ctxT(t)); !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("second Release = %v; want ErrNotHeld", err)
+	}
+	if err := lease.Refresh(ctxT(t), time.Second); !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("Refresh after Release = %v; want ErrNotHeld", err)
+	}
+	if next.Err() != nil {
+		t.Errorf("the next holder's lease ended: %v; want held", next.Err())
+	}
+	mustRelease(t, next)
+}
+
+func testBadInput(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	for _, tc := range []struct {
+		name string
+		key  string
+		ttl  time.Duration
+		want error
+	}{
+		{"empty key", "", time.Second, lock.ErrInvalidKey},
+		{"long key", strings.Repeat("k", lock.MaxKeyLen+1), time.Second, lock.ErrInvalidKey},
+		{"zero ttl", key, 0, lock.ErrInvalidTTL},
+		{"negative ttl", key, -time.Second, lock.ErrInvalidTTL},
+		{"sub-millisecond ttl", key, time.Microsecond, lock.ErrInvalidTTL},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := l.TryAcquire(ctxT(t), tc.key, tc.ttl); !errors.Is(err, tc.want) {
+				t.Errorf("TryAcquire = %v; want %v", err, tc.want)
+			}
+			if _, err := l.Acquire(ctxT(t), tc.key, tc.ttl); !errors.Is(err, tc.want) {
+				t.Errorf("Acquire = %v; want %v", err, tc.want)
+			}
+		})
+	}
+	lease := mustTry(t, l, strings.Repeat("k", lock.MaxKeyLen)+key[:0], time.Second)
+	if err := lease.Refresh(ctxT(t), 0); !errors.Is(err, lock.ErrInvalidTTL) {
+		t.Errorf("Refresh(0) = %v; want ErrInvalidTTL", err)
+	}
+	mustRelease(t, lease)
+	// Keys with the characters backends treat specially still work.
+	for _, k := range []string{key + "{x}", key + "}", key + "{", key + " spaced\n", key + "\x00nul"} {
+		mustRelease(t, mustTry(t, l, k, time.Second))
+	}
+}
+
+func testDo(t *testing.T, b lock.Backend, key string) {
+	l := lock.New(b, nil)
+	ran := false
+	err := l.Do(ctxT(t), key, 10*time.Second, func(ctx context.Context, lease *lock.Lease) error {
+		ran = true
+		if _, err := l.TryAcquire(ctx, key, time.Second); !errors.Is(err, lock.ErrNotAcquired) {
+			t.Errorf("TryAcquire inside Do = %v; want ErrNotAcquired", err)
+		}
+		return nil
+	})
+	if err != nil || !ran {
+		t.Fatalf("Do = %v (ran %v); want nil, ran", err, ran)
+	}
+	mustRelease(t, mustTry(t, l, key, time.Second))
+	boom := errors.New("boom")
+	if err := l.Do(ctxT(t), key, time.Second, func(context.Context, *lock.Lease) error { return boom }); !errors.Is(err, boom) {
+		t.Errorf("Do = %v; want fn's error", err)
+	}
+	err = l.Do(ctxT(t), key, 100*time.Millisecond, func(ctx context.Context, _ *lock.Lease) error {
+		<-ctx.Done() // the lease runs out: the work's context must end
+		return ctx.Err()
+	})
+	if !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Do with a lease that ran out = %v; want ErrLost", err)
+	}
+}
