@@ -43,3 +43,8 @@ func startCmd(cmd *exec.Cmd) error {
 	spawnCh <- spawnRequest{cmd: cmd, res: res}
 	return <-res
 }
+
+// SpawnerFunction is the top function of the goroutine that forks every
+// redis-server; it lives as long as the test binary, so leak checks ignore
+// it: goleak.IgnoreTopFunction(redistest.SpawnerFunction).
+const SpawnerFunction = "github.com/onceguard/onceguard/internal/redistest.startCmd.func1.1"

@@ -1,0 +1,118 @@
+package redislock
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// subscriber shares one pub/sub connection among all blocked Acquires of a
+// Backend. Release publishes the owner token of the first waiter in line on
+// the lock's channel, and only that waiter is woken: no thundering herd.
+//
+// The connection exists only while someone waits: when the last waiter
+// leaves it is closed, so an idle Backend holds no goroutine or connection.
+type subscriber struct {
+	rdb redis.UniversalClient
+
+	mu    sync.Mutex // guards sess
+	sess  *session
+	users int // waiters across all channels of sess
+}
+
+type session struct {
+	ps    *redis.PubSub
+	chans map[string]*channel // guarded by subscriber.mu
+}
+
+type channel struct {
+	confirmed chan struct{} // closed when Redis confirmed SUBSCRIBE
+	once      sync.Once
+	waiters   map[string]chan struct{} // owner token -> wake
+}
+
+// wait subscribes owner on ch and returns once Redis confirmed the
+// subscription (or after confirmTimeout: the caller then relies on polling).
+func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{}, func(), error) {
+	wake := make(chan struct{}, 1)
+	s.mu.Lock()
+	if s.sess == nil {
+		s.sess = &session{ps: s.rdb.Subscribe(context.WithoutCancel(ctx)), chans: make(map[string]*channel)}
+		go s.sess.loop(&s.mu)
+	}
+	sess := s.sess
+	s.users++
+	c := sess.chans[ch]
+	fresh := c == nil
+	if fresh {
+		c = &channel{confirmed: make(chan struct{}), waiters: make(map[string]chan struct{})}
+		sess.chans[ch] = c
+	}
+	c.waiters[owner] = wake
+	s.mu.Unlock()
+
+	stop := func() { s.leave(sess, ch, owner) }
+	if fresh {
+		if err := sess.ps.Subscribe(ctx, ch); err != nil {
+			stop()
+			return nil, nil, err
+		}
+	}
+	t := time.NewTimer(confirmTimeout)
+	defer t.Stop()
+	select {
+	case <-c.confirmed:
+	case <-t.C:
+	case <-ctx.Done():
+		stop()
+		return nil, nil, ctx.Err()
+	}
+	return wake, stop, nil
+}
+
+const confirmTimeout = time.Second
+
+func (s *subscriber) leave(sess *session, ch, owner string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := sess.chans[ch]
+	if c == nil {
+		return
+	}
+	delete(c.waiters, owner)
+	if len(c.waiters) == 0 {
+		delete(sess.chans, ch)
+		// Unsubscribing under mu keeps it ordered before a new SUBSCRIBE
+		// of the same channel; it only writes to the connection.
+		_ = sess.ps.Unsubscribe(context.Background(), ch)
+	}
+	if s.users--; s.users == 0 && s.sess == sess {
+		s.sess = nil
+		_ = sess.ps.Close() // ends loop
+	}
+}
+
+// loop routes confirmations and wake-ups until the connection is closed.
+func (sess *session) loop(mu *sync.Mutex) {
+	for msg := range sess.ps.ChannelWithSubscriptions(redis.WithChannelSize(1024)) {
+		mu.Lock()
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if c := sess.chans[m.Channel]; c != nil && m.Kind == "subscribe" {
+				c.once.Do(func() { close(c.confirmed) })
+			}
+		case *redis.Message:
+			if c := sess.chans[m.Channel]; c != nil {
+				if w := c.waiters[m.Payload]; w != nil {
+					select {
+					case w <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
+		mu.Unlock()
+	}
+}

@@ -1,0 +1,239 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/onceguard/onceguard/internal/redistest"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/locktest"
+	"github.com/onceguard/onceguard/lock/redislock"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(redistest.SpawnerFunction))
+}
+
+// sharedRedis returns a client on ONCEGUARD_TEST_REDIS, or skips.
+func sharedRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	url := os.Getenv("ONCEGUARD_TEST_REDIS")
+	if url == "" {
+		t.Skip("ONCEGUARD_TEST_REDIS not set (e.g. redis://127.0.0.1:6379/0); skipping the integration test")
+	}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatalf("ParseURL(%q) = %v", url, err)
+	}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("PING %s = %v; want PONG", url, err)
+	}
+	return rdb
+}
+
+func ownRedis(t *testing.T) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.StartServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return srv, rdb
+}
+
+func TestConformance(t *testing.T) {
+	rdb := sharedRedis(t)
+	locktest.Run(t, func(*testing.T) lock.Backend { return redislock.NewBackend(rdb, nil) })
+}
+
+func TestConformanceWithoutPipelining(t *testing.T) {
+	rdb := sharedRedis(t)
+	locktest.Run(t, func(*testing.T) lock.Backend {
+		return redislock.NewBackend(rdb, &redislock.Options{MaxInflight: 1, MaxBatch: 1})
+	})
+}
+
+func TestConformanceCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node Redis Cluster")
+	}
+	c := redistest.StartCluster(t, 3)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.ForEachShard(context.Background(), func(ctx context.Context, s *redis.Client) error {
+		return s.Ping(ctx).Err()
+	}); err != nil {
+		t.Fatalf("cluster ping = %v", err)
+	}
+	locktest.Run(t, func(*testing.T) lock.Backend { return redislock.NewBackend(rdb, nil) })
+
+	// Many keys spread over all slots, concurrently, through pipelines that
+	// the cluster client splits by node.
+	l := redislock.New(rdb, nil)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 20 {
+				lease, err := l.TryAcquire(ctx, fmt.Sprintf("cluster/%d/%d/%d", time.Now().UnixNano(), i, j), time.Second)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := lease.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("lock cycle on the cluster = %v; want nil", err)
+	}
+}
+
+// A script cache lost mid-run (restart, failover, SCRIPT FLUSH) must not
+// fail a call: EVALSHA falls back to EVAL.
+func TestScriptFlush(t *testing.T) {
+	srv, rdb := ownRedis(t)
+	for _, opts := range []*redislock.Options{nil, {MaxInflight: 1, MaxBatch: 1}} {
+		l := redislock.New(rdb, opts)
+		ctx := context.Background()
+		for i := range 3 {
+			if _, err := srv.Do("SCRIPT", "FLUSH"); err != nil {
+				t.Fatalf("SCRIPT FLUSH = %v", err)
+			}
+			var wg sync.WaitGroup
+			for g := range 8 { // several at once, so a pipeline meets NOSCRIPT too
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					lease, err := l.TryAcquire(ctx, fmt.Sprintf("flush/%d/%d", i, g), time.Second)
+					if err != nil {
+						t.Errorf("TryAcquire after SCRIPT FLUSH = %v; want a lease", err)
+						return
+					}
+					if _, err := srv.Do("SCRIPT", "FLUSH"); err != nil {
+						t.Errorf("SCRIPT FLUSH = %v", err)
+					}
+					if err := lease.Release(ctx); err != nil {
+						t.Errorf("Release after SCRIPT FLUSH = %v; want nil", err)
+					}
+				}()
+			}
+			wg.Wait()
+		}
+	}
+}
+
+func TestUnavailable(t *testing.T) {
+	srv, rdb := ownRedis(t)
+	l := redislock.New(rdb, &redislock.Options{Timeout: 500 * time.Millisecond})
+	ctx := context.Background()
+	lease, err := l.TryAcquire(ctx, "down", 10*time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire = %v", err)
+	}
+	srv.Kill(t)
+	if _, err := l.TryAcquire(ctx, "other", time.Second); !errors.Is(err, lock.ErrUnavailable) {
+		t.Errorf("TryAcquire with Redis down = %v; want ErrUnavailable", err)
+	}
+	if _, err := l.Acquire(ctx, "other", time.Second); !errors.Is(err, lock.ErrUnavailable) {
+		t.Errorf("Acquire with Redis down = %v; want ErrUnavailable", err)
+	}
+	if err := lease.Release(ctx); !errors.Is(err, lock.ErrUnavailable) {
+		t.Errorf("Release with Redis down = %v; want ErrUnavailable", err)
+	}
+	srv.Restart(t) // all lock state lost
+	lease2, err := l.TryAcquire(ctx, "down", time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire after restart = %v; want a lease", err)
+	}
+	if lease2.Fence() <= lease.Fence() {
+		t.Errorf("fence after Redis lost its data = %d; want > %d (time-based fences survive)", lease2.Fence(), lease.Fence())
+	}
+	if err := lease2.Release(ctx); err != nil {
+		t.Errorf("Release = %v", err)
+	}
+}
+
+// Keys that would break the hash tag are hashed; keys with the same text
+// always map to the same lock.
+func TestKeyNaming(t *testing.T) {
+	srv, rdb := ownRedis(t)
+	l := redislock.New(rdb, nil)
+	ctx := context.Background()
+	for _, key := range []string{"order:42", "a{b}c", "}", "{"} {
+		lease, err := l.TryAcquire(ctx, key, 10*time.Second)
+		if err != nil {
+			t.Fatalf("TryAcquire(%q) = %v", key, err)
+		}
+		if _, err := l.TryAcquire(ctx, key, time.Second); !errors.Is(err, lock.ErrNotAcquired) {
+			t.Errorf("second TryAcquire(%q) = %v; want ErrNotAcquired", key, err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Errorf("Release(%q) = %v", key, err)
+		}
+	}
+	lease, _ := l.TryAcquire(ctx, "order:42", 10*time.Second)
+	got, err := srv.Do("GET", "onceguard:lock:{order:42}")
+	if err != nil || got != lease.Token() {
+		t.Errorf("GET onceguard:lock:{order:42} = %v, %v; want the owner token %q", got, err, lease.Token())
+	}
+	_ = lease.Release(ctx)
+}
+
+// A waiter that died keeps its place only until its WaitTTL: the next
+// waiter is then served.
+func TestFairQueueOrder(t *testing.T) {
+	_, rdb := ownRedis(t)
+	l := redislock.New(rdb, nil)
+	ctx := context.Background()
+	holder, err := l.TryAcquire(ctx, "fair", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := make(chan int, 5)
+	var wg sync.WaitGroup
+	for i := range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lease, err := l.Acquire(ctx, "fair", 30*time.Second)
+			if err != nil {
+				t.Errorf("Acquire = %v", err)
+				return
+			}
+			order <- i
+			time.Sleep(5 * time.Millisecond)
+			_ = lease.Release(ctx)
+		}()
+		time.Sleep(100 * time.Millisecond) // arrive in order i
+	}
+	if _, err := l.TryAcquire(ctx, "fair", time.Second); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Errorf("TryAcquire with waiters queued = %v; want ErrNotAcquired", err)
+	}
+	_ = holder.Release(ctx)
+	wg.Wait()
+	close(order)
+	want := 0
+	for got := range order {
+		if got != want {
+			t.Errorf("waiter %d served in position %d; want arrival order", got, want)
+		}
+		want++
+	}
+}
