@@ -48,6 +48,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) lock.Backend) {
 	run("LostSignalOnExpiry", testLostSignalOnExpiry)
 	run("AutoRenew", testAutoRenew)
 	run("AutoRenewLoss", testAutoRenewLoss)
+	run("AutoRenewTransient", testAutoRenewTransient)
 	run("BlockingWaitDeadline", testBlockingWaitDeadline)
 	run("ReleaseWakesWaiter", testReleaseWakesWaiter)
 	run("ReleaseWithCancelledContext", testReleaseCancelled)
@@ -272,6 +273,50 @@ func testAutoRenewLoss(t *testing.T, b lock.Backend, key string) {
 	s.stolen.Store(false)
 	if err := lease.Release(ctxT(t)); err != nil {
 		t.Errorf("Release of the (really still held) lock = %v; want nil", err)
+	}
+}
+
+// flaky wraps a backend and makes Refresh fail as if the backend were
+// unreachable.
+type flaky struct {
+	lock.Backend
+	down atomic.Bool
+}
+
+func (f *flaky) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if f.down.Load() {
+		return fmt.Errorf("refresh %q: %w", key, lock.ErrUnavailable)
+	}
+	return f.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// Renewal retries transient errors until the lease's deadline: a short
+// outage costs nothing, a long one ends the lease at its deadline.
+func testAutoRenewTransient(t *testing.T, b lock.Backend, key string) {
+	f := &flaky{Backend: b}
+	l := lock.New(f, &lock.Options{AutoRenew: true})
+	const ttl = 600 * time.Millisecond
+	lease := mustTry(t, l, key, ttl)
+	f.down.Store(true)
+	time.Sleep(ttl / 3) // renewals fail for a while, less than the TTL
+	f.down.Store(false)
+	time.Sleep(ttl) // renewal catches up
+	if err := lease.Err(); err != nil {
+		t.Fatalf("lease after a short outage: %v; want held", err)
+	}
+	f.down.Store(true)
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("lease still held 10s into an outage longer than its TTL; want ended at its deadline")
+	}
+	if err := lease.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrExpired) {
+		t.Errorf("Err after a long outage = %v; want ErrLost and ErrExpired", err)
+	}
+	f.down.Store(false)
+	time.Sleep(50 * time.Millisecond) // past the TTL on the backend too
+	if err := lease.Release(ctxT(t)); !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("Release after the lease ran out = %v; want ErrNotHeld", err)
 	}
 }
 

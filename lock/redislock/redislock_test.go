@@ -147,6 +147,13 @@ func TestUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryAcquire = %v", err)
 	}
+	// A server that stops answering (a black hole, not a refused
+	// connection) gives ErrUnavailable after Timeout, not a hang.
+	srv.Pause(t)
+	if _, err := l.TryAcquire(ctx, "other", time.Second); !errors.Is(err, lock.ErrUnavailable) {
+		t.Errorf("TryAcquire with Redis paused = %v; want ErrUnavailable", err)
+	}
+	srv.Resume(t)
 	srv.Kill(t)
 	if _, err := l.TryAcquire(ctx, "other", time.Second); !errors.Is(err, lock.ErrUnavailable) {
 		t.Errorf("TryAcquire with Redis down = %v; want ErrUnavailable", err)
