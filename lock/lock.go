@@ -92,6 +92,9 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	start := time.Now()
 	g, err := l.backend.Acquire(ctx, Request{Key: key, Owner: owner, TTL: ttl})
 	if err != nil {
+		if ctx.Err() != nil && !errors.Is(err, ErrNotAcquired) {
+			return nil, errors.Join(ErrNotAcquired, ctx.Err(), err)
+		}
 		return nil, err
 	}
 	return newLease(l, key, owner, ttl, g.Fence, start), nil
@@ -151,8 +154,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 		}
 		if !errors.Is(err, ErrNotAcquired) {
 			l.leave(ctx, queued, key, req.Owner)
-			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
-				err = errors.Join(err, ctxErr)
+			if ctx.Err() != nil {
+				// The wait ended during the attempt: that, not the
+				// backend, is the answer.
+				return nil, errors.Join(ErrNotAcquired, ctx.Err(), err)
 			}
 			return nil, err
 		}

@@ -1,0 +1,198 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"go.uber.org/goleak"
+	_ "modernc.org/sqlite"
+
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/locktest"
+	"github.com/onceguard/onceguard/lock/sqllock"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// database/sql's connection opener lives as long as its *sql.DB;
+		// tests close theirs, but the opener exits asynchronously.
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+type database struct {
+	name    string
+	dialect sqllock.Dialect
+	open    func(t *testing.T) *sql.DB
+}
+
+func openEnv(driver, env string) func(t *testing.T) *sql.DB {
+	return func(t *testing.T) *sql.DB {
+		dsn := os.Getenv(env)
+		if dsn == "" {
+			t.Skipf("%s not set; skipping the integration test", env)
+		}
+		db, err := sql.Open(driver, dsn)
+		if err != nil {
+			t.Fatalf("sql.Open(%s) = %v", driver, err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		if err := db.PingContext(context.Background()); err != nil {
+			t.Fatalf("ping %s = %v; want the database answering", env, err)
+		}
+		return db
+	}
+}
+
+// OpenSQLite opens a new SQLite file the way the package doc recommends.
+func openSQLite(t *testing.T) *sql.DB {
+	path := filepath.Join(t.TempDir(), "locks.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
+	if err != nil {
+		t.Fatalf("sql.Open(sqlite) = %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+var databases = []database{
+	{"postgres", sqllock.Postgres, openEnv("pgx", "ONCEGUARD_TEST_POSTGRES")},
+	{"mysql", sqllock.MySQL, openEnv("mysql", "ONCEGUARD_TEST_MYSQL")},
+	{"sqlite", sqllock.SQLite, openSQLite},
+}
+
+func TestConformance(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			db := d.open(t)
+			b, err := sqllock.NewBackend(db, d.dialect, &sqllock.Options{Table: "locktest_locks"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Migrate(context.Background()); err != nil {
+				t.Fatalf("Migrate = %v", err)
+			}
+			locktest.Run(t, func(*testing.T) lock.Backend { return b },
+				// Per-connection goroutines of drivers, started as the pool grows.
+				goleak.IgnoreTopFunction("github.com/go-sql-driver/mysql.(*mysqlConn).startWatcher.func1"),
+				goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1"),
+				goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"))
+		})
+	}
+}
+
+// Two processes migrating at once must not break each other.
+func TestMigrateConcurrently(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			db := d.open(t)
+			table := "locktest_migrate_" + strings.ReplaceAll(d.name, "-", "_")
+			_, _ = db.Exec("DROP TABLE IF EXISTS " + table)
+			t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + table) })
+			errs := make(chan error, 4)
+			for range 4 {
+				go func() {
+					b, err := sqllock.NewBackend(db, d.dialect, &sqllock.Options{Table: table})
+					if err == nil {
+						err = b.Migrate(context.Background())
+					}
+					errs <- err
+				}()
+			}
+			for range 4 {
+				if err := <-errs; err != nil {
+					t.Errorf("concurrent Migrate = %v; want nil", err)
+				}
+			}
+		})
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	db := openSQLite(t)
+	for _, tc := range []struct {
+		name string
+		db   *sql.DB
+		d    sqllock.Dialect
+		opts *sqllock.Options
+	}{
+		{"nil db", nil, sqllock.SQLite, nil},
+		{"unknown dialect", db, sqllock.Dialect(42), nil},
+		{"bad table name", db, sqllock.SQLite, &sqllock.Options{Table: "locks; DROP TABLE x"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if b, err := sqllock.NewBackend(tc.db, tc.d, tc.opts); err == nil {
+				t.Errorf("NewBackend = %v, nil; want an error", b)
+			}
+		})
+	}
+}
+
+// A closed *sql.DB, or a database that goes away under a renewing lease,
+// gives ErrUnavailable and a lease that ends at its deadline: never a panic,
+// never a lock held forever.
+func TestDatabaseGoesAway(t *testing.T) {
+	db := openSQLite(t)
+	l, err := sqllock.New(db, sqllock.SQLite, &sqllock.Options{Locker: &lock.Options{AutoRenew: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lease, err := l.TryAcquire(ctx, "gone", 300*time.Millisecond)
+	if err != nil {
+		t.Fatalf("TryAcquire = %v", err)
+	}
+	_ = db.Close()
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("lease still held 10s after its database closed; want it ended at its deadline")
+	}
+	if err := lease.Err(); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("lease Err = %v; want ErrLost", err)
+	}
+	if _, err := l.TryAcquire(ctx, "other", time.Second); !errors.Is(err, lock.ErrUnavailable) {
+		t.Errorf("TryAcquire on a closed DB = %v; want ErrUnavailable", err)
+	}
+	if err := lease.Release(ctx); !errors.Is(err, lock.ErrUnavailable) {
+		t.Errorf("Release on a closed DB = %v; want ErrUnavailable", err)
+	}
+}
+
+// Rows idle past Retention are removed by later acquires.
+func TestCleanup(t *testing.T) {
+	db := openSQLite(t)
+	l, err := sqllock.New(db, sqllock.SQLite, &sqllock.Options{Retention: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 600 {
+		lease, err := l.TryAcquire(ctx, "k"+strings.Repeat("x", i%50)+string(rune('a'+i%26)), time.Millisecond)
+		if err != nil {
+			continue // a key still held from an earlier iteration
+		}
+		_ = lease.Release(ctx)
+	}
+	time.Sleep(5 * time.Millisecond)
+	for range 300 {
+		if lease, err := l.TryAcquire(ctx, "last", time.Millisecond); err == nil {
+			_ = lease.Release(ctx)
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM onceguard_locks").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n > 60 {
+		t.Errorf("%d rows left; want idle rows cleaned up (at most the recent few)", n)
+	}
+}
