@@ -205,6 +205,18 @@ func (b *Backend) Leave(ctx context.Context, key, owner string) error {
 	return nil
 }
 
+// RaiseFence makes the next fence of key larger than floor. Package redlock
+// uses it to keep fences increasing across quorums of independent nodes:
+// after a quorum acquire it raises every granting node to the largest fence
+// any of them returned, and any later quorum shares at least one of them.
+func (b *Backend) RaiseFence(ctx context.Context, key string, floor int64) error {
+	keys, _ := b.keys(key)
+	if _, err := b.run(ctx, scriptRaise, keys[1:2], strconv.FormatInt(floor, 10), b.fence); err != nil {
+		return wrap("raise fence", key, err)
+	}
+	return nil
+}
+
 func result(op, key string, res any, err error) error {
 	if err != nil {
 		return wrap(op, key, err)

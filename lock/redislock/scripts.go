@@ -104,6 +104,16 @@ end
 return 1
 `
 
+// raiseLua: KEYS[1] the fence; ARGV floor, fence retention ms. Raises the
+// last fence to at least floor, so the next acquire returns more.
+const raiseLua = `
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if cur < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+return 1
+`
+
 type script struct {
 	src, sha string
 }
@@ -118,4 +128,5 @@ var (
 	scriptRelease = newScript(releaseLua)
 	scriptRefresh = newScript(refreshLua)
 	scriptLeave   = newScript(leaveLua)
+	scriptRaise   = newScript(raiseLua)
 )

@@ -1,0 +1,229 @@
+// Package redlock is a lock.Backend over several independent Redis nodes
+// (3 or 5, not replicas of each other): a lock is held when a majority of
+// nodes granted it within its validity time (TTL − elapsed − drift), so it
+// survives the loss of a minority of nodes.
+//
+// Each node runs the scripts of package redislock (atomic owner-checked
+// release and refresh, NOSCRIPT recovery, pipelining). Acquire asks all
+// nodes at once; without a majority it releases whatever it got. Fences
+// stay increasing across quorums: after winning, the largest fence any
+// granting node returned is written back to those nodes as a floor, and
+// any later majority shares at least one of them.
+//
+// Blocked Acquires poll with jittered backoff: a per-node waiter queue
+// could leave each node's first waiter different and nobody with a
+// majority.
+//
+// The quorum does not make a paused process safe, and relies on bounded
+// clock drift between nodes for expiry: as with every lock here, keep
+// correctness in the resource with fencing tokens and constraints.
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/redislock"
+)
+
+// Options configure a Backend. A nil *Options means all defaults.
+type Options struct {
+	// NodeTimeout bounds each node's answer, so that a dead node costs at
+	// most this much of the TTL. Default: 250ms.
+	NodeTimeout time.Duration
+
+	// Redis configures each node's redislock.Backend (prefix, fence
+	// retention, pipelining). Its Timeout is replaced by NodeTimeout.
+	Redis *redislock.Options
+
+	// Locker configures the Locker that New returns.
+	Locker *lock.Options
+}
+
+// Backend implements lock.Backend over independent Redis nodes. It is safe
+// for concurrent use.
+type Backend struct {
+	nodes  []*redislock.Backend
+	quorum int
+	opts   Options
+}
+
+var _ lock.Backend = (*Backend)(nil)
+
+// New returns a Locker over clients, one per independent node.
+func New(clients []redis.UniversalClient, opts *Options) (*lock.Locker, error) {
+	b, err := NewBackend(clients, opts)
+	if err != nil {
+		return nil, err
+	}
+	return lock.New(b, b.opts.Locker), nil
+}
+
+// NewBackend returns a Backend over clients, one per independent node; it
+// needs a majority, len(clients)/2+1, for every operation. It returns an
+// error for no clients. It does not dial.
+func NewBackend(clients []redis.UniversalClient, opts *Options) (*Backend, error) {
+	if len(clients) == 0 {
+		return nil, errors.New("redlock: no Redis nodes")
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.NodeTimeout <= 0 {
+		o.NodeTimeout = 250 * time.Millisecond
+	}
+	var ro redislock.Options
+	if o.Redis != nil {
+		ro = *o.Redis
+	}
+	ro.Timeout = o.NodeTimeout
+	b := &Backend{quorum: len(clients)/2 + 1, opts: o}
+	for _, c := range clients {
+		b.nodes = append(b.nodes, redislock.NewBackend(c, &ro))
+	}
+	return b, nil
+}
+
+// Quorum returns how many nodes must agree.
+func (b *Backend) Quorum() int { return b.quorum }
+
+// each runs f on every node at once and returns the per-node errors.
+func (b *Backend) each(ctx context.Context, f func(ctx context.Context, i int, n *redislock.Backend) error) []error {
+	errs := make([]error, len(b.nodes))
+	var wg sync.WaitGroup
+	for i, n := range b.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(ctx, b.opts.NodeTimeout)
+			defer cancel()
+			errs[i] = f(ctx, i, n)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// Acquire implements lock.Backend.
+func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
+	r.Wait, r.WaitTTL = false, 0 // see the package doc: no per-node queues
+	start := time.Now()
+	fences := make([]int64, len(b.nodes))
+	errs := b.each(ctx, func(ctx context.Context, i int, n *redislock.Backend) error {
+		g, err := n.Acquire(ctx, r)
+		fences[i] = g.Fence
+		return err
+	})
+	won, held, down := tally(errs)
+	valid := r.TTL - time.Since(start) - r.TTL/100 - 2*time.Millisecond
+	if won >= b.quorum && valid > 0 {
+		var floor int64
+		for i, err := range errs {
+			if err == nil {
+				floor = max(floor, fences[i])
+			}
+		}
+		raised := b.each(ctx, func(ctx context.Context, _ int, n *redislock.Backend) error {
+			return n.RaiseFence(ctx, r.Key, floor)
+		})
+		if ok, _, _ := tally(raised); ok >= b.quorum {
+			return lock.Grant{Fence: floor}, nil
+		}
+		down = len(b.nodes) - b.quorum + 1
+	}
+	// No majority: give back what we got, on every node (a node that timed
+	// out may still have granted it).
+	b.each(context.WithoutCancel(ctx), func(ctx context.Context, _ int, n *redislock.Backend) error {
+		return n.Release(ctx, r.Key, r.Owner)
+	})
+	if down > len(b.nodes)-b.quorum {
+		return lock.Grant{}, fmt.Errorf("redlock: acquire %q: %d of %d nodes unreachable, need %d: %w: %w",
+			r.Key, down, len(b.nodes), b.quorum, lock.ErrUnavailable, firstUnavailable(errs))
+	}
+	if held == 0 && won < b.quorum {
+		return lock.Grant{}, errors.Join(fmt.Errorf("redlock: acquire %q: %w", r.Key, lock.ErrNotAcquired), firstOther(errs))
+	}
+	return lock.Grant{}, fmt.Errorf("redlock: acquire %q: granted by %d of %d nodes, need %d: %w", r.Key, won, len(b.nodes), b.quorum, lock.ErrNotAcquired)
+}
+
+// Release implements lock.Backend: it releases on every node and succeeds
+// when a majority released.
+func (b *Backend) Release(ctx context.Context, key, owner string) error {
+	errs := b.each(ctx, func(ctx context.Context, _ int, n *redislock.Backend) error {
+		return n.Release(ctx, key, owner)
+	})
+	return b.majority("release", key, errs)
+}
+
+// Refresh implements lock.Backend: it succeeds when a majority refreshed.
+func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	errs := b.each(ctx, func(ctx context.Context, _ int, n *redislock.Backend) error {
+		return n.Refresh(ctx, key, owner, ttl)
+	})
+	return b.majority("refresh", key, errs)
+}
+
+func (b *Backend) majority(op, key string, errs []error) error {
+	ok, notHeld, expired, down := 0, 0, 0, 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, lock.ErrExpired):
+			expired++
+		case errors.Is(err, lock.ErrNotHeld):
+			notHeld++
+		case errors.Is(err, lock.ErrUnavailable):
+			down++
+		}
+	}
+	switch {
+	case ok >= b.quorum:
+		return nil
+	case down > len(b.nodes)-b.quorum:
+		return fmt.Errorf("redlock: %s %q: %d of %d nodes unreachable, need %d: %w: %w",
+			op, key, down, len(b.nodes), b.quorum, lock.ErrUnavailable, firstUnavailable(errs))
+	case notHeld > 0:
+		return fmt.Errorf("redlock: %s %q: held by %d of %d nodes, need %d: %w", op, key, ok, len(b.nodes), b.quorum, lock.ErrNotHeld)
+	}
+	return fmt.Errorf("redlock: %s %q: held by %d of %d nodes, need %d: %w", op, key, ok, len(b.nodes), b.quorum, lock.ErrExpired)
+}
+
+func tally(errs []error) (ok, held, down int) {
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, lock.ErrNotAcquired):
+			held++
+		case errors.Is(err, lock.ErrUnavailable):
+			down++
+		}
+	}
+	return ok, held, down
+}
+
+func firstUnavailable(errs []error) error {
+	for _, err := range errs {
+		if errors.Is(err, lock.ErrUnavailable) {
+			return err
+		}
+	}
+	return lock.ErrUnavailable
+}
+
+func firstOther(errs []error) error {
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, lock.ErrNotAcquired) && !errors.Is(err, lock.ErrUnavailable) {
+			return err
+		}
+	}
+	return nil
+}

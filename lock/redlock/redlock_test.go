@@ -1,0 +1,144 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/onceguard/onceguard/internal/redistest"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/locktest"
+	"github.com/onceguard/onceguard/lock/redlock"
+)
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(quiet{}) // tests kill servers on purpose: no dial-failure noise
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction(redistest.SpawnerFunction),
+		// go-redis probes a dead server from a goroutine that sleeps 1s
+		// between tries and notices a closed client only after that.
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+}
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func nodes(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalClient) {
+	t.Helper()
+	var (
+		srvs    []*redistest.Server
+		clients []redis.UniversalClient
+	)
+	for range n {
+		srv := redistest.StartServer(t)
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		t.Cleanup(func() { _ = c.Close() })
+		srvs = append(srvs, srv)
+		clients = append(clients, c)
+	}
+	return srvs, clients
+}
+
+func TestConformance(t *testing.T) {
+	_, clients := nodes(t, 3)
+	locktest.Run(t, func(t *testing.T) lock.Backend {
+		b, err := redlock.NewBackend(clients, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	})
+}
+
+func TestBadInput(t *testing.T) {
+	if _, err := redlock.NewBackend(nil, nil); err == nil {
+		t.Error("NewBackend(no nodes) = nil error; want an error")
+	}
+}
+
+// With one node of three killed, locks keep working on the other two; with
+// two killed, every operation fails with ErrUnavailable, saying why.
+func TestNodeLoss(t *testing.T) {
+	srvs, clients := nodes(t, 3)
+	l, err := redlock.New(clients, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	held, err := l.TryAcquire(ctx, "held", 30*time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire = %v", err)
+	}
+	srvs[0].Kill(t)
+
+	var last int64
+	for i := range 20 {
+		lease, err := l.TryAcquire(ctx, "cycle", 10*time.Second)
+		if err != nil {
+			t.Fatalf("cycle %d with 2 of 3 nodes: TryAcquire = %v; want a lease", i, err)
+		}
+		if lease.Fence() <= last {
+			t.Errorf("fence %d after %d; want increasing", lease.Fence(), last)
+		}
+		last = lease.Fence()
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("cycle %d: Release = %v; want nil", i, err)
+		}
+	}
+	if _, err := l.TryAcquire(ctx, "held", time.Second); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Errorf("TryAcquire of a lock held on 2 of 3 nodes = %v; want ErrNotAcquired", err)
+	}
+	if err := held.Refresh(ctx, 30*time.Second); err != nil {
+		t.Errorf("Refresh with 2 of 3 nodes = %v; want nil", err)
+	}
+
+	srvs[1].Kill(t)
+	_, err = l.TryAcquire(ctx, "cycle", time.Second)
+	if !errors.Is(err, lock.ErrUnavailable) {
+		t.Errorf("TryAcquire with 1 of 3 nodes = %v; want ErrUnavailable", err)
+	}
+	t.Logf("with 1 of 3 nodes: %v", err)
+	if err := held.Release(ctx); !errors.Is(err, lock.ErrUnavailable) {
+		t.Errorf("Release with 1 of 3 nodes = %v; want ErrUnavailable", err)
+	}
+	if _, err := l.Acquire(ctx, "cycle", time.Second); !errors.Is(err, lock.ErrUnavailable) {
+		t.Errorf("Acquire with 1 of 3 nodes = %v; want ErrUnavailable", err)
+	}
+}
+
+// Fences keep increasing when successive quorums are different majorities
+// of nodes whose fence records differ.
+func TestFenceAcrossQuorums(t *testing.T) {
+	srvs, clients := nodes(t, 3)
+	l, err := redlock.New(clients, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var last int64
+	for i := range 6 {
+		// Push one node's fence far ahead, then take it out of the quorum.
+		ahead := srvs[i%3]
+		if _, err := ahead.Do("SET", "onceguard:lock:{f}:fence", fmt.Sprint(time.Now().Add(time.Hour).UnixMicro()+int64(i))); err != nil {
+			t.Fatal(err)
+		}
+		lease, err := l.TryAcquire(ctx, "f", time.Second)
+		if err != nil {
+			t.Fatalf("TryAcquire = %v", err)
+		}
+		if lease.Fence() <= last {
+			t.Errorf("round %d: fence %d; want > %d", i, lease.Fence(), last)
+		}
+		last = lease.Fence()
+		_ = lease.Release(ctx)
+		if _, err := srvs[(i+1)%3].Do("DEL", "onceguard:lock:{f}:fence"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
