@@ -1,0 +1,202 @@
+package fallback_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+	_ "modernc.org/sqlite"
+
+	"github.com/onceguard/onceguard/internal/redistest"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/fallback"
+	"github.com/onceguard/onceguard/lock/locktest"
+	"github.com/onceguard/onceguard/lock/memlock"
+	"github.com/onceguard/onceguard/lock/redislock"
+	"github.com/onceguard/onceguard/lock/sqllock"
+)
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(quiet{})
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction(redistest.SpawnerFunction),
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
+		goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"))
+}
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func TestConformanceMemory(t *testing.T) {
+	locktest.Run(t, func(*testing.T) lock.Backend {
+		return fallback.NewBackend(&memlock.Backend{}, &memlock.Backend{}, nil)
+	})
+}
+
+// backends starts a Redis the test owns and an SQLite file.
+func backends(t *testing.T) (*redistest.Server, *redislock.Backend, *sqllock.Backend) {
+	t.Helper()
+	srv := redistest.StartServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "l.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	sb, err := sqllock.NewBackend(db, sqllock.SQLite, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, redislock.NewBackend(rdb, &redislock.Options{Timeout: 300 * time.Millisecond}), sb
+}
+
+func TestConformanceRedisSQLite(t *testing.T) {
+	_, rb, sb := backends(t)
+	locktest.Run(t, func(*testing.T) lock.Backend { return fallback.NewBackend(rb, sb, nil) },
+		goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"))
+}
+
+// Kill Redis during a stream of acquires: no acquire fails, the breaker
+// opens and the database serves; restart it: Redis serves again.
+func TestRedisKilled(t *testing.T) {
+	srv, rb, sb := backends(t)
+	var changes []string
+	var mu sync.Mutex
+	b := fallback.NewBackend(rb, sb, &fallback.Options{
+		Cooldown: 200 * time.Millisecond,
+		OnStateChange: func(from, to fallback.State, cause error) {
+			mu.Lock()
+			changes = append(changes, from.String()+"->"+to.String())
+			mu.Unlock()
+		},
+	})
+	l := lock.New(b, nil)
+	ctx := context.Background()
+
+	var (
+		cycles, acquireErrs, releaseErrs atomic.Int64
+		stop                             atomic.Bool
+		wg                               sync.WaitGroup
+	)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				lease, err := l.TryAcquire(ctx, fmt.Sprintf("stream/%d/%d", g, i), 5*time.Second)
+				if err != nil {
+					acquireErrs.Add(1)
+					t.Errorf("TryAcquire during the outage = %v; want no error to reach the caller", err)
+					return
+				}
+				if err := lease.Release(ctx); err != nil {
+					// Only a lease Redis granted just before it died may
+					// fail to release; it expires with its TTL.
+					if !errors.Is(err, lock.ErrUnavailable) {
+						t.Errorf("Release = %v; want nil or ErrUnavailable", err)
+					}
+					releaseErrs.Add(1)
+				}
+				cycles.Add(1)
+			}
+		}()
+	}
+	waitFor(t, "cycles on Redis", func() bool { return b.Stats().PrimaryAcquires > 200 })
+	srv.Kill(t)
+	waitFor(t, "cycles on the database", func() bool { return b.Stats().SecondaryAcquires > 200 })
+	if !b.Degraded() {
+		t.Errorf("Degraded() = false with Redis dead; want true")
+	}
+	srv.Restart(t)
+	before := b.Stats().PrimaryAcquires
+	waitFor(t, "Redis serving again", func() bool {
+		s := b.Stats()
+		return s.State == fallback.Closed && s.PrimaryAcquires > before+200
+	})
+	stop.Store(true)
+	wg.Wait()
+
+	s := b.Stats()
+	t.Logf("%d cycles, %d release errors; stats %+v; changes %v", cycles.Load(), releaseErrs.Load(), s, changes)
+	if acquireErrs.Load() != 0 {
+		t.Errorf("%d acquires failed; want 0", acquireErrs.Load())
+	}
+	if s.Opened < 1 || s.Recovered < 1 {
+		t.Errorf("Opened, Recovered = %d, %d; want both >= 1", s.Opened, s.Recovered)
+	}
+	if releaseErrs.Load() > 8 {
+		t.Errorf("%d release errors; want at most one per goroutine (the lease in flight when Redis died)", releaseErrs.Load())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(changes) < 2 || changes[0] != "closed->open" || changes[len(changes)-1] != "half-open->closed" {
+		t.Errorf("state changes %v; want closed->open first and half-open->closed last", changes)
+	}
+
+	// Redis really holds the locks again.
+	lease, err := l.TryAcquire(ctx, "after", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := srv.Do("GET", "onceguard:lock:{after}"); err != nil || got != lease.Token() {
+		t.Errorf("GET in Redis = %v, %v; want the lease's owner token", got, err)
+	}
+	_ = lease.Release(ctx)
+}
+
+// A lease the database granted during the outage is still respected after
+// Redis comes back (the drain period).
+func TestDrainAfterRecovery(t *testing.T) {
+	srv, rb, sb := backends(t)
+	b := fallback.NewBackend(rb, sb, &fallback.Options{Cooldown: 100 * time.Millisecond})
+	l := lock.New(b, nil)
+	ctx := context.Background()
+	srv.Kill(t)
+	held, err := l.TryAcquire(ctx, "account:1", 30*time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire with Redis dead = %v", err)
+	}
+	srv.Restart(t)
+	time.Sleep(150 * time.Millisecond) // past the cooldown
+	waitFor(t, "breaker closed", func() bool {
+		if lease, err := l.TryAcquire(ctx, "probe", time.Second); err == nil {
+			_ = lease.Release(ctx)
+		}
+		return b.State() == fallback.Closed
+	})
+	if _, err := l.TryAcquire(ctx, "account:1", time.Second); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Errorf("TryAcquire on Redis of a lock the database still holds = %v; want ErrNotAcquired", err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Errorf("Release on the database = %v", err)
+	}
+	lease, err := l.TryAcquire(ctx, "account:1", time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire after release = %v", err)
+	}
+	if lease.Fence() <= held.Fence() {
+		t.Errorf("fence across backends %d; want > %d", lease.Fence(), held.Fence())
+	}
+	_ = lease.Release(ctx)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
