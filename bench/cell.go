@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// cycleTTL is the lock TTL of every cycle, for every library.
+const cycleTTL = 10 * time.Second
+
+// scenario is one workload shape.
+type scenario struct {
+	name       string
+	goroutines int
+	sameKey    bool // all goroutines on one key (else one key each)
+	blocking   bool // blocking acquire (else one try per attempt)
+}
+
+var scenarios = []scenario{
+	{name: "distinct-1", goroutines: 1},
+	{name: "distinct-16", goroutines: 16},
+	{name: "distinct-64", goroutines: 64},
+	{name: "onekey-64-try", goroutines: 64, sameKey: true},
+	{name: "onekey-16-block", goroutines: 16, sameKey: true, blocking: true},
+}
+
+// result is one cell (library × scenario × round).
+type result struct {
+	window   time.Duration
+	cycles   int64   // acquire+release pairs completed inside the window
+	attempts int64   // acquire attempts started and finished inside the window (try scenarios)
+	handoffs int64   // acquisitions by another goroutine than the previous holder (blocking)
+	perG     []int64 // acquisitions per goroutine inside the window
+	lat      []time.Duration
+	errs     int64
+	firstErr error
+	leftover int64 // keys of the cell still in Redis after the workers stopped (deleted then)
+
+	// CPU use over the measured window, in cores: the Redis server's and
+	// this process's (-1: unknown).
+	serverCPU, benchCPU float64
+}
+
+func (r *result) cyclesPerSec() float64   { return float64(r.cycles) / r.window.Seconds() }
+func (r *result) attemptsPerSec() float64 { return float64(r.attempts) / r.window.Seconds() }
+func (r *result) handoffsPerSec() float64 { return float64(r.handoffs) / r.window.Seconds() }
+
+// fairness is Jain's index over per-goroutine acquisition counts.
+func (r *result) fairness() float64 { return jain(r.perG) }
+
+func jain(xs []int64) float64 {
+	var s, s2 float64
+	for _, x := range xs {
+		s += float64(x)
+		s2 += float64(x) * float64(x)
+	}
+	if s2 == 0 {
+		return 0
+	}
+	return s * s / (float64(len(xs)) * s2)
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted)-1) + 0.5)
+	return sorted[i]
+}
+
+// runCell runs one scenario on one library: workers start at once, run
+// warmup unmeasured, then duration measured, then stop. Only cycles that
+// start and end inside the measured window count. keyBase is fresh for
+// every cell, and every key under it is deleted afterwards.
+func runCell(lib *library, sc scenario, keyBase string, warmup, duration time.Duration, admin *redis.Client) *result {
+	res := &result{window: duration, perG: make([]int64, sc.goroutines), serverCPU: -1, benchCPU: -1}
+	start := time.Now()
+	t0 := start.Add(warmup)
+	t1 := t0.Add(duration)
+
+	// Sample CPU use at the window's edges.
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		time.Sleep(time.Until(t0))
+		a := sampleCPU(admin)
+		time.Sleep(time.Until(t1))
+		b := sampleCPU(admin)
+		res.serverCPU, res.benchCPU = cpuShare(a, b)
+	}()
+
+	// opCtx bounds every call of the cell (a hung Redis cannot hang the
+	// run); waitCtx additionally ends blocking waits at the window's end.
+	opCtx, cancelOp := context.WithDeadline(context.Background(), t1.Add(15*time.Second))
+	defer cancelOp()
+	waitCtx, cancelWait := context.WithDeadline(opCtx, t1)
+	defer cancelWait()
+
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex // guards res.lat, res.errs, res.firstErr
+		last     atomic.Int64
+		handoffs atomic.Int64
+	)
+	last.Store(-1)
+	fail := func(err error) {
+		mu.Lock()
+		res.errs++
+		if res.firstErr == nil {
+			res.firstErr = err
+		}
+		mu.Unlock()
+		time.Sleep(time.Millisecond) // no hot loop on a broken server
+	}
+	for g := range sc.goroutines {
+		key := keyBase
+		if !sc.sameKey {
+			key = fmt.Sprintf("%s/g%d", keyBase, g)
+		}
+		w := lib.newWorker(key)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lat := make([]time.Duration, 0, 4096)
+			var cycles, attempts, acquired int64
+			defer func() {
+				mu.Lock()
+				res.lat = append(res.lat, lat...)
+				res.cycles += cycles
+				res.attempts += attempts
+				res.perG[g] = acquired
+				mu.Unlock()
+			}()
+			for {
+				begin := time.Now()
+				if !begin.Before(t1) {
+					return
+				}
+				var ok bool
+				var err error
+				if sc.blocking {
+					err = w.block(waitCtx)
+					ok = err == nil
+					if err != nil && waitCtx.Err() != nil {
+						return // the window ended while waiting
+					}
+				} else {
+					ok, err = w.try(opCtx)
+				}
+				if err != nil {
+					fail(err)
+					continue
+				}
+				in := !begin.Before(t0)
+				if ok {
+					got := time.Now()
+					if sc.blocking {
+						prev := last.Swap(int64(g))
+						if prev != int64(g) && !got.Before(t0) && got.Before(t1) {
+							handoffs.Add(1)
+						}
+					}
+					if !got.Before(t0) && got.Before(t1) {
+						acquired++
+					}
+					if err := w.unlock(opCtx); err != nil {
+						fail(fmt.Errorf("unlock: %w", err))
+						continue
+					}
+				}
+				end := time.Now()
+				if in && end.Before(t1) {
+					attempts++
+					if ok {
+						cycles++
+						lat = append(lat, end.Sub(begin))
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	<-sampled
+	res.handoffs = handoffs.Load()
+	sort.Slice(res.lat, func(i, j int) bool { return res.lat[i] < res.lat[j] })
+	return res
+}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	bsmlock "github.com/bsm/redislock"
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceguard/onceguard/lock"
+	oglock "github.com/onceguard/onceguard/lock/redislock"
+)
+
+// A worker is one goroutine's handle on one lock key of one library. It
+// holds at most one lock at a time and is used by one goroutine only.
+type worker interface {
+	// try makes one attempt; false (and a nil error) means the lock is held
+	// by someone else.
+	try(ctx context.Context) (bool, error)
+	// block waits for the lock with the library's default blocking
+	// behaviour (see the README for the settings), bounded by ctx.
+	block(ctx context.Context) error
+	// unlock releases what try or block took.
+	unlock(ctx context.Context) error
+}
+
+// library is one lock implementation under test, on its own go-redis client.
+type library struct {
+	name      string
+	rdb       *redis.Client
+	newWorker func(key string) worker
+}
+
+// clientOptions is the one go-redis configuration every library gets (a
+// fresh redis.NewClient each, so none shares another's pool).
+func clientOptions(addr string) *redis.Options {
+	return &redis.Options{Addr: addr} // everything else default: PoolSize 10*GOMAXPROCS, ...
+}
+
+func newLibraries(addr string) []*library {
+	return []*library{newOnceguard(addr), newBSM(addr), newRedsync(addr)}
+}
+
+// --- onceguard lock/redislock, all defaults ---------------------------------
+
+func newOnceguard(addr string) *library {
+	rdb := redis.NewClient(clientOptions(addr))
+	l := oglock.New(rdb, nil)
+	return &library{name: "onceguard", rdb: rdb, newWorker: func(key string) worker {
+		return &ogWorker{l: l, key: key}
+	}}
+}
+
+type ogWorker struct {
+	l     *lock.Locker
+	key   string
+	lease *lock.Lease
+}
+
+func (w *ogWorker) try(ctx context.Context) (bool, error) {
+	lease, err := w.l.TryAcquire(ctx, w.key, cycleTTL)
+	if errors.Is(err, lock.ErrNotAcquired) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	w.lease = lease
+	return true, nil
+}
+
+func (w *ogWorker) block(ctx context.Context) error {
+	lease, err := w.l.Acquire(ctx, w.key, cycleTTL)
+	if err != nil {
+		return err
+	}
+	w.lease = lease
+	return nil
+}
+
+func (w *ogWorker) unlock(ctx context.Context) error {
+	lease := w.lease
+	w.lease = nil
+	if lease == nil {
+		return errors.New("onceguard: unlock without a lease")
+	}
+	return lease.Release(ctx)
+}
+
+// --- github.com/bsm/redislock v0.9.4 ----------------------------------------
+
+func newBSM(addr string) *library {
+	rdb := redis.NewClient(clientOptions(addr))
+	c := bsmlock.New(rdb)
+	// The blocking setting its README shows; the caller's context bounds it.
+	blocking := &bsmlock.Options{RetryStrategy: bsmlock.LinearBackoff(100 * time.Millisecond)}
+	return &library{name: "bsm/redislock", rdb: rdb, newWorker: func(key string) worker {
+		return &bsmWorker{c: c, key: key, blocking: blocking}
+	}}
+}
+
+type bsmWorker struct {
+	c        *bsmlock.Client
+	key      string
+	blocking *bsmlock.Options
+	lk       *bsmlock.Lock
+}
+
+func (w *bsmWorker) try(ctx context.Context) (bool, error) {
+	lk, err := w.c.Obtain(ctx, w.key, cycleTTL, nil) // nil: NoRetry, one attempt
+	if errors.Is(err, bsmlock.ErrNotObtained) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	w.lk = lk
+	return true, nil
+}
+
+func (w *bsmWorker) block(ctx context.Context) error {
+	lk, err := w.c.Obtain(ctx, w.key, cycleTTL, w.blocking)
+	if err != nil {
+		return err
+	}
+	w.lk = lk
+	return nil
+}
+
+func (w *bsmWorker) unlock(ctx context.Context) error {
+	lk := w.lk
+	w.lk = nil
+	if lk == nil {
+		return errors.New("bsm/redislock: unlock without a lock")
+	}
+	return lk.Release(ctx)
+}
+
+// --- github.com/go-redsync/redsync/v4, one goredis/v9 pool -------------------
+
+func newRedsync(addr string) *library {
+	rdb := redis.NewClient(clientOptions(addr))
+	rs := redsync.New(goredis.NewPool(rdb))
+	return &library{name: "redsync", rdb: rdb, newWorker: func(key string) worker {
+		// One Mutex per goroutine (a Mutex remembers the value it locked
+		// with). Expiry = our TTL; Tries raised so that a blocking Lock
+		// keeps trying for the whole cell; the default delay function
+		// (random 50..250ms) is kept. TryLock makes a single attempt
+		// whatever Tries is.
+		return &rsWorker{m: rs.NewMutex(key, redsync.WithExpiry(cycleTTL), redsync.WithTries(math.MaxInt32))}
+	}}
+}
+
+type rsWorker struct {
+	m *redsync.Mutex
+}
+
+func (w *rsWorker) try(ctx context.Context) (bool, error) {
+	err := w.m.TryLockContext(ctx)
+	var taken *redsync.ErrTaken
+	if errors.As(err, &taken) || errors.Is(err, redsync.ErrFailed) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+func (w *rsWorker) block(ctx context.Context) error {
+	return w.m.LockContext(ctx)
+}
+
+func (w *rsWorker) unlock(ctx context.Context) error {
+	ok, err := w.m.UnlockContext(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("redsync: unlock %s: not held", w.m.Name())
+	}
+	return nil
+}

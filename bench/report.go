@@ -1,0 +1,268 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// summary is the median over rounds of one cell's metrics.
+type summary struct {
+	rounds                           int
+	cycles, attempts, handoffs, fair float64
+	p50, p99                         time.Duration
+	spread                           float64 // (max-min)/median of cycles/s over rounds
+	serverCPU, benchCPU              float64 // cores, -1 unknown
+	errs, leftover                   int64
+	firstErr                         error
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	} else {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+}
+
+func summarize(rs []*result) (summary, bool) {
+	if len(rs) == 0 {
+		return summary{}, false
+	}
+	var cyc, att, hof, fair, p50, p99, scpu, bcpu []float64
+	s := summary{rounds: len(rs)}
+	for _, r := range rs {
+		cyc = append(cyc, r.cyclesPerSec())
+		att = append(att, r.attemptsPerSec())
+		hof = append(hof, r.handoffsPerSec())
+		fair = append(fair, r.fairness())
+		p50 = append(p50, float64(percentile(r.lat, 0.50)))
+		p99 = append(p99, float64(percentile(r.lat, 0.99)))
+		scpu = append(scpu, r.serverCPU)
+		bcpu = append(bcpu, r.benchCPU)
+		s.errs += r.errs
+		s.leftover += r.leftover
+		if s.firstErr == nil {
+			s.firstErr = r.firstErr
+		}
+	}
+	s.cycles, s.attempts, s.handoffs, s.fair = median(cyc), median(att), median(hof), median(fair)
+	s.p50, s.p99 = time.Duration(median(p50)), time.Duration(median(p99))
+	s.serverCPU, s.benchCPU = median(scpu), median(bcpu)
+	if s.cycles > 0 {
+		s.spread = (slices.Max(cyc) - slices.Min(cyc)) / s.cycles
+	}
+	return s, true
+}
+
+func extra(sc scenario, r *result) string {
+	var b strings.Builder
+	if sc.sameKey && !sc.blocking {
+		fmt.Fprintf(&b, "  attempts/s %.0f", r.attemptsPerSec())
+	}
+	if sc.blocking {
+		fmt.Fprintf(&b, "  handoffs/s %.0f  fairness %.3f", r.handoffsPerSec(), r.fairness())
+	}
+	fmt.Fprintf(&b, "  cpu redis %s bench %s", fmtCPU(r.serverCPU), fmtCPU(r.benchCPU))
+	if r.errs > 0 {
+		fmt.Fprintf(&b, "  errors %d (first: %v)", r.errs, r.firstErr)
+	}
+	if r.leftover > 0 {
+		fmt.Fprintf(&b, "  left held %d", r.leftover)
+	}
+	return b.String()
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0fµs", float64(d)/float64(time.Microsecond))
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+	case d < time.Second:
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	}
+}
+
+func fmtCPU(x float64) string {
+	if x < 0 || math.IsNaN(x) {
+		return "?"
+	}
+	return fmt.Sprintf("%.0f%%", 100*x)
+}
+
+func fmtRate(x float64) string {
+	if math.IsNaN(x) {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", x)
+}
+
+// rows returns the table: one row per scenario × library, then the ceiling.
+func rows(rep *report) (header []string, body [][]string) {
+	header = []string{"scenario", "library", "cycles/s", "p50", "p99", "attempts/s", "handoffs/s", "fairness", "redis cpu", "bench cpu", "spread", "errors"}
+	for _, sc := range scenarios {
+		for _, lib := range rep.libs {
+			s, ok := summarize(rep.cells[lib+"/"+sc.name])
+			if !ok {
+				continue
+			}
+			att, hof, fair := "-", "-", "-"
+			if sc.sameKey && !sc.blocking {
+				att = fmtRate(s.attempts)
+			}
+			if sc.blocking {
+				hof, fair = fmtRate(s.handoffs), fmt.Sprintf("%.3f", s.fair)
+			}
+			errs := fmt.Sprint(s.errs)
+			if s.leftover > 0 {
+				errs += fmt.Sprintf(" (%d left held)", s.leftover)
+			}
+			body = append(body, []string{sc.name, lib, fmtRate(s.cycles), fmtDur(s.p50), fmtDur(s.p99),
+				att, hof, fair, fmtCPU(s.serverCPU), fmtCPU(s.benchCPU), fmt.Sprintf("%.0f%%", 100*s.spread), errs})
+		}
+	}
+	for _, v := range ceilingVariants {
+		rs := rep.ceilings[v.name]
+		if len(rs) == 0 {
+			continue
+		}
+		var rps, p50, p99 []float64
+		for _, r := range rs {
+			rps = append(rps, r.rps)
+			p50 = append(p50, float64(r.p50))
+			p99 = append(p99, float64(r.p99))
+		}
+		m := median(rps)
+		body = append(body, []string{"ceiling", "redis-benchmark " + v.name, fmtRate(m) + " SET/s",
+			fmtDur(time.Duration(median(p50))), fmtDur(time.Duration(median(p99))), "-", "-", "-", "-", "-",
+			fmt.Sprintf("%.0f%%", 100*(slices.Max(rps)-slices.Min(rps))/m), "-"})
+	}
+	return header, body
+}
+
+func printText(w io.Writer, rep *report) {
+	header, body := rows(rep)
+	width := make([]int, len(header))
+	for _, r := range append([][]string{header}, body...) {
+		for i, c := range r {
+			width[i] = max(width[i], utf8.RuneCountInString(c))
+		}
+	}
+	line := func(r []string) {
+		var b strings.Builder
+		for i, c := range r {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(c))
+			if i < 2 { // names left, numbers right
+				b.WriteString(c + pad + "  ")
+			} else {
+				b.WriteString(pad + c + "  ")
+			}
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+	line(header)
+	for i, r := range body {
+		if i > 0 && r[0] != body[i-1][0] {
+			fmt.Fprintln(w)
+		}
+		line(r)
+	}
+	fmt.Fprintln(w)
+	printNotes(w)
+}
+
+func printMarkdown(w io.Writer, rep *report) {
+	header, body := rows(rep)
+	fmt.Fprintln(w, "| "+strings.Join(header, " | ")+" |")
+	seps := make([]string, len(header))
+	for i := range seps {
+		seps[i] = "---:"
+		if i < 2 {
+			seps[i] = "---"
+		}
+	}
+	fmt.Fprintln(w, "| "+strings.Join(seps, " | ")+" |")
+	for _, r := range body {
+		fmt.Fprintln(w, "| "+strings.Join(r, " | ")+" |")
+	}
+	fmt.Fprintln(w)
+	printNotes(w)
+}
+
+func printNotes(w io.Writer) {
+	fmt.Fprintln(w, "cycles/s: acquire+release pairs per second (onekey-64-try: successful ones; onekey-16-block: acquisitions);")
+	fmt.Fprintln(w, "p50/p99: one cycle, acquire start to release end (blocking: including the wait); spread: (max-min)/median")
+	fmt.Fprintln(w, "of cycles/s over rounds; redis cpu / bench cpu: CPU time of the Redis server / of this process over the")
+	fmt.Fprintln(w, "measured window, in % of one core; ceiling rows are redis-benchmark SET requests/s, not lock cycles.")
+}
+
+func fmtRatio(x, y float64) string {
+	if y == 0 {
+		if x == 0 {
+			return "-"
+		}
+		return "∞"
+	}
+	return fmt.Sprintf("%.2f", x/y)
+}
+
+// printTargets compares medians against the goals the project set itself.
+func printTargets(w io.Writer, rep *report) {
+	get := func(lib, sc string) (summary, bool) { return summarize(rep.cells[lib+"/"+sc]) }
+	fmt.Fprintln(w, "targets (from the medians):")
+	ratio := func(label, sc string, metric func(*result) float64, other string, want float64) {
+		ra, rb := rep.cells["onceguard/"+sc], rep.cells[other+"/"+sc]
+		if len(ra) == 0 || len(rb) == 0 {
+			fmt.Fprintf(w, "  %-52s  n/a (not run)\n", label)
+			return
+		}
+		var x, y []float64
+		var perRound []string
+		for i := range min(len(ra), len(rb)) {
+			x = append(x, metric(ra[i]))
+			y = append(y, metric(rb[i]))
+			perRound = append(perRound, fmtRatio(x[i], y[i]))
+		}
+		mx, my := median(x), median(y)
+		verdict := "FAIL"
+		if my == 0 && mx > 0 || my > 0 && mx/my >= want {
+			verdict = "PASS"
+		}
+		fmt.Fprintf(w, "  %-52s  %7s× (%s vs %s, want ≥ %g×)  %s   per round: %s\n",
+			label, fmtRatio(mx, my), fmtRate(mx), fmtRate(my), want, verdict, strings.Join(perRound, " "))
+	}
+	cycles := (*result).cyclesPerSec
+	handoffs := (*result).handoffsPerSec
+	ratio("distinct-64 cycles/s: onceguard / bsm/redislock", "distinct-64", cycles, "bsm/redislock", 2)
+	ratio("distinct-64 cycles/s: onceguard / redsync", "distinct-64", cycles, "redsync", 3)
+	ratio("distinct-1 cycles/s: onceguard / bsm/redislock", "distinct-1", cycles, "bsm/redislock", 1)
+	ratio("onekey-16-block handoffs/s: onceguard / bsm/redislock", "onekey-16-block", handoffs, "bsm/redislock", 20)
+	label := "onekey-16-block fairness (Jain) of onceguard"
+	if s, ok := get("onceguard", "onekey-16-block"); ok {
+		verdict := "FAIL"
+		if s.fair >= 0.95 {
+			verdict = "PASS"
+		}
+		var perRound []string
+		for _, r := range rep.cells["onceguard/onekey-16-block"] {
+			perRound = append(perRound, fmt.Sprintf("%.3f", r.fairness()))
+		}
+		fmt.Fprintf(w, "  %-52s  %8.3f (want ≥ 0.95)  %s   per round: %s\n", label, s.fair, verdict, strings.Join(perRound, " "))
+	} else {
+		fmt.Fprintf(w, "  %-52s  n/a (not run)\n", label)
+	}
+}
