@@ -9,23 +9,40 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// call is one script run waiting for its reply.
+// call is one unit of work waiting for its replies: either a script run
+// (s set), or plain commands sent back to back on one connection.
 type call struct {
 	s    *script
 	keys []string
 	args []any
-	res  any
-	err  error
-	done chan struct{} // closed when res/err are set
+	cmds []redis.Cmder // plain commands, or the script's Cmd once queued
+
+	done chan struct{} // closed when cmds have their replies
 	lead chan struct{} // buffered 1: this caller is handed a pipeline slot
 
 	handed bool // a slot was sent on lead; guarded by batcher.mu
 }
 
-// batcher pipelines concurrent script calls over the caller's client:
-// whoever finds a pipeline slot free sends everything queued in one round
-// trip, and hands its slot to the first queued caller when it is done. No
-// goroutine of its own runs, so there is nothing to close.
+// queue adds c's commands to p (a script as EVALSHA).
+func (c *call) queue(ctx context.Context, p redis.Pipeliner) {
+	if c.s != nil {
+		c.cmds = []redis.Cmder{p.EvalSha(ctx, c.s.sha, c.keys, c.args...)}
+		return
+	}
+	for _, cmd := range c.cmds {
+		_ = p.Process(ctx, cmd)
+	}
+}
+
+// noScript reports whether c is a script the server did not know.
+func (c *call) noScript() bool {
+	return c.s != nil && len(c.cmds) == 1 && isNoScript(c.cmds[0].Err())
+}
+
+// batcher pipelines concurrent calls over the caller's client: whoever
+// finds a pipeline slot free sends everything queued in one round trip, and
+// hands its slot to the first queued caller when it is done. No goroutine
+// of its own runs, so there is nothing to close.
 //
 // A lock cycle costs two round trips; without pipelining, throughput under
 // concurrency is bounded by round trips per connection, with it by what
@@ -41,8 +58,8 @@ type batcher struct {
 	inflight int
 }
 
-// do runs c and waits for its reply. It does not return before the reply,
-// so a lock taken on the way is never lost track of; the wait is bounded by
+// do runs c and waits for its replies. It does not return before them, so
+// a lock taken on the way is never lost track of; the wait is bounded by
 // the batcher's timeout.
 func (b *batcher) do(ctx context.Context, c *call) {
 	c.done = make(chan struct{})
@@ -105,39 +122,37 @@ func (b *batcher) flush(ctx context.Context) {
 }
 
 func (b *batcher) exec(ctx context.Context, batch []*call) {
-	if len(batch) == 1 {
+	if len(batch) == 1 && batch[0].s != nil {
 		c := batch[0]
-		c.res, c.err = b.rdb.EvalSha(ctx, c.s.sha, c.keys, c.args...).Result()
-		if isNoScript(c.err) {
-			c.res, c.err = b.rdb.Eval(ctx, c.s.src, c.keys, c.args...).Result()
+		cmd := b.rdb.EvalSha(ctx, c.s.sha, c.keys, c.args...)
+		if isNoScript(cmd.Err()) {
+			cmd = b.rdb.Eval(ctx, c.s.src, c.keys, c.args...)
 		}
+		c.cmds = []redis.Cmder{cmd}
 		close(c.done)
 		return
 	}
-	cmds := make([]*redis.Cmd, len(batch))
 	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, c := range batch {
-			cmds[i] = p.EvalSha(ctx, c.s.sha, c.keys, c.args...)
+		for _, c := range batch {
+			c.queue(ctx, p)
 		}
 		return nil
 	})
-	var again []int
-	for i, cmd := range cmds {
-		if isNoScript(cmd.Err()) {
-			again = append(again, i) // script cache flushed or a new node: send the source
+	var again []*call
+	for _, c := range batch {
+		if c.noScript() {
+			again = append(again, c) // script cache flushed or a new node: send the source
 		}
 	}
 	if len(again) > 0 {
 		_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, i := range again {
-				c := batch[i]
-				cmds[i] = p.Eval(ctx, c.s.src, c.keys, c.args...)
+			for _, c := range again {
+				c.cmds[0] = p.Eval(ctx, c.s.src, c.keys, c.args...)
 			}
 			return nil
 		})
 	}
-	for i, c := range batch {
-		c.res, c.err = cmds[i].Result()
+	for _, c := range batch {
 		close(c.done)
 	}
 }

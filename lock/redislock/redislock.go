@@ -141,33 +141,64 @@ func (b *Backend) keys(key string) ([]string, string) {
 func (b *Backend) run(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
 	c := &call{s: s, keys: keys, args: args}
 	b.batch.do(ctx, c)
-	return c.res, c.err
+	return c.cmds[0].(*redis.Cmd).Result()
 }
 
 // Acquire implements lock.Backend.
+//
+// A try (r.Wait false) is two plain commands sent back to back, SET NX PX
+// and INCR of the fence key, which cost Redis a fraction of a script: the
+// INCR runs right after the SET on the same connection, before this caller
+// can release, so a later holder's INCR is always larger. An INCR after a
+// failed SET only skips a number. When the fence lags the clock by more
+// than a second (a new key, or a busy one), one more script re-seeds it
+// from the server's clock while the lock is held, so fences stay close to
+// server µs. A blocked waiter runs the acquire script, which also manages
+// the queue.
 func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
 	keys, _ := b.keys(r.Key)
-	wait := int64(0)
 	if r.Wait {
-		wait = max(r.WaitTTL.Milliseconds(), 1)
+		return b.acquireScript(ctx, r, keys)
 	}
+	set := redis.NewStatusCmd(ctx, "set", keys[0], r.Owner, "nx", "px", r.TTL.Milliseconds())
+	incr := redis.NewIntCmd(ctx, "incr", keys[1])
+	b.batch.do(ctx, &call{cmds: []redis.Cmder{set, incr}})
+	if err := set.Err(); err == redis.Nil {
+		return lock.Grant{}, fmt.Errorf("redislock: acquire %q: %w", r.Key, lock.ErrNotAcquired)
+	} else if err != nil {
+		return lock.Grant{}, wrap("acquire", r.Key, err)
+	}
+	fence, err := incr.Result()
+	if err == nil && fence < time.Now().Add(-time.Second).UnixMicro() {
+		var res any
+		if res, err = b.run(ctx, scriptReseed, keys[1:2], b.fence); err == nil {
+			fence, _ = res.(int64)
+		}
+	}
+	if err != nil || fence <= 0 {
+		// We hold the lock but have no fence: give it back.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.batch.timeout)
+		defer cancel()
+		_ = b.Release(rctx, r.Key, r.Owner)
+		return lock.Grant{}, wrap("acquire", r.Key, fmt.Errorf("fence: %v (%w)", fence, err))
+	}
+	return lock.Grant{Fence: fence}, nil
+}
+
+func (b *Backend) acquireScript(ctx context.Context, r lock.Request, keys []string) (lock.Grant, error) {
+	wait := max(r.WaitTTL.Milliseconds(), 1)
 	res, err := b.run(ctx, scriptAcquire, keys, r.Owner, r.TTL.Milliseconds(), b.fence, wait)
 	if err != nil {
 		return lock.Grant{}, wrap("acquire", r.Key, err)
 	}
-	v, ok := res.([]any)
-	if !ok || len(v) != 2 {
+	n, ok := res.(int64)
+	if !ok {
 		return lock.Grant{}, fmt.Errorf("redislock: acquire %q: unexpected reply %v", r.Key, res)
 	}
-	won, _ := v[0].(int64)
-	n, _ := v[1].(int64)
-	if won == 1 {
+	if n > 0 {
 		return lock.Grant{Fence: n}, nil
 	}
-	var g lock.Grant
-	if n > 0 {
-		g.RetryAfter = time.Duration(n) * time.Millisecond
-	}
+	g := lock.Grant{RetryAfter: time.Duration(-1-n) * time.Millisecond}
 	return g, fmt.Errorf("redislock: acquire %q: %w", r.Key, lock.ErrNotAcquired)
 }
 

@@ -8,98 +8,129 @@ import (
 // Every script touches only the keys of one lock, all hash-tagged with the
 // lock's name, so each runs on one Cluster slot:
 //
-//	KEYS[1] the lock: owner token, PX ttl
+//	KEYS[1] the lock, with PX ttl. Its value is the owner token; the owner
+//	        token + "\n" when waiters are queued; "\n" + a waiter's token
+//	        when the lock is free but reserved for that waiter, the first
+//	        in line, which release woke.
 //	KEYS[2] the fence: the last fencing token, kept FenceRetention
 //	KEYS[3] the waiter queue: a sorted set of owner tokens by arrival (µs)
 //	KEYS[4] the waiters' deadlines: a hash owner -> ms; a waiter that stops
 //	        renewing its place is dropped when it reaches the head
 //
-// Time comes from the server's TIME, never from the client's clock.
+// The common paths are as short as Redis allows, because script overhead
+// per redis.call is what bounds throughput under pipelining: acquire of a
+// free lock is SET NX PX, TIME, SET GET; release with nobody waiting is
+// GET, DEL. Time comes from the server's TIME, never from the client.
+// Needs Redis 6.2 or later (SET ... GET, KEEPTTL).
 
-// headLua defines now/nowms and head(): the first live waiter, dropping dead
-// ones on the way.
-const headLua = `
+// handoverLua: the lock at KEYS[1] is being given up and waiters are
+// queued. Drops waiters whose place expired, then reserves the lock for the
+// first live one and wakes it by publishing its token on ARGV[2], or
+// deletes the lock when nobody is left.
+const handoverLua = `
 local t = redis.call('TIME')
-local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local nowms = math.floor(nowus / 1000)
-local function head()
-  while true do
-    local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not h then return nil end
-    if tonumber(redis.call('HGET', KEYS[4], h) or '0') > nowms then return h end
-    redis.call('ZREM', KEYS[3], h)
-    redis.call('HDEL', KEYS[4], h)
-  end
+local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+local exp = 0
+while h do
+  exp = tonumber(redis.call('HGET', KEYS[4], h) or '0')
+  if exp > ms then break end
+  redis.call('ZREM', KEYS[3], h)
+  redis.call('HDEL', KEYS[4], h)
+  h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+end
+if h then
+  redis.call('SET', KEYS[1], '\n' .. h, 'PX', string.format('%.0f', exp - ms))
+  redis.call('PUBLISH', ARGV[2], h)
+else
+  redis.call('DEL', KEYS[1])
 end
 `
 
 // acquireLua: ARGV owner, ttl ms, fence retention ms, wait ms (0: not a
-// waiter). Returns {1, fence} or {0, pttl}.
+// waiter). Returns the fence (> 0) when the lock was taken, else
+// -1 - the holder's remaining ms.
 //
-// The lock goes to the caller only if it is free and no live waiter is
-// ahead; a blocked caller (wait > 0) joins or renews its place in line.
+// A free lock goes to the caller, and so does a lock reserved for the
+// caller (it was first in line when the lock was released); anything else
+// is held, and a blocked caller (wait > 0) joins or renews its place in
+// line and marks the lock as having waiters.
+//
 // The fence is max(last + 1, server time in µs): strictly increasing per
-// key, and still increasing after the fence key expired or Redis lost it.
-const acquireLua = headLua + `
-local h = head()
-if (not h or h == ARGV[1]) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if h then
-    redis.call('ZREM', KEYS[3], h)
-    redis.call('HDEL', KEYS[4], h)
+// key, never below the server's clock, so it stays comparable with the
+// database backend's fences and keeps increasing after Redis lost the key.
+const acquireLua = `
+local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+if not won then
+  local v = redis.call('GET', KEYS[1])
+  if v == '\n' .. ARGV[1] then
+    redis.call('ZREM', KEYS[3], ARGV[1])
+    redis.call('HDEL', KEYS[4], ARGV[1])
+    local mark = ''
+    if redis.call('ZCARD', KEYS[3]) > 0 then mark = '\n' end
+    redis.call('SET', KEYS[1], ARGV[1] .. mark, 'PX', ARGV[2])
+  else
+    local wait = tonumber(ARGV[4])
+    if wait > 0 then
+      local t = redis.call('TIME')
+      local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      redis.call('ZADD', KEYS[3], 'NX', string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])), ARGV[1])
+      redis.call('HSET', KEYS[4], ARGV[1], string.format('%.0f', ms + wait))
+      redis.call('PEXPIRE', KEYS[3], 2 * wait)
+      redis.call('PEXPIRE', KEYS[4], 2 * wait)
+      if v and string.byte(v, 1) ~= 10 and string.byte(v, -1) ~= 10 then
+        redis.call('SET', KEYS[1], v .. '\n', 'KEEPTTL')
+      end
+    end
+    return -1 - math.max(redis.call('PTTL', KEYS[1]), 0)
   end
-  local f = nowus
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if f <= last then f = last + 1 end
+end
+local t = redis.call('TIME')
+local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', ARGV[3], 'GET')
+if last and tonumber(last) >= f then
+  f = tonumber(last) + 1
   redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', ARGV[3])
-  return {1, f}
 end
-local wait = tonumber(ARGV[4])
-if wait > 0 then
-  redis.call('ZADD', KEYS[3], 'NX', nowus, ARGV[1])
-  redis.call('HSET', KEYS[4], ARGV[1], string.format('%.0f', nowms + wait))
-  redis.call('PEXPIRE', KEYS[3], 2 * wait)
-  redis.call('PEXPIRE', KEYS[4], 2 * wait)
-end
-return {0, redis.call('PTTL', KEYS[1])}
+return f
 `
 
 // releaseLua: ARGV owner, channel. Returns 1 released, 0 expired (nobody
-// holds it), -1 held by another owner. Wakes the first waiter by
-// publishing its owner token.
-const releaseLua = headLua + `
+// holds it), -1 held by another owner. With waiters queued it hands the
+// lock over to the first of them.
+const releaseLua = `
 local v = redis.call('GET', KEYS[1])
-local r = 0
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  r = 1
-elseif v then
-  return -1
-end
-local h = head()
-if h then redis.call('PUBLISH', ARGV[2], h) end
-return r
-`
-
-// refreshLua: ARGV owner, ttl ms. Returns 1, 0 or -1 like releaseLua.
-const refreshLua = `
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
-elseif v then
+elseif v == ARGV[1] .. '\n' then
+` + handoverLua + `
+  return 1
+elseif v and string.byte(v, 1) ~= 10 then
   return -1
 end
 return 0
 `
 
-// leaveLua: ARGV owner, channel. Drops a waiter that gave up and, if the
-// lock is free, wakes the next one.
-const leaveLua = headLua + `
+// refreshLua: ARGV owner, ttl ms. Returns 1, 0 or -1 like releaseLua.
+const refreshLua = `
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or v == ARGV[1] .. '\n' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+elseif v and string.byte(v, 1) ~= 10 then
+  return -1
+end
+return 0
+`
+
+// leaveLua: ARGV owner, channel. Drops a waiter that gave up; if the lock
+// was reserved for it, hands it to the next waiter.
+const leaveLua = `
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local h = head()
-  if h then redis.call('PUBLISH', ARGV[2], h) end
+if redis.call('GET', KEYS[1]) == '\n' .. ARGV[1] then
+` + handoverLua + `
 end
 return 1
 `
@@ -112,6 +143,23 @@ if cur < tonumber(ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
 return 1
+`
+
+// reseedLua: KEYS[1] the fence; ARGV fence retention ms. Runs while the
+// caller holds the lock, after its INCR: returns a new fence, raised to the
+// server's clock in µs when it lags, and gives a fence key created by INCR
+// its expiry.
+const reseedLua = `
+local t = redis.call('TIME')
+local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local f = redis.call('INCR', KEYS[1])
+if f < us then
+  f = us
+  redis.call('SET', KEYS[1], string.format('%.0f', f), 'PX', ARGV[1])
+elseif redis.call('PTTL', KEYS[1]) < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return f
 `
 
 type script struct {
@@ -129,4 +177,5 @@ var (
 	scriptRefresh = newScript(refreshLua)
 	scriptLeave   = newScript(leaveLua)
 	scriptRaise   = newScript(raiseLua)
+	scriptReseed  = newScript(reseedLua)
 )
