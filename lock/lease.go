@@ -25,14 +25,18 @@ type Lease struct {
 	owner  string
 	fence  int64
 
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-
 	mu       sync.Mutex // guards the fields below
 	ttl      time.Duration
-	deadline time.Time   // local validity end, monotonic
-	expiry   *time.Timer // ends the lease at deadline
-	released bool
+	deadline time.Time // local validity end, monotonic
+	ended    bool
+	cause    error // why it ended: ErrReleased, or an error matching ErrLost
+	released bool  // the backend confirmed the release (or that it was not held)
+
+	// The context and its expiry timer are made on first use of Done,
+	// Context (or by the watchdog): a lease nobody watches costs no timer.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	expiry *time.Timer
 
 	// Watchdog (AutoRenew only): Release closes stopRenew once and waits
 	// for renewing to close.
@@ -42,13 +46,9 @@ type Lease struct {
 }
 
 func newLease(l *Locker, key, owner string, ttl time.Duration, fence int64, start time.Time) *Lease {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	ls := &Lease{locker: l, key: key, owner: owner, fence: fence, ctx: ctx, cancel: cancel, ttl: ttl}
-	ls.mu.Lock() // the timer may fire before newLease returns
-	ls.deadline = start.Add(validity(ttl))
-	ls.expiry = time.AfterFunc(time.Until(ls.deadline), ls.expire)
-	ls.mu.Unlock()
+	ls := &Lease{locker: l, key: key, owner: owner, fence: fence, ttl: ttl, deadline: start.Add(validity(ttl))}
 	if l.opts.AutoRenew {
+		ls.watch()
 		ls.stopRenew = make(chan struct{})
 		ls.renewing = make(chan struct{})
 		go ls.watchdog()
@@ -72,9 +72,9 @@ func (ls *Lease) Token() string { return ls.owner }
 // every successful acquire of the same key. Send it with every write made
 // under the lock and let the resource refuse a write whose fence is lower
 // than the last it accepted: that stops a holder that was paused past its
-// TTL from overwriting the work of the next holder. Fences are
-// microseconds of the backend's clock, or the previous fence plus one when
-// that is not larger, so they also stay comparable across backends.
+// TTL from overwriting the work of the next holder. Fences follow the
+// backend server's clock in microseconds (see the package documentation),
+// so they also stay comparable across backends.
 func (ls *Lease) Fence() int64 { return ls.fence }
 
 // Deadline returns when the lease ends unless it is refreshed.
@@ -86,19 +86,38 @@ func (ls *Lease) Deadline() time.Time {
 
 // Done returns a channel that is closed when the lease ends: released, run
 // out, or found lost by renewal.
-func (ls *Lease) Done() <-chan struct{} { return ls.ctx.Done() }
+func (ls *Lease) Done() <-chan struct{} { return ls.watch().Done() }
 
 // Context returns a context that is cancelled when the lease ends. Its
 // cause (context.Cause) is ErrReleased after Release, or matches ErrLost
 // otherwise.
-func (ls *Lease) Context() context.Context { return ls.ctx }
+func (ls *Lease) Context() context.Context { return ls.watch() }
+
+// watch makes the lease's context and expiry timer if they do not exist.
+func (ls *Lease) watch() context.Context {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.ctx == nil {
+		ls.ctx, ls.cancel = context.WithCancelCause(context.Background())
+		ls.checkLocked()
+		if ls.ended {
+			ls.cancel(ls.cause)
+		} else {
+			ls.expiry = time.AfterFunc(time.Until(ls.deadline), ls.expire)
+		}
+	}
+	return ls.ctx
+}
 
 // Err returns nil while the lease is held, nil after Release, and an error
 // matching ErrLost (and ErrExpired or ErrNotHeld when known) when it ended
 // any other way.
 func (ls *Lease) Err() error {
-	if cause := context.Cause(ls.ctx); cause != nil && cause != ErrReleased {
-		return cause
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.checkLocked()
+	if ls.ended && ls.cause != ErrReleased {
+		return ls.cause
 	}
 	return nil
 }
@@ -117,7 +136,7 @@ func (ls *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 }
 
 func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
-	if err := ls.ended(); err != nil {
+	if err := ls.endedErr(); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -131,13 +150,15 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if ls.ctx.Err() != nil {
+	if ls.checkLocked(); ls.ended {
 		// Ended locally while the refresh was on its way: stay ended.
-		return ls.endedLocked()
+		return ls.endedErrLocked()
 	}
 	ls.ttl = ttl
 	ls.deadline = start.Add(validity(ttl))
-	ls.expiry.Reset(time.Until(ls.deadline))
+	if ls.expiry != nil {
+		ls.expiry.Reset(time.Until(ls.deadline))
+	}
 	return nil
 }
 
@@ -153,22 +174,21 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.mu.Unlock()
 		return fmt.Errorf("release %q: %w", ls.key, ErrNotHeld)
 	}
-	ls.expiry.Stop()
 	ls.mu.Unlock()
 	ls.stopWatchdog()
 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ls.locker.opts.ReleaseTimeout)
 	defer cancel()
 	err := ls.locker.backend.Release(ctx, ls.key, ls.owner)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
 	if err == nil || errors.Is(err, ErrNotHeld) {
-		ls.mu.Lock()
 		ls.released = true
-		ls.mu.Unlock()
 	}
 	if err == nil {
-		ls.cancel(ErrReleased)
+		ls.endLocked(ErrReleased)
 	} else {
-		ls.lose(err)
+		ls.endLocked(lostError(ls.key, err))
 	}
 	return err
 }
@@ -185,11 +205,12 @@ func (ls *Lease) stopWatchdog() {
 
 func (ls *Lease) watchdog() {
 	defer close(ls.renewing)
+	done := ls.watch().Done()
 	t := time.NewTimer(ls.renewEvery())
 	defer t.Stop()
 	for {
 		select {
-		case <-ls.ctx.Done():
+		case <-done:
 			return
 		case <-ls.stopRenew:
 			return
@@ -198,14 +219,14 @@ func (ls *Lease) watchdog() {
 		ls.mu.Lock()
 		ttl, left := ls.ttl, time.Until(ls.deadline)
 		ls.mu.Unlock()
-		ctx, cancel := context.WithTimeout(ls.ctx, max(left, time.Millisecond))
+		ctx, cancel := context.WithTimeout(context.Background(), max(left, time.Millisecond))
 		err := ls.refresh(ctx, ttl)
 		cancel()
 		switch {
 		case err == nil:
 			t.Reset(ls.renewEvery())
-		case ls.ctx.Err() != nil:
-			return // lost for good (refresh ended the lease)
+		case ls.endedErr() != nil:
+			return // lost for good
 		default:
 			// Transient: try again soon; the expiry timer ends the lease if
 			// the deadline passes first.
@@ -220,37 +241,63 @@ func (ls *Lease) renewEvery() time.Duration {
 	return max(time.Millisecond, ls.ttl/3)
 }
 
-// expire runs when the local deadline passes.
+// expire runs when the expiry timer fires.
 func (ls *Lease) expire() {
-	ls.lose(ErrExpired)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.checkLocked(); !ls.ended && ls.expiry != nil {
+		ls.expiry.Reset(time.Until(ls.deadline)) // refreshed meanwhile
+	}
+}
+
+// checkLocked ends the lease if its deadline passed.
+func (ls *Lease) checkLocked() {
+	if !ls.ended && !time.Now().Before(ls.deadline) {
+		ls.endLocked(lostError(ls.key, ErrExpired))
+	}
 }
 
 func (ls *Lease) lose(err error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if ls.ctx.Err() == nil {
+	ls.endLocked(lostError(ls.key, err))
+}
+
+func lostError(key string, err error) error {
+	return fmt.Errorf("%w: %q: %w", ErrLost, key, err)
+}
+
+// endLocked ends the lease with cause, once.
+func (ls *Lease) endLocked(cause error) {
+	if ls.ended {
+		return
+	}
+	ls.ended, ls.cause = true, cause
+	if ls.expiry != nil {
 		ls.expiry.Stop()
-		ls.cancel(fmt.Errorf("%w: %q: %w", ErrLost, ls.key, err))
+	}
+	if ls.cancel != nil {
+		ls.cancel(cause)
 	}
 }
 
-// ended returns the reason the lease ended, or nil while it is held.
-func (ls *Lease) ended() error {
+func (ls *Lease) endedErr() error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	return ls.endedLocked()
+	ls.checkLocked()
+	return ls.endedErrLocked()
 }
 
-func (ls *Lease) endedLocked() error {
-	if ls.released {
+// endedErrLocked returns the reason the lease ended, matching ErrNotHeld,
+// or nil while it is held.
+func (ls *Lease) endedErrLocked() error {
+	switch {
+	case ls.released || ls.cause == ErrReleased:
 		return fmt.Errorf("lease %q: %w", ls.key, ErrNotHeld)
-	}
-	if ls.ctx.Err() == nil {
+	case !ls.ended:
 		return nil
+	case errors.Is(ls.cause, ErrNotHeld):
+		return ls.cause
 	}
-	cause := context.Cause(ls.ctx)
-	if errors.Is(cause, ErrNotHeld) {
-		return cause
-	}
-	return fmt.Errorf("%w: %w", cause, ErrNotHeld)
+	return fmt.Errorf("%w: %w", ls.cause, ErrNotHeld)
 }

@@ -17,7 +17,7 @@ type call struct {
 	args []any
 	cmds []redis.Cmder // plain commands, or the script's Cmd once queued
 
-	done chan struct{} // closed when cmds have their replies
+	done chan struct{} // buffered 1: cmds have their replies
 	lead chan struct{} // buffered 1: this caller is handed a pipeline slot
 
 	handed bool // a slot was sent on lead; guarded by batcher.mu
@@ -56,14 +56,28 @@ type batcher struct {
 	mu       sync.Mutex // guards queue and inflight
 	queue    []*call
 	inflight int
+
+	calls sync.Pool // of *call, with their channels
+}
+
+// get returns a call ready for do.
+func (b *batcher) get() *call {
+	if c, ok := b.calls.Get().(*call); ok {
+		return c
+	}
+	return &call{done: make(chan struct{}, 1), lead: make(chan struct{}, 1)}
+}
+
+// put recycles c once its caller has read its replies.
+func (b *batcher) put(c *call) {
+	*c = call{done: c.done, lead: c.lead}
+	b.calls.Put(c)
 }
 
 // do runs c and waits for its replies. It does not return before them, so
 // a lock taken on the way is never lost track of; the wait is bounded by
 // the batcher's timeout.
 func (b *batcher) do(ctx context.Context, c *call) {
-	c.done = make(chan struct{})
-	c.lead = make(chan struct{}, 1)
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
 	leader := b.inflight < b.maxInflight
@@ -102,9 +116,13 @@ func (b *batcher) flush(ctx context.Context) {
 	b.mu.Unlock()
 
 	if n > 0 {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
+		ctx := context.WithoutCancel(ctx)
+		if b.timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, b.timeout)
+			defer cancel()
+		}
 		b.exec(ctx, batch)
-		cancel()
 	}
 
 	b.mu.Lock()
@@ -129,7 +147,7 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 			cmd = b.rdb.Eval(ctx, c.s.src, c.keys, c.args...)
 		}
 		c.cmds = []redis.Cmder{cmd}
-		close(c.done)
+		c.done <- struct{}{}
 		return
 	}
 	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -153,7 +171,7 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 		})
 	}
 	for _, c := range batch {
-		close(c.done)
+		c.done <- struct{}{}
 	}
 }
 

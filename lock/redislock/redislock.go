@@ -58,7 +58,10 @@ type Options struct {
 
 	// Timeout bounds each round trip to Redis, whatever the caller's
 	// context: a call that has been sent is always waited for, so that a
-	// lock taken on the way is never lost track of. Default: 3s.
+	// lock taken on the way is never lost track of. Default: 0, the
+	// client's own ReadTimeout and WriteTimeout (go-redis: 3s); set it when
+	// those are disabled, or lower (e.g. 300ms) when a fallback should take
+	// over quickly from a Redis that stopped answering.
 	Timeout time.Duration
 
 	// MaxInflight is how many pipelines may be in flight at once; calls
@@ -111,9 +114,6 @@ func NewBackend(rdb redis.UniversalClient, opts *Options) *Backend {
 	if o.FenceRetention <= 0 {
 		o.FenceRetention = time.Hour
 	}
-	if o.Timeout <= 0 {
-		o.Timeout = 3 * time.Second
-	}
 	if o.MaxInflight <= 0 {
 		o.MaxInflight = 4
 	}
@@ -128,20 +128,44 @@ func NewBackend(rdb redis.UniversalClient, opts *Options) *Backend {
 	}
 }
 
-// keys returns the hash-tagged key family of a lock and its channel.
+// keys returns the hash-tagged key family of a lock (lock, fence, queue,
+// queue deadlines) and its channel. They are slices of one string: one
+// allocation, on a path that runs for every call.
 func (b *Backend) keys(key string) ([]string, string) {
-	base := b.prefix + "{" + key + "}"
-	if strings.ContainsAny(key, "{}") {
+	tag := key
+	hashed := strings.ContainsAny(key, "{}")
+	if hashed {
 		sum := sha256.Sum256([]byte(key))
-		base = b.prefix + "#{" + hex.EncodeToString(sum[:]) + "}"
+		tag = hex.EncodeToString(sum[:])
 	}
-	return []string{base, base + ":fence", base + ":q", base + ":qx"}, base + ":wake"
+	var sb strings.Builder
+	sb.Grow(5*(len(b.prefix)+len(tag)+3) + len(":fence:q:qx:wake"))
+	bases := [5]int{}
+	suffixes := [5]string{"", ":fence", ":q", ":qx", ":wake"}
+	ends := [5]int{}
+	for i, suf := range suffixes {
+		bases[i] = sb.Len()
+		sb.WriteString(b.prefix)
+		if hashed {
+			sb.WriteByte('#')
+		}
+		sb.WriteByte('{')
+		sb.WriteString(tag)
+		sb.WriteByte('}')
+		sb.WriteString(suf)
+		ends[i] = sb.Len()
+	}
+	all := sb.String()
+	return []string{all[bases[0]:ends[0]], all[bases[1]:ends[1]], all[bases[2]:ends[2]], all[bases[3]:ends[3]]}, all[bases[4]:ends[4]]
 }
 
 func (b *Backend) run(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
-	c := &call{s: s, keys: keys, args: args}
+	c := b.batch.get()
+	c.s, c.keys, c.args = s, keys, args
 	b.batch.do(ctx, c)
-	return c.cmds[0].(*redis.Cmd).Result()
+	res, err := c.cmds[0].(*redis.Cmd).Result()
+	b.batch.put(c)
+	return res, err
 }
 
 // Acquire implements lock.Backend.
@@ -162,7 +186,10 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 	}
 	set := redis.NewStatusCmd(ctx, "set", keys[0], r.Owner, "nx", "px", r.TTL.Milliseconds())
 	incr := redis.NewIntCmd(ctx, "incr", keys[1])
-	b.batch.do(ctx, &call{cmds: []redis.Cmder{set, incr}})
+	c := b.batch.get()
+	c.cmds = append(c.cmds, set, incr)
+	b.batch.do(ctx, c)
+	b.batch.put(c)
 	if err := set.Err(); err == redis.Nil {
 		return lock.Grant{}, fmt.Errorf("redislock: acquire %q: %w", r.Key, lock.ErrNotAcquired)
 	} else if err != nil {
@@ -177,7 +204,7 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 	}
 	if err != nil || fence <= 0 {
 		// We hold the lock but have no fence: give it back.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.batch.timeout)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(b.batch.timeout, 3*time.Second))
 		defer cancel()
 		_ = b.Release(rctx, r.Key, r.Owner)
 		return lock.Grant{}, wrap("acquire", r.Key, fmt.Errorf("fence: %v (%w)", fence, err))
