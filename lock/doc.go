@@ -34,8 +34,10 @@
 //	UPDATE accounts SET balance = balance - $1, fence = $2
 //	WHERE user_id = $3 AND fence < $2 AND balance >= $1
 //
-// Fences are the backend server's clock in microseconds, or the last fence
-// plus one when that is not larger. Unlike plain counters they keep
+// Fences follow the backend server's clock in microseconds: each is the
+// last fence plus one, or the server's clock when that is larger (Redis
+// lets a busy key's fence run on by one per acquire for up to a second
+// before catching up with the clock). Unlike plain counters they keep
 // increasing when a Redis restart loses the counter, and a Redis fence and
 // a database fence for the same resource stay comparable (up to the clock
 // skew between the two servers), which matters when a fallback moves a

@@ -15,6 +15,8 @@
 // token of the first waiter in line and wakes only it, within a round trip,
 // with polling only as a fallback.
 //
+// It needs Redis 6.2 or later (SET ... GET, KEEPTTL).
+//
 // A single Redis node (or a Cluster with asynchronous replication) can lose
 // an acknowledged lock on failover: treat this lock as a way to make
 // duplicates cheap to turn away, and keep correctness in the database
@@ -51,9 +53,9 @@ type Options struct {
 	Prefix string
 
 	// FenceRetention is how long the last fencing token of a key is kept
-	// after its last acquire. Fences are server microseconds, so they keep
-	// increasing after the record is gone unless the server's clock steps
-	// back by more than this. Default: 1h.
+	// after it was last set from the clock. Fences follow server
+	// microseconds, so they keep increasing after the record is gone unless
+	// the server's clock steps back by more than this. Default: 1h.
 	FenceRetention time.Duration
 
 	// Timeout bounds each round trip to Redis, whatever the caller's
