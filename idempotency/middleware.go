@@ -1,0 +1,346 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/onceguard/onceguard/token"
+)
+
+// Config configures Middleware. Store is required; every other field has
+// a default, written in its comment.
+type Config struct {
+	// Store keeps the key records. Required.
+	Store Store
+
+	// Tokens, when set, treats keys starting with "st_" as submit tokens
+	// of Purpose and binds each, on first use, atomically with creating its
+	// record (the store must keep both, see FullStore). Default: nil, keys
+	// are only keys.
+	Tokens *token.Tokens
+	// Purpose is the submit-token purpose of the routes this middleware
+	// guards (for example "withdrawal").
+	Purpose string
+	// RequireToken refuses keys that are not submit tokens (400
+	// submit_token_required). Default: false.
+	RequireToken bool
+
+	// Windows and Window turn on the repeat-submit window: the same
+	// principal sending a request with the same fingerprint to the same
+	// route under another key within Window gets 429 duplicate_submission.
+	// Default: off.
+	Windows WindowStore
+	Window  time.Duration
+
+	// Principal returns who is asking; false answers 401 unauthenticated.
+	// Keys are scoped to it. Default: everyone is "".
+	Principal func(r *http.Request) (string, bool)
+
+	// Fingerprint returns the request's fingerprint from its body. An
+	// error that is a *Problem is answered as it is, any other 400
+	// invalid_json. Default: Fingerprint(body) (canonical JSON).
+	Fingerprint func(r *http.Request, body []byte) (string, error)
+
+	// Lease protects an in-flight request: a retry within it gets 409; after
+	// it (the holder crashed) a retry runs again. Keep it longer than the
+	// handler's timeout. Default: 30s.
+	Lease time.Duration
+	// TTL is how long a key's record is kept. Default: 24h.
+	TTL time.Duration
+	// MaxBody is the largest body accepted (413 body_too_large above).
+	// Default: 64 KiB.
+	MaxBody int64
+	// ReplayHeaders are the response headers stored and replayed; no
+	// others are (never Set-Cookie). Default: Content-Type,
+	// Content-Language, Location.
+	ReplayHeaders []string
+
+	// Now is the clock. Default: time.Now.
+	Now func() time.Time
+	// WriteProblem writes an error answer. Default: WriteProblem.
+	WriteProblem func(w http.ResponseWriter, r *http.Request, p *Problem)
+	// OnEvent, if set, is told each request's outcome: "new", "recovered",
+	// "replayed", "in_progress", "mismatch", "key_missing", "key_invalid",
+	// "token_invalid", "token_required", "duplicate_submission",
+	// "released" (5xx: key freed), "store_unavailable". Low cardinality:
+	// fit for a metric label.
+	OnEvent func(r *http.Request, event string)
+}
+
+// Middleware returns net/http middleware that enforces Idempotency-Key on
+// every request it wraps, in the order of shared/api.md: body size and
+// principal, key syntax, body, submit token, the key's record (replay, 409,
+// 422), the repeat-submit window, then the handler. Answers before the
+// record is created use up no key and no token. The handler's final answer
+// is stored and replayed byte for byte with Idempotent-Replayed: true; a
+// 5xx is not stored: the key, its token and its window entry are freed so
+// that a retry runs again. A store that cannot be reached answers 503
+// store_unavailable: nothing runs without protection.
+func Middleware(cfg Config) func(http.Handler) http.Handler {
+	if cfg.Store == nil {
+		panic("idempotency: Middleware needs a Store")
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 30 * time.Second
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = 24 * time.Hour
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = 64 << 10
+	}
+	if cfg.ReplayHeaders == nil {
+		cfg.ReplayHeaders = []string{"Content-Type", "Content-Language", "Location"}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.WriteProblem == nil {
+		cfg.WriteProblem = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
+	}
+	if cfg.Fingerprint == nil {
+		cfg.Fingerprint = func(_ *http.Request, body []byte) (string, error) { return Fingerprint(body) }
+	}
+	return func(next http.Handler) http.Handler {
+		return &middleware{cfg: cfg, next: next}
+	}
+}
+
+type middleware struct {
+	cfg  Config
+	next http.Handler
+}
+
+func (m *middleware) event(r *http.Request, ev string) {
+	if m.cfg.OnEvent != nil {
+		m.cfg.OnEvent(r, ev)
+	}
+}
+
+func (m *middleware) fail(w http.ResponseWriter, r *http.Request, ev string, p *Problem) {
+	if ev != "" {
+		m.event(r, ev)
+	}
+	m.cfg.WriteProblem(w, r, p)
+}
+
+func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	cfg := &m.cfg
+	ctx := r.Context()
+
+	// 1. Body size, then who is asking.
+	body, err := io.ReadAll(io.LimitReader(r.Body, cfg.MaxBody+1))
+	if err != nil {
+		m.fail(w, r, "", &Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Unreadable body", Detail: "the request body could not be read"})
+		return
+	}
+	if int64(len(body)) > cfg.MaxBody {
+		p := *probTooLarge
+		p.Detail = fmt.Sprintf("the body is over %d bytes", cfg.MaxBody)
+		m.fail(w, r, "", &p)
+		return
+	}
+	principal := ""
+	if cfg.Principal != nil {
+		var ok bool
+		if principal, ok = cfg.Principal(r); !ok {
+			m.fail(w, r, "", probAuth)
+			return
+		}
+	}
+
+	// 2. The key's syntax.
+	key, err := ParseKey(r.Header.Values("Idempotency-Key"))
+	if errors.Is(err, ErrKeyMissing) {
+		m.fail(w, r, "key_missing", probMissing)
+		return
+	} else if err != nil {
+		m.fail(w, r, "key_invalid", probInvalid)
+		return
+	}
+
+	// 3. The body.
+	fp, err := cfg.Fingerprint(r, body)
+	if err != nil {
+		var p *Problem
+		if !errors.As(err, &p) {
+			p = &Problem{Status: probJSON.Status, Code: probJSON.Code, Title: probJSON.Title, Detail: err.Error()}
+		}
+		m.fail(w, r, "", p)
+		return
+	}
+
+	// 4. A submit token: checked here, bound with the record in step 5.
+	scope := Scope{Principal: principal, Method: r.Method, Path: r.URL.Path}
+	var claim *TokenClaim
+	switch {
+	case cfg.Tokens != nil && token.IsToken(key):
+		if err := cfg.Tokens.Check(ctx, key, principal, cfg.Purpose, scope.String()); err != nil {
+			m.tokenError(w, r, err)
+			return
+		}
+		claim = &TokenClaim{Hash: token.Hash(key), Subject: principal, Purpose: cfg.Purpose, Scope: scope.String()}
+	case cfg.RequireToken:
+		m.fail(w, r, "token_required", probTokenRequired)
+		return
+	}
+
+	// 5. The key's record.
+	id := RecordID(scope, key)
+	now := cfg.Now()
+	res, err := cfg.Store.Begin(ctx, BeginRequest{ID: id, Fingerprint: fp, Lease: cfg.Lease, TTL: cfg.TTL, Token: claim, Now: now})
+	if err != nil {
+		m.tokenError(w, r, err)
+		return
+	}
+	switch res.Outcome {
+	case Replay:
+		m.event(r, "replayed")
+		replay(w, res.Record.Response)
+		return
+	case InProgress:
+		m.fail(w, r, "in_progress", probInProgress)
+		return
+	case Mismatch:
+		m.fail(w, r, "mismatch", probReused)
+		return
+	}
+	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fp, Recovered: res.Recovered}
+	// From here the key is ours: every way out completes or frees it.
+	detached := context.WithoutCancel(ctx)
+
+	// 6. The repeat-submit window.
+	var windowID string
+	if cfg.Windows != nil && cfg.Window > 0 {
+		windowID = digest(principal, r.Method, r.URL.Path, fp)
+		left, err := cfg.Windows.ClaimWindow(ctx, windowID, res.Lease, cfg.Window, now)
+		if err != nil || left > 0 {
+			_ = cfg.Store.Abandon(detached, id, res.Lease) // not recorded: key and token stay usable
+			if err != nil {
+				m.fail(w, r, "store_unavailable", probUnavailable)
+				return
+			}
+			m.fail(w, r, "duplicate_submission", &Problem{
+				Status: http.StatusTooManyRequests, Code: "duplicate_submission", Title: "Duplicate submission",
+				Detail:     "the same request was accepted moments ago under another key; wait before sending it again",
+				RetryAfter: int(math.Ceil(left.Seconds())),
+			})
+			return
+		}
+	}
+	if res.Recovered {
+		m.event(r, "recovered")
+	} else {
+		m.event(r, "new")
+	}
+
+	// 7. The handler, with its answer buffered so that what is stored is
+	// exactly what is sent.
+	rec := &recorder{header: make(http.Header), status: http.StatusOK}
+	release := func() {
+		_ = cfg.Store.Abandon(detached, id, res.Lease)
+		if windowID != "" {
+			_ = cfg.Windows.FreeWindow(detached, windowID, res.Lease)
+		}
+		m.event(r, "released")
+	}
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				release()
+				panic(v)
+			}
+		}()
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, callKey{}, call)))
+	}()
+	if rec.status >= 500 {
+		release()
+	} else if !call.completed.Load() {
+		resp := Response{Status: rec.status, Header: make(http.Header), Body: rec.body.Bytes()}
+		for _, h := range cfg.ReplayHeaders {
+			if v := rec.header.Values(h); len(v) > 0 {
+				resp.Header[http.CanonicalHeaderKey(h)] = v
+			}
+		}
+		// The effect happened: send the answer even if storing it fails;
+		// the business tables' unique constraints refuse a second effect.
+		_ = cfg.Store.Complete(detached, id, res.Lease, resp, cfg.Now())
+	}
+	for k, v := range rec.header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.status)
+	_, _ = w.Write(rec.body.Bytes())
+}
+
+func (m *middleware) tokenError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, token.ErrInvalid) {
+		m.fail(w, r, "token_invalid", probTokenInvalid)
+		return
+	}
+	m.fail(w, r, "store_unavailable", probUnavailable)
+}
+
+func replay(w http.ResponseWriter, resp *Response) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	h.Set("Idempotent-Replayed", "true")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+// recorder buffers the handler's answer.
+type recorder struct {
+	header      http.Header
+	status      int
+	wroteHeader bool
+	body        bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) WriteHeader(status int) {
+	if !r.wroteHeader {
+		r.status, r.wroteHeader = status, true
+	}
+}
+func (r *recorder) Write(p []byte) (int, error) {
+	r.WriteHeader(http.StatusOK)
+	return r.body.Write(p)
+}
+
+// Call describes the keyed request a handler runs in. Handlers that store
+// the answer themselves, in their own transaction (see the package
+// documentation), call MarkCompleted so that Middleware does not store it
+// again.
+type Call struct {
+	ID          string // the record's id
+	Lease       string // the lease to complete the record with
+	Key         string // the Idempotency-Key as sent (a secret: never log it)
+	Scope       Scope
+	Fingerprint string
+	Recovered   bool // this request took over a crashed holder's key
+
+	completed atomic.Bool
+}
+
+// MarkCompleted records that the handler completed the record itself.
+func (c *Call) MarkCompleted() { c.completed.Store(true) }
+
+type callKey struct{}
+
+// FromContext returns the keyed request a handler runs in, if any.
+func FromContext(ctx context.Context) (*Call, bool) {
+	c, ok := ctx.Value(callKey{}).(*Call)
+	return c, ok
+}

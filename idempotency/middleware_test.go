@@ -1,0 +1,470 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/memstore"
+	"github.com/onceguard/onceguard/token"
+)
+
+// bank is a handler whose effect is guarded by a unique constraint on
+// (user, key), as the service's tables are: it counts executions and
+// effects separately.
+type bank struct {
+	mu      sync.Mutex
+	effects map[string]int // (user, key) -> times the effect was applied
+	runs    atomic.Int32
+	delay   time.Duration
+	status  int
+}
+
+func (b *bank) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b.runs.Add(1)
+	time.Sleep(b.delay)
+	call, _ := idempotency.FromContext(r.Context())
+	user := r.Header.Get("X-User")
+	b.mu.Lock()
+	if b.effects == nil {
+		b.effects = map[string]int{}
+	}
+	uk := user + "\x00" + call.Key
+	dup := b.effects[uk] > 0
+	if !dup {
+		b.effects[uk]++
+	}
+	n := len(b.effects)
+	b.mu.Unlock()
+	status := b.status
+	if status == 0 {
+		status = http.StatusCreated
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Set-Cookie", "secret=1")
+	w.Header().Set("Location", fmt.Sprintf("/things/%d", n))
+	w.WriteHeader(status)
+	_, _ = fmt.Fprintf(w, `{"id":"%d","duplicate":%v}`, n, dup)
+}
+
+type env struct {
+	store   *memstore.Store
+	tokens  *token.Tokens
+	handler http.Handler
+	bank    *bank
+	events  sync.Map
+}
+
+func newEnv(t *testing.T, mod func(*idempotency.Config)) *env {
+	t.Helper()
+	e := &env{store: &memstore.Store{}, bank: &bank{}}
+	e.tokens = token.New(e.store, nil)
+	cfg := idempotency.Config{
+		Store: e.store, Tokens: e.tokens, Purpose: "withdrawal",
+		Principal: func(r *http.Request) (string, bool) {
+			u := r.Header.Get("X-User")
+			return u, u != ""
+		},
+		OnEvent: func(_ *http.Request, ev string) {
+			v, _ := e.events.LoadOrStore(ev, new(atomic.Int32))
+			v.(*atomic.Int32).Add(1)
+		},
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e.handler = idempotency.Middleware(cfg)(e.bank)
+	return e
+}
+
+func (e *env) count(ev string) int32 {
+	v, ok := e.events.Load(ev)
+	if !ok {
+		return 0
+	}
+	return v.(*atomic.Int32).Load()
+}
+
+func (e *env) do(user, path, key, body string, extra ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+	if user != "" {
+		r.Header.Set("X-User", user)
+	}
+	if key != "\x00" {
+		r.Header.Add("Idempotency-Key", key)
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		r.Header.Add(extra[i], extra[i+1])
+	}
+	w := httptest.NewRecorder()
+	e.handler.ServeHTTP(w, r)
+	return w
+}
+
+func code(t *testing.T, w *httptest.ResponseRecorder) string {
+	t.Helper()
+	var p struct {
+		Code   string `json:"code"`
+		Status int    `json:"status"`
+	}
+	if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+		return ""
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body %q: %v", w.Body.String(), err)
+	}
+	if p.Status != w.Code {
+		t.Errorf("problem status %d in a %d answer", p.Status, w.Code)
+	}
+	return p.Code
+}
+
+func TestFirstUseAndReplay(t *testing.T) {
+	e := newEnv(t, nil)
+	first := e.do("alice", "/withdrawals", "k-1", `{"amount":"10.00","note":"x"}`)
+	if first.Code != http.StatusCreated {
+		t.Fatalf("first = %d %s; want 201", first.Code, first.Body)
+	}
+	again := e.do("alice", "/withdrawals", `"k-1"`, ` { "note" : "x", "amount":"10.00" } `)
+	if again.Code != http.StatusCreated || again.Body.String() != first.Body.String() {
+		t.Errorf("replay = %d %q; want the first answer %d %q", again.Code, again.Body, first.Code, first.Body)
+	}
+	if got := again.Header().Get("Idempotent-Replayed"); got != "true" {
+		t.Errorf("Idempotent-Replayed = %q; want true", got)
+	}
+	if got := again.Header().Get("Set-Cookie"); got != "" {
+		t.Errorf("replayed Set-Cookie %q; want none", got)
+	}
+	if got, want := again.Header().Get("Location"), first.Header().Get("Location"); got != want {
+		t.Errorf("replayed Location = %q; want %q", got, want)
+	}
+	if n := e.bank.runs.Load(); n != 1 {
+		t.Errorf("handler ran %d times; want 1", n)
+	}
+	if w := e.do("alice", "/withdrawals", "k-1", `{"amount":"11.00","note":"x"}`); w.Code != 422 || code(t, w) != "idempotency_key_reused" {
+		t.Errorf("same key, other body = %d %q; want 422 idempotency_key_reused", w.Code, code(t, w))
+	}
+	// Another user's identical key is another request: never their answer.
+	if w := e.do("bob", "/withdrawals", "k-1", `{"amount":"10.00","note":"x"}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Errorf("bob with alice's key = %d replayed=%q; want a fresh 201", w.Code, w.Header().Get("Idempotent-Replayed"))
+	}
+	// So is the same key on another path.
+	if w := e.do("alice", "/orders/B/payment", "k-1", `{"amount":"10.00","note":"x"}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Errorf("same key on another path = %d; want a fresh 201", w.Code)
+	}
+	if e.count("new") != 3 || e.count("replayed") != 1 || e.count("mismatch") != 1 {
+		t.Errorf("events new=%d replayed=%d mismatch=%d; want 3, 1, 1", e.count("new"), e.count("replayed"), e.count("mismatch"))
+	}
+}
+
+func TestKeySyntax(t *testing.T) {
+	e := newEnv(t, nil)
+	long := strings.Repeat("k", 255)
+	for _, tc := range []struct {
+		name   string
+		key    string
+		extra  []string
+		status int
+		code   string
+	}{
+		{"absent", "\x00", nil, 400, "idempotency_key_missing"},
+		{"empty", "", nil, 400, "idempotency_key_missing"},
+		{"two headers", "a", []string{"Idempotency-Key", "b"}, 400, "idempotency_key_invalid"},
+		{"space", "a b", nil, 400, "idempotency_key_invalid"},
+		{"quote inside", `a"b`, nil, 400, "idempotency_key_invalid"},
+		{"empty quoted", `""`, nil, 400, "idempotency_key_invalid"},
+		{"too long", long + "k", nil, 400, "idempotency_key_invalid"},
+		{"non-ascii", "kä", nil, 400, "idempotency_key_invalid"},
+		{"longest", long, nil, 201, ""},
+		{"longest quoted", `"` + strings.Repeat("q", 255) + `"`, nil, 201, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := e.do("alice", "/withdrawals", tc.key, `{"amount":"1"}`, tc.extra...)
+			if w.Code != tc.status || code(t, w) != tc.code {
+				t.Errorf("= %d %q; want %d %q", w.Code, code(t, w), tc.status, tc.code)
+			}
+		})
+	}
+}
+
+func TestOrderOfChecks(t *testing.T) {
+	e := newEnv(t, nil)
+	big := `{"a":"` + strings.Repeat("x", 64<<10) + `"}`
+	for _, tc := range []struct {
+		name, user, key, body string
+		status                int
+		code                  string
+	}{
+		{"too large before auth and key", "", "\x00", big, 413, "body_too_large"},
+		{"auth before key", "", "\x00", `{}`, 401, "unauthenticated"},
+		{"key before body", "alice", "\x00", `not json`, 400, "idempotency_key_missing"},
+		{"body", "alice", "k", `{"a":1,"a":2}`, 400, "invalid_json"},
+		{"body not json", "alice", "k", `{`, 400, "invalid_json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := e.do(tc.user, "/withdrawals", tc.key, tc.body)
+			if w.Code != tc.status || code(t, w) != tc.code {
+				t.Errorf("= %d %q; want %d %q", w.Code, code(t, w), tc.status, tc.code)
+			}
+		})
+	}
+	// None of these used the key.
+	if w := e.do("alice", "/withdrawals", "k", `{"a":1}`); w.Code != 201 {
+		t.Errorf("the key after refused requests = %d; want 201", w.Code)
+	}
+}
+
+func TestConcurrentSameKey(t *testing.T) {
+	e := newEnv(t, nil)
+	e.bank.delay = 20 * time.Millisecond
+	const n = 200
+	var wg sync.WaitGroup
+	answers := make([]*httptest.ResponseRecorder, n)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			answers[i] = e.do("alice", "/withdrawals", "storm", `{"amount":"5"}`)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if runs := e.bank.runs.Load(); runs != 1 {
+		t.Fatalf("handler ran %d times for one key; want 1", runs)
+	}
+	var created, conflicts, replays int
+	var body string
+	for _, w := range answers {
+		switch {
+		case w.Code == 201 && w.Header().Get("Idempotent-Replayed") == "":
+			created++
+			body = w.Body.String()
+		case w.Code == 201:
+			replays++
+		case w.Code == 409 && code(t, w) == "request_in_progress" && w.Header().Get("Retry-After") == "1":
+			conflicts++
+		default:
+			t.Errorf("answer %d %s; want 201, a replay or 409", w.Code, w.Body)
+		}
+	}
+	for _, w := range answers {
+		if w.Code == 201 && w.Body.String() != body {
+			t.Errorf("replay %q differs from the first answer %q", w.Body, body)
+		}
+	}
+	if created != 1 {
+		t.Errorf("%d fresh answers; want 1 (replays %d, 409s %d)", created, replays, conflicts)
+	}
+}
+
+func TestRepeatWindow(t *testing.T) {
+	e := newEnv(t, func(c *idempotency.Config) {
+		c.Windows = nil // set below, sharing the store
+		c.Window = 10 * time.Second
+	})
+	e.handler = idempotency.Middleware(idempotency.Config{
+		Store: e.store, Windows: e.store, Window: 10 * time.Second,
+		Principal: func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true },
+	})(e.bank)
+	const n = 50
+	var wg sync.WaitGroup
+	answers := make([]*httptest.ResponseRecorder, n)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			answers[i] = e.do("alice", "/withdrawals", fmt.Sprintf("key-%d", i), `{"amount":"5"}`)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	var ok, dup int
+	for _, w := range answers {
+		switch {
+		case w.Code == 201:
+			ok++
+		case w.Code == 429 && code(t, w) == "duplicate_submission":
+			if ra := w.Header().Get("Retry-After"); ra == "" || ra == "0" {
+				t.Errorf("429 with Retry-After %q; want whole seconds left", ra)
+			}
+			dup++
+		default:
+			t.Errorf("answer %d %s", w.Code, w.Body)
+		}
+	}
+	if ok != 1 || dup != n-1 {
+		t.Errorf("accepted %d, 429 %d; want 1, %d", ok, dup, n-1)
+	}
+	// A 429 used up no key: once the window passes, the same key runs.
+	if w := e.do("alice", "/withdrawals", "key-x", `{"amount":"6"}`); w.Code != 201 {
+		t.Errorf("other body in the window = %d; want 201", w.Code)
+	}
+}
+
+func TestSubmitTokens(t *testing.T) {
+	e := newEnv(t, func(c *idempotency.Config) { c.RequireToken = true })
+	ctx := context.Background()
+	if w := e.do("alice", "/withdrawals", "plain-key", `{"amount":"1"}`); w.Code != 400 || code(t, w) != "submit_token_required" {
+		t.Errorf("plain key = %d %q; want 400 submit_token_required", w.Code, code(t, w))
+	}
+	is, _ := e.tokens.Issue(ctx, "alice", "withdrawal")
+	if w := e.do("bob", "/withdrawals", is.Token, `{"amount":"1"}`); w.Code != 400 || code(t, w) != "submit_token_invalid" {
+		t.Errorf("bob with alice's token = %d %q; want 400 submit_token_invalid", w.Code, code(t, w))
+	}
+	other, _ := e.tokens.Issue(ctx, "alice", "deposit")
+	if w := e.do("alice", "/withdrawals", other.Token, `{"amount":"1"}`); code(t, w) != "submit_token_invalid" {
+		t.Errorf("a deposit token on withdrawals = %q; want submit_token_invalid", code(t, w))
+	}
+	if w := e.do("alice", "/withdrawals", "st_forged", `{"amount":"1"}`); code(t, w) != "submit_token_invalid" {
+		t.Errorf("unknown token = %q; want submit_token_invalid", code(t, w))
+	}
+	// Bob's attempt did not burn it.
+	first := e.do("alice", "/withdrawals", is.Token, `{"amount":"1"}`)
+	if first.Code != 201 {
+		t.Fatalf("alice's token = %d %s; want 201", first.Code, first.Body)
+	}
+	if w := e.do("alice", "/withdrawals", is.Token, `{"amount":"1"}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Errorf("token reused in its scope = %d; want a replay", w.Code)
+	}
+	if w := e.do("alice", "/other", is.Token, `{"amount":"1"}`); code(t, w) != "submit_token_invalid" {
+		t.Errorf("token reused elsewhere = %q; want submit_token_invalid", code(t, w))
+	}
+}
+
+func TestServerErrorFreesKeyAndToken(t *testing.T) {
+	e := newEnv(t, nil)
+	is, _ := e.tokens.Issue(context.Background(), "alice", "withdrawal")
+	e.bank.status = http.StatusInternalServerError
+	if w := e.do("alice", "/withdrawals", is.Token, `{"amount":"1"}`); w.Code != 500 {
+		t.Fatalf("= %d; want the handler's 500", w.Code)
+	}
+	e.bank.status = 0
+	if w := e.do("alice", "/withdrawals", is.Token, `{"amount":"1"}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Errorf("retry after a 5xx = %d replayed=%q; want a fresh 201", w.Code, w.Header().Get("Idempotent-Replayed"))
+	}
+	if e.bank.runs.Load() != 2 || e.count("released") != 1 {
+		t.Errorf("runs %d, released %d; want 2, 1", e.bank.runs.Load(), e.count("released"))
+	}
+	// A business refusal (4xx) is stored like a success.
+	e.bank.status = http.StatusUnprocessableEntity
+	w1 := e.do("alice", "/withdrawals", "refused", `{"amount":"1"}`)
+	e.bank.status = 0
+	if w2 := e.do("alice", "/withdrawals", "refused", `{"amount":"1"}`); w2.Code != 422 || w2.Body.String() != w1.Body.String() {
+		t.Errorf("replay of a 422 = %d; want the stored 422", w2.Code)
+	}
+}
+
+// A handler process that died in flight leaves a record with a lease; after
+// the lease a retry runs again, and the unique constraint on the business
+// write keeps the effect single.
+func TestCrashedHolderRecovered(t *testing.T) {
+	now := time.Now()
+	e := newEnv(t, func(c *idempotency.Config) {
+		c.Lease = 30 * time.Second
+		c.Now = func() time.Time { return now }
+	})
+	scope := idempotency.Scope{Principal: "alice", Method: http.MethodPost, Path: "/withdrawals"}
+	fp, _ := idempotency.Fingerprint([]byte(`{"amount":"1"}`))
+	// The crashed process: it began, applied its effect, and never completed.
+	res, err := e.store.Begin(context.Background(), idempotency.BeginRequest{
+		ID: idempotency.RecordID(scope, "crash"), Fingerprint: fp, Lease: 30 * time.Second, TTL: time.Hour, Now: now,
+	})
+	if err != nil || res.Outcome != idempotency.Started {
+		t.Fatalf("Begin = %+v, %v", res, err)
+	}
+	e.bank.effects = map[string]int{"alice\x00crash": 1}
+
+	if w := e.do("alice", "/withdrawals", "crash", `{"amount":"1"}`); w.Code != 409 {
+		t.Errorf("retry within the lease = %d; want 409", w.Code)
+	}
+	now = now.Add(31 * time.Second)
+	w := e.do("alice", "/withdrawals", "crash", `{"amount":"1"}`)
+	if w.Code != 201 || !strings.Contains(w.Body.String(), `"duplicate":true`) {
+		t.Errorf("retry after the lease = %d %s; want 201 from a re-run that found the effect already applied", w.Code, w.Body)
+	}
+	if e.count("recovered") != 1 || e.bank.effects["alice\x00crash"] != 1 {
+		t.Errorf("recovered %d, effects %d; want 1, 1", e.count("recovered"), e.bank.effects["alice\x00crash"])
+	}
+	if err := e.store.Complete(context.Background(), idempotency.RecordID(scope, "crash"), res.Lease, idempotency.Response{Status: 201}, now); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Errorf("the crashed holder's late Complete = %v; want ErrLeaseLost", err)
+	}
+}
+
+// failing is a store that cannot be reached.
+type failing struct{ idempotency.FullStore }
+
+func (failing) Begin(context.Context, idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	return idempotency.BeginResult{}, fmt.Errorf("dial: %w", idempotency.ErrUnavailable)
+}
+
+func TestStoreUnavailable(t *testing.T) {
+	b := &bank{}
+	h := idempotency.Middleware(idempotency.Config{Store: failing{}})(b)
+	r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", "k")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != 503 || code(t, w) != "store_unavailable" || w.Header().Get("Retry-After") == "" || b.runs.Load() != 0 {
+		t.Errorf("= %d %q Retry-After=%q runs=%d; want 503 store_unavailable with Retry-After and no run", w.Code, code(t, w), w.Header().Get("Retry-After"), b.runs.Load())
+	}
+}
+
+func TestHandlerPanicFreesKey(t *testing.T) {
+	store := &memstore.Store{}
+	panics := true
+	h := idempotency.Middleware(idempotency.Config{Store: store})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if panics {
+			panic("boom")
+		}
+		w.WriteHeader(201)
+	}))
+	send := func() (code int, panicked bool) {
+		defer func() {
+			if recover() != nil {
+				panicked = true
+			}
+		}()
+		r := httptest.NewRequest(http.MethodPost, "/x", bytes.NewReader(nil))
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code, false
+	}
+	if _, p := send(); !p {
+		t.Fatal("panic not propagated")
+	}
+	panics = false
+	if c, _ := send(); c != 201 {
+		t.Errorf("retry after a panic = %d; want 201 (the key was freed)", c)
+	}
+}
+
+func TestReadBodyPassedOn(t *testing.T) {
+	store := &memstore.Store{}
+	var got string
+	h := idempotency.Middleware(idempotency.Config{Store: store})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = string(b)
+	}))
+	r := httptest.NewRequest(http.MethodPost, "/x", strings.NewReader(`{"a":1}`))
+	r.Header.Set("Idempotency-Key", "k")
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	if got != `{"a":1}` {
+		t.Errorf("handler read %q; want the body", got)
+	}
+}

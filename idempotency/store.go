@@ -1,0 +1,183 @@
+// Package idempotency makes a request with an Idempotency-Key run at most
+// once and answer every retry with the first answer, as the IETF draft
+// "The Idempotency-Key HTTP Header Field" describes.
+//
+// A key's record moves through a small state machine, atomically in its
+// Store:
+//
+//	(none) --Begin--> in flight (with a lease) --Complete--> completed
+//	                      |                                   (status,
+//	                      +--Abandon (5xx, error)--> (none)    headers,
+//	                      +--lease expires: the next Begin     body)
+//	                         takes it over (a crashed holder)
+//
+// A retry of a completed key gets the stored answer; a retry while the
+// first is in flight gets "in progress"; the same key with a different
+// request (fingerprint) gets "mismatch". Records are scoped to
+// (principal, method, path, key), so one user's key never answers another
+// user's request, and stored keys are hashes.
+//
+// # Atomic phases
+//
+// A record marked completed in one transaction and money moved in another
+// can disagree after a crash: money moved with no record (a retry moves it
+// again) or a record with no money. A store on the same database as the
+// business data (package sqlstore) therefore lets the handler complete the
+// record inside its own transaction (CompleteTx), so both commit or
+// neither does. Unique constraints on (user, idempotency key) in the
+// business tables stay the last line of defence: they make even a retry
+// after a lost record harmless.
+//
+// Middleware serves the HTTP contract; Do serves queue consumers and jobs.
+package idempotency
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/onceguard/onceguard/token"
+)
+
+// Errors returned by stores and by Do.
+var (
+	// ErrInProgress: the key's first request is still running.
+	ErrInProgress = errors.New("idempotency: request in progress")
+	// ErrMismatch: the key was used for a different request.
+	ErrMismatch = errors.New("idempotency: key reused with a different request")
+	// ErrLeaseLost: the in-flight lease ran out and another request took
+	// the key over, or the record is gone; this request must not complete it.
+	ErrLeaseLost = errors.New("idempotency: lease lost")
+	// ErrUnavailable: the store could not be reached. Fail closed.
+	ErrUnavailable = errors.New("idempotency: store unavailable")
+)
+
+// State is a record's state.
+type State int
+
+// Record states.
+const (
+	InFlight State = iota + 1
+	Completed
+)
+
+// Response is a stored answer.
+type Response struct {
+	Status int
+	Header http.Header // only the allow-listed headers
+	Body   []byte
+}
+
+// Record is a key's record as a Store keeps it.
+type Record struct {
+	ID          string // RecordID of scope and key
+	Fingerprint string
+	State       State
+	Lease       string    // random id of the in-flight holder
+	LeaseUntil  time.Time // in flight: when another request may take over
+	ExpiresAt   time.Time // when the record may be pruned
+	TokenHash   string    // the submit token bound with it, if any
+	Response    *Response // completed: the answer
+}
+
+// Outcome is what Begin decided.
+type Outcome int
+
+// Begin outcomes.
+const (
+	Started    Outcome = iota + 1 // this request runs; it holds the lease
+	Replay                        // completed: answer with Record.Response
+	InProgress                    // another request holds a live lease
+	Mismatch                      // the key names a different request
+)
+
+// TokenClaim asks Begin to bind a submit token atomically with creating the
+// record (see package token).
+type TokenClaim struct {
+	Hash, Subject, Purpose, Scope string
+}
+
+// BeginRequest is one attempt to start a keyed request.
+type BeginRequest struct {
+	ID          string        // RecordID(scope, key)
+	Fingerprint string        // the request's fingerprint
+	Lease       time.Duration // how long the in-flight state is protected
+	TTL         time.Duration // how long the record is kept
+	Token       *TokenClaim   // bind this token when creating the record
+	Now         time.Time
+}
+
+// BeginResult is Begin's answer.
+type BeginResult struct {
+	Outcome   Outcome
+	Lease     string  // Started: the lease to Complete or Abandon with
+	Recovered bool    // Started: took over a crashed holder's expired lease
+	Record    *Record // Replay, InProgress, Mismatch: the existing record
+}
+
+// Store keeps key records. Every method is atomic and safe for concurrent
+// use. Errors that mean the store could not answer match ErrUnavailable;
+// token refusals match token.ErrInvalid.
+type Store interface {
+	// Begin creates an in-flight record when none is live (binding
+	// r.Token in the same atomic step, or failing with the token's reason
+	// and creating nothing), takes over one whose lease expired, or reports
+	// the existing record.
+	Begin(ctx context.Context, r BeginRequest) (BeginResult, error)
+	// Complete stores resp for the record if lease still holds it, else
+	// returns ErrLeaseLost.
+	Complete(ctx context.Context, id, lease string, resp Response, now time.Time) error
+	// Abandon deletes the record if lease still holds it and unbinds its
+	// token, so that a retry runs again.
+	Abandon(ctx context.Context, id, lease string) error
+}
+
+// WindowStore keeps the repeat-submit window: short-lived entries that turn
+// away the same request sent again under a new key.
+type WindowStore interface {
+	// ClaimWindow records id for window, owned by owner, unless a live
+	// entry exists; then it returns the time that entry has left.
+	ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (left time.Duration, err error)
+	// FreeWindow deletes id's entry if owner owns it.
+	FreeWindow(ctx context.Context, id, owner string) error
+}
+
+// FullStore is a store that keeps records, tokens and windows together,
+// which lets Begin bind a token atomically with creating a record.
+type FullStore interface {
+	Store
+	WindowStore
+	token.Store
+}
+
+// Scope is what a key is scoped to: one principal's one request target.
+type Scope struct {
+	Principal string // the authenticated user ("" for none)
+	Method    string
+	Path      string // the concrete path, with its parameters
+}
+
+// String returns the scope's storage form: a hash, so that no user id or
+// path is stored or logged in the clear with a key.
+func (s Scope) String() string {
+	return digest(s.Principal, s.Method, s.Path)
+}
+
+// RecordID returns the storage id of key in scope.
+func RecordID(scope Scope, key string) string {
+	return digest(scope.String(), key)
+}
+
+// digest hashes parts, each length-delimited by a NUL (parts never hold
+// one: principals, methods, paths and keys are printable).
+func digest(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

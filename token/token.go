@@ -1,0 +1,195 @@
+// Package token mints one-time submit tokens: random, unguessable keys that
+// a form fetches when it is shown and sends once, as its Idempotency-Key.
+//
+// A token is bound to a subject (the user it was minted for) and a purpose
+// ("withdrawal", "order", ...), lives TTL until used, and is stored only as
+// a SHA-256 hash, so a leaked store does not leak usable tokens. Its first
+// use binds it, atomically, to one request scope; from then on it names that
+// request and nothing else. A use that is refused (unknown, expired,
+// another subject, another purpose, another scope) burns nothing.
+//
+// Binding is one atomic operation in the store (a mutex, a Lua script, a
+// conditional UPDATE): of any number of concurrent first uses exactly one
+// binds the token. Never check-then-delete in two round trips.
+//
+// The idempotency package binds a token in the same atomic operation that
+// creates the Idempotency-Key record, when its store keeps both.
+package token
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Prefix starts every token, so that a key can be told to be one.
+const Prefix = "st_"
+
+// Errors. Every refusal matches ErrInvalid, so a caller that does not care
+// why can test one error.
+var (
+	// ErrInvalid matches every reason a token cannot be used here.
+	ErrInvalid = errors.New("token: invalid")
+	// ErrUnknown: never minted, malformed, or pruned.
+	ErrUnknown = &reason{"token: unknown"}
+	// ErrExpired: its TTL passed while it was unused.
+	ErrExpired = &reason{"token: expired"}
+	// ErrForeign: minted for another subject.
+	ErrForeign = &reason{"token: minted for another subject"}
+	// ErrPurpose: minted for another purpose.
+	ErrPurpose = &reason{"token: minted for another purpose"}
+	// ErrUsed: already bound to another request scope.
+	ErrUsed = &reason{"token: already used for another request"}
+)
+
+type reason struct{ msg string }
+
+func (e *reason) Error() string        { return e.msg }
+func (e *reason) Is(target error) bool { return target == ErrInvalid }
+
+// Record is a token as a Store keeps it.
+type Record struct {
+	Hash      string    // Hash of the token; the token itself is never stored
+	Subject   string    // who may use it
+	Purpose   string    // what it may be used for
+	ExpiresAt time.Time // when it expires if unused
+	Scope     string    // the request scope it is bound to; "" while unused
+}
+
+// Check returns nil if the record may be used by subject for purpose in
+// scope at now, else the reason (matching ErrInvalid). Stores use it inside
+// their atomic operations.
+func (r Record) Check(subject, purpose, scope string, now time.Time) error {
+	switch {
+	case r.Subject != subject:
+		return ErrForeign
+	case r.Purpose != purpose:
+		return ErrPurpose
+	case r.Scope != "" && r.Scope != scope:
+		return ErrUsed
+	case r.Scope == "" && !now.Before(r.ExpiresAt):
+		return ErrExpired
+	}
+	return nil
+}
+
+// Store keeps token records. Implementations must be safe for concurrent
+// use and make Bind atomic.
+type Store interface {
+	// PutToken stores a new record.
+	PutToken(ctx context.Context, r Record) error
+	// GetToken returns the record with hash, or ErrUnknown.
+	GetToken(ctx context.Context, hash string) (Record, error)
+	// BindToken binds the token to scope if Record.Check allows it at now.
+	// It returns fresh = true when this call bound it, false when it was
+	// already bound to scope, or the reason it may not be used.
+	BindToken(ctx context.Context, hash, subject, purpose, scope string, now time.Time) (fresh bool, err error)
+	// UnbindToken makes a token bound to scope unused again (its request
+	// failed in a way that must allow a retry). A token bound elsewhere is
+	// left alone.
+	UnbindToken(ctx context.Context, hash, scope string) error
+}
+
+// Options configure Tokens. A nil *Options means all defaults.
+type Options struct {
+	// TTL is how long an unused token lives. Default: 5m.
+	TTL time.Duration
+	// Now is the clock. Default: time.Now.
+	Now func() time.Time
+}
+
+// Tokens mints and checks tokens in a Store. It is safe for concurrent use.
+type Tokens struct {
+	store Store
+	ttl   time.Duration
+	now   func() time.Time
+}
+
+// New returns Tokens on store.
+func New(store Store, opts *Options) *Tokens {
+	t := &Tokens{store: store, ttl: 5 * time.Minute, now: time.Now}
+	if opts != nil {
+		if opts.TTL > 0 {
+			t.ttl = opts.TTL
+		}
+		if opts.Now != nil {
+			t.now = opts.Now
+		}
+	}
+	return t
+}
+
+// Issued is a freshly minted token.
+type Issued struct {
+	Token     string
+	Subject   string
+	Purpose   string
+	ExpiresAt time.Time
+}
+
+// Issue mints a token for subject and purpose. Both must be non-empty.
+func (t *Tokens) Issue(ctx context.Context, subject, purpose string) (Issued, error) {
+	if subject == "" || purpose == "" {
+		return Issued{}, errors.New("token: issue: empty subject or purpose")
+	}
+	var b [24]byte
+	_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
+	tok := Prefix + base64.RawURLEncoding.EncodeToString(b[:])
+	exp := t.now().Add(t.ttl)
+	if err := t.store.PutToken(ctx, Record{Hash: Hash(tok), Subject: subject, Purpose: purpose, ExpiresAt: exp}); err != nil {
+		return Issued{}, fmt.Errorf("token: issue: %w", err)
+	}
+	return Issued{Token: tok, Subject: subject, Purpose: purpose, ExpiresAt: exp}, nil
+}
+
+// Check reports, without binding anything, whether tok may be used by
+// subject for purpose in scope: nil, or an error matching ErrInvalid (and
+// the specific reason), or a store error.
+func (t *Tokens) Check(ctx context.Context, tok, subject, purpose, scope string) error {
+	if !wellFormed(tok) {
+		return ErrUnknown
+	}
+	r, err := t.store.GetToken(ctx, Hash(tok))
+	if err != nil {
+		return err
+	}
+	return r.Check(subject, purpose, scope, t.now())
+}
+
+// Consume binds tok to scope atomically: of concurrent callers exactly one
+// gets fresh = true. Later uses in the same scope get fresh = false and no
+// error (they name the same request); anywhere else they get ErrUsed.
+func (t *Tokens) Consume(ctx context.Context, tok, subject, purpose, scope string) (fresh bool, err error) {
+	if !wellFormed(tok) {
+		return false, ErrUnknown
+	}
+	return t.store.BindToken(ctx, Hash(tok), subject, purpose, scope, t.now())
+}
+
+// Release makes a token bound to scope unused again.
+func (t *Tokens) Release(ctx context.Context, tok, scope string) error {
+	if !wellFormed(tok) {
+		return ErrUnknown
+	}
+	return t.store.UnbindToken(ctx, Hash(tok), scope)
+}
+
+// IsToken reports whether key has the token prefix.
+func IsToken(key string) bool { return strings.HasPrefix(key, Prefix) }
+
+// Hash is the form a token is stored and looked up in: hex SHA-256. Tokens
+// carry 192 random bits, so a fast hash is enough.
+func Hash(tok string) string {
+	sum := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(sum[:])
+}
+
+func wellFormed(tok string) bool {
+	return IsToken(tok) && len(tok) <= 64
+}
