@@ -7,27 +7,36 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // cycleTTL is the lock TTL of every cycle, for every library.
 const cycleTTL = 10 * time.Second
 
-// scenario is one workload shape.
+// The groups of scenarios and libraries: the Redis lock libraries on the
+// shared Redis server (and the redis-benchmark ceiling), and onceguard's
+// other backends with the bare PostgreSQL baseline.
+const (
+	groupRedis    = "redis"
+	groupBackends = "backends"
+)
+
+// scenario is one workload shape, run by every library of its group.
 type scenario struct {
 	name       string
+	group      string
 	goroutines int
 	sameKey    bool // all goroutines on one key (else one key each)
 	blocking   bool // blocking acquire (else one try per attempt)
 }
 
 var scenarios = []scenario{
-	{name: "distinct-1", goroutines: 1},
-	{name: "distinct-16", goroutines: 16},
-	{name: "distinct-64", goroutines: 64},
-	{name: "onekey-64-try", goroutines: 64, sameKey: true},
-	{name: "onekey-16-block", goroutines: 16, sameKey: true, blocking: true},
+	{name: "distinct-1", group: groupRedis, goroutines: 1},
+	{name: "distinct-16", group: groupRedis, goroutines: 16},
+	{name: "distinct-64", group: groupRedis, goroutines: 64},
+	{name: "onekey-64-try", group: groupRedis, goroutines: 64, sameKey: true},
+	{name: "onekey-16-block", group: groupRedis, goroutines: 16, sameKey: true, blocking: true},
+	{name: "backends-1", group: groupBackends, goroutines: 1},
+	{name: "backends-16", group: groupBackends, goroutines: 16},
 }
 
 // result is one cell (library × scenario × round).
@@ -42,8 +51,8 @@ type result struct {
 	firstErr error
 	leftover int64 // keys of the cell still in Redis after the workers stopped (deleted then)
 
-	// CPU use over the measured window, in cores: the Redis server's and
-	// this process's (-1: unknown).
+	// CPU use over the measured window, in cores: the lock server's and
+	// this process's (-1: unknown; cpuNA: no server process).
 	serverCPU, benchCPU float64
 }
 
@@ -78,7 +87,7 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // warmup unmeasured, then duration measured, then stop. Only cycles that
 // start and end inside the measured window count. keyBase is fresh for
 // every cell, and every key under it is deleted afterwards.
-func runCell(lib *library, sc scenario, keyBase string, warmup, duration time.Duration, admin *redis.Client) *result {
+func runCell(lib *library, sc scenario, keyBase string, warmup, duration time.Duration) *result {
 	res := &result{window: duration, perG: make([]int64, sc.goroutines), serverCPU: -1, benchCPU: -1}
 	start := time.Now()
 	t0 := start.Add(warmup)
@@ -89,13 +98,13 @@ func runCell(lib *library, sc scenario, keyBase string, warmup, duration time.Du
 	go func() {
 		defer close(sampled)
 		time.Sleep(time.Until(t0))
-		a := sampleCPU(admin)
+		a := sampleCPU(lib)
 		time.Sleep(time.Until(t1))
-		b := sampleCPU(admin)
+		b := sampleCPU(lib)
 		res.serverCPU, res.benchCPU = cpuShare(a, b)
 	}()
 
-	// opCtx bounds every call of the cell (a hung Redis cannot hang the
+	// opCtx bounds every call of the cell (a hung server cannot hang the
 	// run); waitCtx additionally ends blocking waits at the window's end.
 	opCtx, cancelOp := context.WithDeadline(context.Background(), t1.Add(15*time.Second))
 	defer cancelOp()

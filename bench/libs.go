@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	bsmlock "github.com/bsm/redislock"
@@ -29,11 +31,18 @@ type worker interface {
 	unlock(ctx context.Context) error
 }
 
-// library is one lock implementation under test, on its own go-redis client.
+// library is one lock implementation under test, on its own client.
 type library struct {
 	name      string
-	rdb       *redis.Client
+	group     string // the scenarios it runs: groupRedis or groupBackends
 	newWorker func(key string) worker
+	// serverCPU returns the CPU time (user+sys) the lock's server used so
+	// far; nil when there is no server process (SQLite runs in the bench).
+	serverCPU func() (time.Duration, bool)
+	// cleanup deletes every lock record whose name starts with prefix and
+	// returns how many of them were locks still held.
+	cleanup func(ctx context.Context, prefix string) (held int64, err error)
+	close   func()
 }
 
 // clientOptions is the one go-redis configuration every library gets (a
@@ -42,8 +51,41 @@ func clientOptions(addr string) *redis.Options {
 	return &redis.Options{Addr: addr} // everything else default: PoolSize 10*GOMAXPROCS, ...
 }
 
-func newLibraries(addr string) []*library {
-	return []*library{newOnceguard(addr), newBSM(addr), newRedsync(addr)}
+// newRedisLibraries returns the libraries of the Redis group, each on its
+// own client of the server at addr; admin (a client of its own) samples the
+// server's CPU and cleans up after each cell.
+func newRedisLibraries(addr string, admin *redis.Client) []*library {
+	libs := []*library{newOnceguard(addr), newBSM(addr), newRedsync(addr)}
+	for _, l := range libs {
+		l.group = groupRedis
+		l.serverCPU = func() (time.Duration, bool) { return redisCPU(admin) }
+		l.cleanup = redisCleanup(admin)
+	}
+	return libs
+}
+
+// redisCleanup deletes the keys under a cell's prefix (SCAN + UNLINK of
+// those keys only) and counts the lock keys among them: onceguard's fence
+// records, kept by design for FenceRetention, and its waiter-queue records
+// do not count.
+func redisCleanup(admin *redis.Client) func(ctx context.Context, prefix string) (int64, error) {
+	return func(ctx context.Context, prefix string) (int64, error) {
+		var held int64
+		var keys []string
+		iter := admin.Scan(ctx, 0, "*"+prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			k := iter.Val()
+			keys = append(keys, k)
+			if !strings.HasSuffix(k, ":fence") && !strings.HasSuffix(k, ":q") && !strings.HasSuffix(k, ":qx") {
+				held++
+			}
+		}
+		err := iter.Err()
+		for c := range slices.Chunk(keys, 500) {
+			err = errors.Join(err, admin.Unlink(ctx, c...).Err())
+		}
+		return held, err
+	}
 }
 
 // --- onceguard lock/redislock, all defaults ---------------------------------
@@ -51,11 +93,13 @@ func newLibraries(addr string) []*library {
 func newOnceguard(addr string) *library {
 	rdb := redis.NewClient(clientOptions(addr))
 	l := oglock.New(rdb, nil)
-	return &library{name: "onceguard", rdb: rdb, newWorker: func(key string) worker {
+	return &library{name: "onceguard", close: func() { _ = rdb.Close() }, newWorker: func(key string) worker {
 		return &ogWorker{l: l, key: key}
 	}}
 }
 
+// ogWorker drives any onceguard *lock.Locker: the Redis backend here, and
+// sqllock and redlock in the backends group.
 type ogWorker struct {
 	l     *lock.Locker
 	key   string
@@ -99,7 +143,7 @@ func newBSM(addr string) *library {
 	c := bsmlock.New(rdb)
 	// The blocking setting its README shows; the caller's context bounds it.
 	blocking := &bsmlock.Options{RetryStrategy: bsmlock.LinearBackoff(100 * time.Millisecond)}
-	return &library{name: "bsm/redislock", rdb: rdb, newWorker: func(key string) worker {
+	return &library{name: "bsm/redislock", close: func() { _ = rdb.Close() }, newWorker: func(key string) worker {
 		return &bsmWorker{c: c, key: key, blocking: blocking}
 	}}
 }
@@ -146,7 +190,7 @@ func (w *bsmWorker) unlock(ctx context.Context) error {
 func newRedsync(addr string) *library {
 	rdb := redis.NewClient(clientOptions(addr))
 	rs := redsync.New(goredis.NewPool(rdb))
-	return &library{name: "redsync", rdb: rdb, newWorker: func(key string) worker {
+	return &library{name: "redsync", close: func() { _ = rdb.Close() }, newWorker: func(key string) worker {
 		// One Mutex per goroutine (a Mutex remembers the value it locked
 		// with). Expiry = our TTL; Tries raised so that a blocking Lock
 		// keeps trying for the whole cell; the default delay function

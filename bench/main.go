@@ -1,7 +1,11 @@
 // Command bench compares onceguard's Redis lock (lock/redislock) with
 // github.com/bsm/redislock and github.com/go-redsync/redsync/v4 on one Redis
 // server, interleaved round by round, and prints the medians together with
-// a redis-benchmark SET ceiling and a block of targets. See README.md.
+// a redis-benchmark SET ceiling and a block of targets. A second group of
+// scenarios measures onceguard's other backends (lock/sqllock on
+// PostgreSQL, MySQL/MariaDB and SQLite, lock/redlock over private
+// redis-server processes) against a bare PostgreSQL advisory-lock loop.
+// See README.md.
 //
 //	cd bench && go run . [-redis 127.0.0.1:6379] [-duration 1.5s] [-rounds 3] [-only onceguard,distinct] [-markdown]
 package main
@@ -21,41 +25,56 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 type config struct {
-	addr       string
-	duration   time.Duration
-	warmup     time.Duration
-	rounds     int
-	only       []string
-	markdown   bool
-	benchBin   string
-	cpuProfile string
+	addr            string
+	duration        time.Duration
+	backendDuration time.Duration
+	warmup          time.Duration
+	rounds          int
+	only            []string
+	markdown        bool
+	benchBin        string
+	cpuProfile      string
+
+	pgDSN, mysqlDSN string
+	sqlite          bool
+	sqliteConns     int
+	redlockNodes    int
+	redisServer     string
 }
 
 func main() {
 	var cfg config
 	var only string
 	flag.StringVar(&cfg.addr, "redis", "127.0.0.1:6379", "Redis `host:port` (shared: the bench only touches keys of its own run)")
-	flag.DurationVar(&cfg.duration, "duration", 1500*time.Millisecond, "measured `time` per cell (library × scenario × round)")
+	flag.DurationVar(&cfg.duration, "duration", 1500*time.Millisecond, "measured `time` per cell (library × scenario × round) of the Redis group")
+	flag.DurationVar(&cfg.backendDuration, "backend-duration", 1500*time.Millisecond, "measured `time` per cell of the backends group")
 	flag.DurationVar(&cfg.warmup, "warmup", 250*time.Millisecond, "unmeasured warm-up per cell, same workers")
 	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds; each runs every library on every scenario, the table shows medians")
-	flag.StringVar(&only, "only", "", "comma-separated `names`: a library, a scenario or library/scenario (exact), else a substring of library/scenario; \"ceiling\" selects redis-benchmark")
+	flag.StringVar(&only, "only", "", "comma-separated `names`: a group (redis, backends), a library, a scenario or library/scenario (exact), else a substring of library/scenario; \"ceiling\" selects redis-benchmark")
 	flag.BoolVar(&cfg.markdown, "markdown", false, "print the table as Markdown")
 	flag.StringVar(&cfg.benchBin, "redis-benchmark", "redis-benchmark", "redis-benchmark `binary` for the ceiling rows (empty: skip them)")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to `file`")
+	flag.StringVar(&cfg.pgDSN, "pg", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL `DSN` (pgx) for sqllock-pg and pg-xact-baseline (empty: skip them)")
+	flag.StringVar(&cfg.mysqlDSN, "mysql", "root@tcp(127.0.0.1:3306)/test", "MySQL/MariaDB `DSN` (go-sql-driver/mysql) for sqllock-mysql (empty: skip it)")
+	flag.BoolVar(&cfg.sqlite, "sqlite", true, "run sqllock-sqlite (a database file in a temporary directory)")
+	flag.IntVar(&cfg.sqliteConns, "sqlite-conns", poolSize, "SetMaxOpenConns/SetMaxIdleConns of the SQLite pool")
+	flag.IntVar(&cfg.redlockNodes, "redlock-nodes", 3, "redis-server processes to start for redlock-3 (0: skip it)")
+	flag.StringVar(&cfg.redisServer, "redis-server", "redis-server", "redis-server `binary` for the redlock nodes")
 	flag.Parse()
 	for _, s := range strings.Split(only, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			cfg.only = append(cfg.only, strings.ToLower(s))
 		}
 	}
-	if cfg.rounds < 1 || cfg.duration <= 0 || cfg.warmup < 0 {
-		fmt.Fprintln(os.Stderr, "bench: -rounds must be >= 1, -duration > 0, -warmup >= 0")
+	if cfg.rounds < 1 || cfg.duration <= 0 || cfg.backendDuration <= 0 || cfg.warmup < 0 || cfg.sqliteConns < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -rounds must be >= 1, -duration and -backend-duration > 0, -warmup >= 0, -sqlite-conns >= 1")
 		os.Exit(2)
 	}
 	if err := run(cfg, os.Stdout, os.Stderr); err != nil {
@@ -64,22 +83,19 @@ func main() {
 	}
 }
 
-// selected reports whether the cell "library/scenario" (or
-// "ceiling/redis-benchmark") is to run. An -only entry that is exactly a
-// library, a scenario or a "library/scenario" selects just that
-// ("distinct-1" is not "distinct-16"); any other entry is matched as a
-// substring of "library/scenario".
-func (c *config) selected(name string) bool {
+// selected reports whether the cell lib/sc of group is to run (the ceiling
+// is "ceiling"/"redis-benchmark" of the Redis group). An -only entry that
+// is exactly a group, a library, a scenario or a "library/scenario"
+// selects just that ("distinct-1" is not "distinct-16"); any other entry is
+// matched as a substring of "library/scenario".
+func (c *config) selected(lib, sc, group string) bool {
 	if len(c.only) == 0 {
 		return true
 	}
-	name = strings.ToLower(name)
-	lib, sc, _ := strings.Cut(name, "/")
-	if strings.HasPrefix(name, "bsm/redislock/") {
-		lib, sc = "bsm/redislock", strings.TrimPrefix(name, "bsm/redislock/")
-	}
+	lib, sc = strings.ToLower(lib), strings.ToLower(sc)
+	name := lib + "/" + sc
 	for _, s := range c.only {
-		if s == name || s == lib || s == sc {
+		if s == name || s == lib || s == sc || s == group {
 			return true
 		}
 		if !exactName(s) && strings.Contains(name, s) {
@@ -89,33 +105,57 @@ func (c *config) selected(name string) bool {
 	return false
 }
 
-// exactName reports whether s names a library, a scenario or a cell exactly.
-func exactName(s string) bool {
-	libs := []string{"onceguard", "bsm/redislock", "redsync", "ceiling"}
-	for _, l := range libs {
-		if s == l {
+// libSelected reports whether any cell of lib is to run.
+func (c *config) libSelected(lib, group string) bool {
+	for _, sc := range scenarios {
+		if sc.group == group && c.selected(lib, sc.name, group) {
 			return true
 		}
-		for _, sc := range scenarios {
-			if s == sc.name || s == l+"/"+sc.name {
+	}
+	return false
+}
+
+// exactName reports whether s names a group, a library, a scenario or a
+// cell exactly.
+func exactName(s string) bool {
+	if s == groupRedis || s == groupBackends || s == "ceiling/redis-benchmark" {
+		return true
+	}
+	libs := map[string][]string{groupRedis: {"onceguard", "bsm/redislock", "redsync", "ceiling"}, groupBackends: backendLibs}
+	for group, names := range libs {
+		for _, l := range names {
+			if s == l {
 				return true
+			}
+			for _, sc := range scenarios {
+				if sc.group == group && (s == sc.name || s == l+"/"+sc.name) {
+					return true
+				}
 			}
 		}
 	}
-	return s == "ceiling/redis-benchmark"
+	return false
 }
 
 // report holds every round's results of every cell.
 type report struct {
-	libs     []string
+	libs     map[string][]string        // group -> library names, in table order
 	cells    map[string][]*result       // "library/scenario" -> one per round
 	ceilings map[string][]ceilingResult // variant name -> one per round
 }
 
 func run(cfg config, out, progress io.Writer) error {
 	began := time.Now()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
+	// After the first signal the run winds down (the cell in progress ends,
+	// then everything is cleaned up); a second one kills the process
+	// (private redis-servers die with it: see startChild).
+	context.AfterFunc(ctx, stop)
+
+	// Everything started or created is undone here, also on an error.
+	var cl cleanups
+	defer cl.run()
 
 	if cfg.cpuProfile != "" {
 		f, err := os.Create(cfg.cpuProfile)
@@ -129,46 +169,68 @@ func run(cfg config, out, progress io.Writer) error {
 		defer pprof.StopCPUProfile()
 	}
 
-	admin := redis.NewClient(clientOptions(cfg.addr))
-	defer admin.Close()
-	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	err := admin.Ping(pingCtx).Err()
-	cancel()
-	if err != nil {
-		return fmt.Errorf("redis %s: %w", cfg.addr, err)
-	}
-	serverVersion := redisVersion(ctx, admin)
-	loadBefore := loadAvg()
-
 	var idb [4]byte
 	_, _ = rand.Read(idb[:])
 	runID := "ogbench-" + hex.EncodeToString(idb[:])
-	defer func() {
-		// Everything this run wrote lives under runID.
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if n, err := deleteKeys(cctx, admin, "*"+runID+"/*"); err != nil {
-			fmt.Fprintf(progress, "cleanup of %s keys: %v\n", runID, err)
-		} else {
-			fmt.Fprintf(progress, "cleanup: deleted %d keys of %s\n", n, runID)
-		}
-	}()
+	loadBefore := loadAvg()
+	rep := &report{libs: map[string][]string{}, cells: map[string][]*result{}, ceilings: map[string][]ceilingResult{}}
+	groupLibs := map[string][]*library{}
 
-	libs := newLibraries(cfg.addr)
-	defer func() {
-		for _, l := range libs {
-			_ = l.rdb.Close()
+	// The Redis group, on the shared server: only when something of it runs.
+	serverVersion := ""
+	var admin *redis.Client
+	needRedis := cfg.selected("ceiling", "redis-benchmark", groupRedis)
+	for _, l := range []string{"onceguard", "bsm/redislock", "redsync"} {
+		needRedis = needRedis || cfg.libSelected(l, groupRedis)
+	}
+	if needRedis {
+		admin = redis.NewClient(clientOptions(cfg.addr))
+		cl.add(func() { _ = admin.Close() })
+		pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := admin.Ping(pingCtx).Err()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("redis %s: %w", cfg.addr, err)
 		}
-	}()
-	rep := &report{cells: map[string][]*result{}, ceilings: map[string][]ceilingResult{}}
-	for _, l := range libs {
-		rep.libs = append(rep.libs, l.name)
+		serverVersion = redisVersion(ctx, admin)
+		cl.add(func() {
+			// Everything this run wrote on the shared server lives under runID.
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if n, err := deleteKeys(cctx, admin, "*"+runID+"/*"); err != nil {
+				fmt.Fprintf(progress, "cleanup of %s keys: %v\n", runID, err)
+			} else {
+				fmt.Fprintf(progress, "cleanup: deleted %d keys of %s\n", n, runID)
+			}
+		})
+		libs := newRedisLibraries(cfg.addr, admin)
+		for _, l := range libs {
+			cl.add(l.close)
+			if cfg.libSelected(l.name, groupRedis) {
+				groupLibs[groupRedis] = append(groupLibs[groupRedis], l)
+			}
+		}
+	}
+
+	// The backends group.
+	bs, err := setupBackends(ctx, &cfg, progress, &cl)
+	if err != nil {
+		return err
+	}
+	for _, l := range bs.libs {
+		cl.add(l.close)
+		groupLibs[groupBackends] = append(groupLibs[groupBackends], l)
+	}
+	for g, libs := range groupLibs {
+		for _, l := range libs {
+			rep.libs[g] = append(rep.libs[g], l.name)
+		}
 	}
 
 	// The ceiling: size -n so that one run lasts about -duration.
 	benchBin := ""
 	ceilingN := map[string]int{}
-	if cfg.benchBin != "" && cfg.selected("ceiling/redis-benchmark") {
+	if needRedis && cfg.benchBin != "" && cfg.selected("ceiling", "redis-benchmark", groupRedis) {
 		if p, err := exec.LookPath(cfg.benchBin); err != nil {
 			fmt.Fprintf(progress, "no ceiling rows: %v\n", err)
 		} else {
@@ -183,8 +245,8 @@ func run(cfg config, out, progress io.Writer) error {
 		}
 	}
 
-	fmt.Fprintf(progress, "run %s: %d round(s), %v per cell + %v warm-up, Redis %s at %s, GOMAXPROCS=%d\n",
-		runID, cfg.rounds, cfg.duration, cfg.warmup, serverVersion, cfg.addr, runtime.GOMAXPROCS(0))
+	fmt.Fprintf(progress, "run %s: %d round(s), %v per cell (backends: %v) + %v warm-up, GOMAXPROCS=%d\n",
+		runID, cfg.rounds, cfg.duration, cfg.backendDuration, cfg.warmup, runtime.GOMAXPROCS(0))
 	cell := 0
 	for round := range cfg.rounds {
 		if benchBin != "" {
@@ -194,31 +256,40 @@ func run(cfg config, out, progress io.Writer) error {
 				}
 				r, err := runRedisBenchmark(ctx, benchBin, cfg.addr, runID+"/ceiling", ceilingN[v.name], v.pipeline)
 				if err != nil {
+					if ctx.Err() != nil {
+						break
+					}
 					return err
 				}
 				rep.ceilings[v.name] = append(rep.ceilings[v.name], r)
-				fmt.Fprintf(progress, "round %d  %-15s %-16s %10.0f SET/s\n", round+1, "redis-benchmark", v.name, r.rps)
+				fmt.Fprintf(progress, "round %d  %-16s %-16s %10.0f SET/s\n", round+1, "redis-benchmark", v.name, r.rps)
 			}
 		}
 		for _, sc := range scenarios {
+			libs := groupLibs[sc.group]
+			duration := cfg.duration
+			if sc.group == groupBackends {
+				duration = cfg.backendDuration
+			}
 			// Rotate the library order every round so that no library
 			// always runs first (or right after redis-benchmark).
 			for i := range libs {
 				lib := libs[(i+round)%len(libs)]
 				name := lib.name + "/" + sc.name
-				if !cfg.selected(name) || ctx.Err() != nil {
+				if !cfg.selected(lib.name, sc.name, sc.group) || ctx.Err() != nil {
 					continue
 				}
 				cell++
-				keyBase := fmt.Sprintf("%s/c%d/%s/%s", runID, cell, lib.name, sc.name)
+				prefix := fmt.Sprintf("%s/c%d/", runID, cell)
+				keyBase := prefix + name
 				before := runtime.NumGoroutine()
-				r := runCell(lib, sc, keyBase, cfg.warmup, cfg.duration, admin)
-				r.leftover = cleanupCell(admin, runID, cell, progress)
+				r := runCell(lib, sc, keyBase, cfg.warmup, duration)
+				r.leftover = cleanupCell(lib, prefix, progress)
 				if n := settleGoroutines(before); n > 0 {
 					fmt.Fprintf(progress, "warning: %s left %d goroutine(s) running\n", name, n)
 				}
 				rep.cells[name] = append(rep.cells[name], r)
-				fmt.Fprintf(progress, "round %d  %-15s %-16s %10.0f cycles/s  p50 %-8s p99 %-8s%s\n",
+				fmt.Fprintf(progress, "round %d  %-16s %-16s %10.0f cycles/s  p50 %-8s p99 %-8s%s\n",
 					round+1, lib.name, sc.name, r.cyclesPerSec(), fmtDur(percentile(r.lat, 0.50)), fmtDur(percentile(r.lat, 0.99)), extra(sc, r))
 			}
 		}
@@ -228,13 +299,21 @@ func run(cfg config, out, progress io.Writer) error {
 	}
 	elapsed := time.Since(began)
 
-	fmt.Fprintf(out, "\nonceguard Redis lock benchmark, %s\n", time.Now().Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(out, "%s/%s, %d CPUs, GOMAXPROCS=%d, %s; Redis %s at %s (same machine)\n",
-		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), serverVersion, cfg.addr)
+	fmt.Fprintf(out, "\nonceguard lock benchmark, %s\n", time.Now().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(out, "%s/%s, %d CPUs, GOMAXPROCS=%d, %s\n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
+	if needRedis {
+		fmt.Fprintf(out, "Redis group: Redis %s at %s (same machine)\n", serverVersion, cfg.addr)
+	}
+	for _, s := range bs.servers {
+		fmt.Fprintf(out, "backends group: %s\n", s)
+	}
+	for _, s := range bs.skipped {
+		fmt.Fprintf(out, "backends group: skipped %s\n", s)
+	}
 	fmt.Fprintf(out, "load average (1/5/15 min) at start %s, at end %s\n", loadBefore, loadAvg())
 	fmt.Fprintf(out, "versions: %s\n", depVersions())
-	fmt.Fprintf(out, "%d round(s) interleaved, %v measured + %v warm-up per cell, TTL %v; medians over rounds\n\n",
-		cfg.rounds, cfg.duration, cfg.warmup, cycleTTL)
+	fmt.Fprintf(out, "%d round(s) interleaved, %v measured (backends group: %v) + %v warm-up per cell, TTL %v; medians over rounds\n\n",
+		cfg.rounds, cfg.duration, cfg.backendDuration, cfg.warmup, cycleTTL)
 	if cfg.markdown {
 		printMarkdown(out, rep)
 	} else {
@@ -259,30 +338,14 @@ func settleGoroutines(before int) int {
 	}
 }
 
-// cleanupCell deletes the keys a cell left and returns how many of them
-// were locks still held (onceguard's fence records, kept by design for
-// FenceRetention, and its waiter-queue records do not count).
-func cleanupCell(admin *redis.Client, runID string, cell int, progress io.Writer) int64 {
+// cleanupCell deletes what a cell left under its prefix and returns how
+// many of those records were locks still held.
+func cleanupCell(lib *library, prefix string, progress io.Writer) int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pattern := fmt.Sprintf("*%s/c%d/*", runID, cell)
-	var held int64
-	iter := admin.Scan(ctx, 0, pattern, 1000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		k := iter.Val()
-		keys = append(keys, k)
-		if !strings.HasSuffix(k, ":fence") && !strings.HasSuffix(k, ":q") && !strings.HasSuffix(k, ":qx") {
-			held++
-		}
-	}
-	if err := iter.Err(); err != nil {
-		fmt.Fprintf(progress, "cleanup scan %s: %v\n", pattern, err)
-	}
-	for c := range slices.Chunk(keys, 500) {
-		if err := admin.Unlink(ctx, c...).Err(); err != nil {
-			fmt.Fprintf(progress, "cleanup unlink: %v\n", err)
-		}
+	held, err := lib.cleanup(ctx, prefix)
+	if err != nil {
+		fmt.Fprintf(progress, "cleanup of %s %s: %v\n", lib.name, prefix, err)
 	}
 	return held
 }
@@ -322,7 +385,8 @@ func depVersions() string {
 	if !ok {
 		return "?"
 	}
-	want := []string{"github.com/onceguard/onceguard", "github.com/bsm/redislock", "github.com/go-redsync/redsync/v4", "github.com/redis/go-redis/v9"}
+	want := []string{"github.com/onceguard/onceguard", "github.com/bsm/redislock", "github.com/go-redsync/redsync/v4", "github.com/redis/go-redis/v9",
+		"github.com/jackc/pgx/v5", "github.com/go-sql-driver/mysql", "modernc.org/sqlite"}
 	var parts []string
 	for _, w := range want {
 		for _, d := range bi.Deps {
