@@ -3,11 +3,11 @@ package memstore_test
 import (
 	"testing"
 
+	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/memstore"
-	"github.com/onceguard/onceguard/token"
-	"github.com/onceguard/onceguard/token/tokentest"
+	"github.com/onceguard/onceguard/idempotency/storetest"
 )
 
-func TestTokens(t *testing.T) {
-	tokentest.Run(t, func(*testing.T) token.Store { return &memstore.Store{} })
+func TestStore(t *testing.T) {
+	storetest.Run(t, func(*testing.T) idempotency.FullStore { return &memstore.Store{} })
 }

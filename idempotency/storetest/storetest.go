@@ -1,0 +1,213 @@
+// Package storetest is the conformance suite every idempotency.FullStore
+// runs (records, the repeat-submit window and tokens):
+//
+//	func TestStore(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) idempotency.FullStore { return newStore(t) })
+//	}
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/token"
+	"github.com/onceguard/onceguard/token/tokentest"
+)
+
+// Run runs the suite; newStore is called once per subtest. Ids are unique
+// per run, so stores may share a database.
+func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
+	ctx := context.Background()
+	uniq := func(t *testing.T, s string) string {
+		return idempotency.RecordID(idempotency.Scope{Principal: t.Name(), Path: fmt.Sprint(time.Now().UnixNano())}, s)
+	}
+	begin := func(t *testing.T, s idempotency.Store, id, fp string, now time.Time, claim *idempotency.TokenClaim) idempotency.BeginResult {
+		t.Helper()
+		res, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: fp, Lease: 30 * time.Second, TTL: time.Hour, Token: claim, Now: now})
+		if err != nil {
+			t.Fatalf("Begin = %v", err)
+		}
+		return res
+	}
+
+	t.Run("Lifecycle", func(t *testing.T) {
+		s := newStore(t)
+		id, now := uniq(t, "k"), time.Now()
+		res := begin(t, s, id, "fp1", now, nil)
+		if res.Outcome != idempotency.Started || res.Lease == "" {
+			t.Fatalf("first Begin = %+v; want Started with a lease", res)
+		}
+		if got := begin(t, s, id, "fp1", now, nil); got.Outcome != idempotency.InProgress {
+			t.Errorf("Begin while in flight = %v; want InProgress", got.Outcome)
+		}
+		if got := begin(t, s, id, "fp2", now, nil); got.Outcome != idempotency.Mismatch {
+			t.Errorf("Begin with another fingerprint = %v; want Mismatch", got.Outcome)
+		}
+		if err := s.Complete(ctx, id, "not-the-lease", idempotency.Response{Status: 201}, now); !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Errorf("Complete with a wrong lease = %v; want ErrLeaseLost", err)
+		}
+		resp := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"1"}` + "\x00\xff")}
+		if err := s.Complete(ctx, id, res.Lease, resp, now); err != nil {
+			t.Fatalf("Complete = %v", err)
+		}
+		got := begin(t, s, id, "fp1", now, nil)
+		if got.Outcome != idempotency.Replay || got.Record == nil || got.Record.Response == nil {
+			t.Fatalf("Begin after Complete = %+v; want Replay with the response", got)
+		}
+		r := got.Record.Response
+		if r.Status != 201 || !bytes.Equal(r.Body, resp.Body) || r.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("replayed %d %q %v; want %d %q %v", r.Status, r.Body, r.Header, resp.Status, resp.Body, resp.Header)
+		}
+		if got := begin(t, s, id, "fp2", now, nil); got.Outcome != idempotency.Mismatch {
+			t.Errorf("completed key with another fingerprint = %v; want Mismatch", got.Outcome)
+		}
+		if err := s.Complete(ctx, id, res.Lease, resp, now); !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Errorf("second Complete = %v; want ErrLeaseLost", err)
+		}
+	})
+
+	t.Run("AbandonAndExpiry", func(t *testing.T) {
+		s := newStore(t)
+		id, now := uniq(t, "k"), time.Now()
+		res := begin(t, s, id, "fp", now, nil)
+		if err := s.Abandon(ctx, id, res.Lease); err != nil {
+			t.Fatalf("Abandon = %v", err)
+		}
+		res2 := begin(t, s, id, "other", now, nil)
+		if res2.Outcome != idempotency.Started {
+			t.Fatalf("Begin after Abandon = %v; want Started", res2.Outcome)
+		}
+		// The lease runs out: the next Begin takes over; the old holder
+		// can no longer complete.
+		later := now.Add(31 * time.Second)
+		res3 := begin(t, s, id, "other", later, nil)
+		if res3.Outcome != idempotency.Started || !res3.Recovered || res3.Lease == res2.Lease {
+			t.Fatalf("Begin after the lease = %+v; want Started, Recovered, a new lease", res3)
+		}
+		if err := s.Complete(ctx, id, res2.Lease, idempotency.Response{Status: 201}, later); !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Errorf("Complete by the old holder = %v; want ErrLeaseLost", err)
+		}
+		if err := s.Complete(ctx, id, res3.Lease, idempotency.Response{Status: 201}, later); err != nil {
+			t.Fatalf("Complete by the new holder = %v", err)
+		}
+		// Past its TTL the record is gone: the key starts afresh.
+		if got := begin(t, s, id, "third", now.Add(2*time.Hour), nil); got.Outcome != idempotency.Started || got.Recovered {
+			t.Errorf("Begin after the TTL = %+v; want a fresh Started", got)
+		}
+	})
+
+	t.Run("BeginRace", func(t *testing.T) {
+		s := newStore(t)
+		id, now := uniq(t, "k"), time.Now()
+		const n = 200
+		var started, other atomic.Int32
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-gate
+				res, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+				switch {
+				case err != nil:
+					t.Errorf("Begin = %v", err)
+				case res.Outcome == idempotency.Started:
+					started.Add(1)
+				default:
+					other.Add(1)
+				}
+			}()
+		}
+		close(gate)
+		wg.Wait()
+		if started.Load() != 1 {
+			t.Errorf("%d of %d concurrent Begins started; want exactly 1", started.Load(), n)
+		}
+	})
+
+	t.Run("TokenBoundWithRecord", func(t *testing.T) {
+		s := newStore(t)
+		tk := token.New(s, nil)
+		user := "u-" + uniq(t, "u")[:12]
+		is, err := tk.Issue(ctx, user, "withdrawal")
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		scope := uniq(t, "scope")
+		foreign := &idempotency.TokenClaim{Hash: token.Hash(is.Token), Subject: "someone-else", Purpose: "withdrawal", Scope: scope}
+		id := uniq(t, is.Token)
+		if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: foreign, Now: now}); !errors.Is(err, token.ErrForeign) {
+			t.Fatalf("Begin with a foreign token = %v; want ErrForeign", err)
+		}
+		claim := &idempotency.TokenClaim{Hash: token.Hash(is.Token), Subject: user, Purpose: "withdrawal", Scope: scope}
+		res := begin(t, s, id, "fp", now, claim) // the refusal created no record
+		if res.Outcome != idempotency.Started {
+			t.Fatalf("Begin with the owner's token = %v; want Started", res.Outcome)
+		}
+		if err := tk.Check(ctx, is.Token, user, "withdrawal", "another-scope"); !errors.Is(err, token.ErrUsed) {
+			t.Errorf("token after Begin, elsewhere = %v; want ErrUsed", err)
+		}
+		if err := s.Abandon(ctx, id, res.Lease); err != nil {
+			t.Fatal(err)
+		}
+		if err := tk.Check(ctx, is.Token, user, "withdrawal", "another-scope"); err != nil {
+			t.Errorf("token after Abandon = %v; want usable again", err)
+		}
+	})
+
+	t.Run("Window", func(t *testing.T) {
+		s := newStore(t)
+		id, now := uniq(t, "w"), time.Now()
+		if left, err := s.ClaimWindow(ctx, id, "a", 10*time.Second, now); err != nil || left != 0 {
+			t.Fatalf("first ClaimWindow = %v, %v; want 0, nil", left, err)
+		}
+		left, err := s.ClaimWindow(ctx, id, "b", 10*time.Second, now.Add(3*time.Second))
+		if err != nil || left <= 6*time.Second || left > 7*time.Second {
+			t.Errorf("ClaimWindow inside the window = %v, %v; want about 7s left", left, err)
+		}
+		_ = s.FreeWindow(ctx, id, "b") // not the owner: no effect
+		if left, _ := s.ClaimWindow(ctx, id, "b", 10*time.Second, now.Add(4*time.Second)); left == 0 {
+			t.Error("FreeWindow by a non-owner freed the entry")
+		}
+		if err := s.FreeWindow(ctx, id, "a"); err != nil {
+			t.Fatal(err)
+		}
+		if left, _ := s.ClaimWindow(ctx, id, "c", 10*time.Second, now.Add(5*time.Second)); left != 0 {
+			t.Errorf("ClaimWindow after FreeWindow = %v; want 0", left)
+		}
+		if left, _ := s.ClaimWindow(ctx, id, "d", 10*time.Second, now.Add(16*time.Second)); left != 0 {
+			t.Errorf("ClaimWindow after the window = %v; want 0", left)
+		}
+		// Of many at once, one wins.
+		id2 := uniq(t, "w2")
+		var won atomic.Int32
+		var wg sync.WaitGroup
+		for i := range 50 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if left, err := s.ClaimWindow(ctx, id2, fmt.Sprint(i), 10*time.Second, now); err == nil && left == 0 {
+					won.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if won.Load() != 1 {
+			t.Errorf("%d of 50 concurrent ClaimWindow won; want 1", won.Load())
+		}
+	})
+
+	t.Run("Tokens", func(t *testing.T) {
+		tokentest.Run(t, func(t *testing.T) token.Store { return newStore(t) })
+	})
+}
