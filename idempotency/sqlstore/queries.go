@@ -1,0 +1,128 @@
+package sqlstore
+
+import (
+	"strconv"
+	"strings"
+)
+
+type queries struct {
+	create                                                       []string
+	insertRecord, selectRecord, deleteRecord, takeOver, complete string
+	selectLease, bindToken, bindFresh, unbind, unbindAny         string
+	putToken, getToken, claimWindow, selectWindow, freeWindow    string
+	prune                                                        []string
+}
+
+func buildQueries(d Dialect, p string) queries {
+	forUpdate := " FOR UPDATE"
+	if d == SQLite {
+		forUpdate = "" // SQLite serialises writers: the INSERT took the write lock
+	}
+	q := queries{
+		selectRecord: `SELECT fingerprint, state, lease, lease_until, expires_at, status, header, body FROM {p}idempotency WHERE id = ?` + forUpdate,
+		deleteRecord: `DELETE FROM {p}idempotency WHERE id = ?`,
+		takeOver:     `UPDATE {p}idempotency SET lease = ?, lease_until = ? WHERE id = ?`,
+		complete:     `UPDATE {p}idempotency SET state = 2, lease = NULL, status = ?, header = ?, body = ? WHERE id = ? AND state = 1 AND lease = ?`,
+		selectLease:  `SELECT token_hash FROM {p}idempotency WHERE id = ? AND state = 1 AND lease = ?` + forUpdate,
+		bindToken: `UPDATE {p}submit_tokens SET scope = ?, keep_until = ?
+WHERE hash = ? AND subject = ? AND purpose = ? AND ((scope IS NULL AND expires_at > ?) OR scope = ?)`,
+		bindFresh: `UPDATE {p}submit_tokens SET scope = ?, keep_until = ?
+WHERE hash = ? AND subject = ? AND purpose = ? AND scope IS NULL AND expires_at > ?`,
+		unbind:       `UPDATE {p}submit_tokens SET scope = NULL, keep_until = expires_at WHERE hash = ? AND scope = ?`,
+		unbindAny:    `UPDATE {p}submit_tokens SET scope = NULL, keep_until = expires_at WHERE hash = ?`,
+		putToken:     `INSERT INTO {p}submit_tokens (hash, subject, purpose, expires_at, keep_until) VALUES (?, ?, ?, ?, ?)`,
+		getToken:     `SELECT subject, purpose, expires_at, scope FROM {p}submit_tokens WHERE hash = ?`,
+		selectWindow: `SELECT owner, expires_at FROM {p}repeat_window WHERE id = ?`,
+		freeWindow:   `DELETE FROM {p}repeat_window WHERE id = ? AND owner = ?`,
+		prune: []string{
+			`DELETE FROM {p}idempotency WHERE expires_at < ?`,
+			`DELETE FROM {p}submit_tokens WHERE keep_until < ?`,
+			`DELETE FROM {p}repeat_window WHERE expires_at < ?`,
+		},
+	}
+	const cols = `(id, fingerprint, state, lease, lease_until, expires_at, token_hash) VALUES (?, ?, 1, ?, ?, ?, ?)`
+	switch d {
+	case Postgres:
+		q.insertRecord = `INSERT INTO {p}idempotency ` + cols + ` ON CONFLICT (id) DO NOTHING`
+		q.claimWindow = `INSERT INTO {p}repeat_window AS w (id, owner, expires_at) VALUES (?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at WHERE w.expires_at <= ?`
+		q.create = []string{
+			`CREATE TABLE IF NOT EXISTS {p}idempotency (id VARCHAR(255) PRIMARY KEY, fingerprint TEXT NOT NULL, state SMALLINT NOT NULL,
+  lease VARCHAR(255), lease_until BIGINT NOT NULL, expires_at BIGINT NOT NULL, token_hash VARCHAR(255),
+  status INTEGER, header TEXT, body BYTEA)`,
+			`CREATE INDEX IF NOT EXISTS {p}idempotency_expires ON {p}idempotency (expires_at)`,
+			`CREATE TABLE IF NOT EXISTS {p}submit_tokens (hash VARCHAR(255) PRIMARY KEY, subject VARCHAR(255) NOT NULL,
+  purpose VARCHAR(255) NOT NULL, expires_at BIGINT NOT NULL, scope VARCHAR(255), keep_until BIGINT NOT NULL)`,
+			`CREATE INDEX IF NOT EXISTS {p}submit_tokens_keep ON {p}submit_tokens (keep_until)`,
+			`CREATE TABLE IF NOT EXISTS {p}repeat_window (id VARCHAR(255) PRIMARY KEY, owner VARCHAR(255) NOT NULL, expires_at BIGINT NOT NULL)`,
+		}
+	case MySQL:
+		// Not INSERT IGNORE: on a duplicate it takes a shared lock, and two
+		// such transactions upgrading to FOR UPDATE deadlock; the no-op
+		// update takes the exclusive lock at once.
+		q.insertRecord = `INSERT INTO {p}idempotency ` + cols + ` ON DUPLICATE KEY UPDATE id = id`
+		// Assignments run left to right and see earlier ones: owner is
+		// decided on the old expiry, then the expiry follows the owner.
+		q.claimWindow = `INSERT INTO {p}repeat_window (id, owner, expires_at) VALUES (?, ?, ?)
+ON DUPLICATE KEY UPDATE owner = IF(expires_at <= ?, VALUES(owner), owner),
+  expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)`
+		q.create = []string{
+			`CREATE TABLE IF NOT EXISTS {p}idempotency (id VARCHAR(255) NOT NULL PRIMARY KEY, fingerprint VARCHAR(255) NOT NULL,
+  state SMALLINT NOT NULL, lease VARCHAR(255), lease_until BIGINT NOT NULL, expires_at BIGINT NOT NULL,
+  token_hash VARCHAR(255), status INT, header TEXT, body LONGBLOB, INDEX {p}idempotency_expires (expires_at)) ENGINE=InnoDB`,
+			`CREATE TABLE IF NOT EXISTS {p}submit_tokens (hash VARCHAR(255) NOT NULL PRIMARY KEY, subject VARCHAR(255) NOT NULL,
+  purpose VARCHAR(255) NOT NULL, expires_at BIGINT NOT NULL, scope VARCHAR(255), keep_until BIGINT NOT NULL,
+  INDEX {p}submit_tokens_keep (keep_until)) ENGINE=InnoDB`,
+			`CREATE TABLE IF NOT EXISTS {p}repeat_window (id VARCHAR(255) NOT NULL PRIMARY KEY, owner VARCHAR(255) NOT NULL,
+  expires_at BIGINT NOT NULL) ENGINE=InnoDB`,
+		}
+	case SQLite:
+		q.insertRecord = `INSERT OR IGNORE INTO {p}idempotency ` + cols
+		q.claimWindow = `INSERT INTO {p}repeat_window AS w (id, owner, expires_at) VALUES (?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at WHERE w.expires_at <= ?`
+		q.create = []string{
+			`CREATE TABLE IF NOT EXISTS {p}idempotency (id TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, state INTEGER NOT NULL,
+  lease TEXT, lease_until INTEGER NOT NULL, expires_at INTEGER NOT NULL, token_hash TEXT,
+  status INTEGER, header TEXT, body BLOB)`,
+			`CREATE INDEX IF NOT EXISTS {p}idempotency_expires ON {p}idempotency (expires_at)`,
+			`CREATE TABLE IF NOT EXISTS {p}submit_tokens (hash TEXT PRIMARY KEY, subject TEXT NOT NULL, purpose TEXT NOT NULL,
+  expires_at INTEGER NOT NULL, scope TEXT, keep_until INTEGER NOT NULL)`,
+			`CREATE INDEX IF NOT EXISTS {p}submit_tokens_keep ON {p}submit_tokens (keep_until)`,
+			`CREATE TABLE IF NOT EXISTS {p}repeat_window (id TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at INTEGER NOT NULL)`,
+		}
+	}
+	fix := func(s string) string {
+		s = strings.ReplaceAll(s, "{p}", p)
+		if d == Postgres {
+			s = rebind(s)
+		}
+		return s
+	}
+	for _, sp := range []*string{&q.insertRecord, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete,
+		&q.selectLease, &q.bindToken, &q.bindFresh, &q.unbind, &q.unbindAny, &q.putToken, &q.getToken,
+		&q.claimWindow, &q.selectWindow, &q.freeWindow} {
+		*sp = fix(*sp)
+	}
+	for i := range q.create {
+		q.create[i] = fix(q.create[i])
+	}
+	for i := range q.prune {
+		q.prune[i] = fix(q.prune[i])
+	}
+	return q
+}
+
+// rebind turns ? placeholders into PostgreSQL's $1, $2, ...
+func rebind(s string) string {
+	var b strings.Builder
+	n := 0
+	for _, r := range s {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

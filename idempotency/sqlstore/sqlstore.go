@@ -1,0 +1,449 @@
+// Package sqlstore keeps idempotency records, submit tokens and the
+// repeat-submit window in the application's own database (PostgreSQL,
+// MySQL/MariaDB or SQLite), on the caller's *sql.DB. It imports no driver.
+//
+// Because the records live next to the business tables, a handler can
+// complete a key's record in the same transaction as its business change
+// (CompleteTx): a crash then leaves either both or neither, never money
+// moved without its record or a record without its money.
+//
+// Begin binds a submit token and creates the key's record in one
+// transaction; concurrent Begins of one key are serialised by the primary
+// key (INSERT ... ON CONFLICT DO NOTHING, then SELECT ... FOR UPDATE).
+// Expired rows are pruned by Begins (one in PruneEvery); nothing runs in
+// the background.
+package sqlstore
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/token"
+)
+
+// Dialect names the SQL dialect of a *sql.DB.
+type Dialect int
+
+// The supported dialects.
+const (
+	Postgres Dialect = iota + 1
+	MySQL            // MySQL 8 and MariaDB 10.5+
+	SQLite           // SQLite 3.35+
+)
+
+// Options configure a Store. A nil *Options means all defaults.
+type Options struct {
+	// Prefix starts the three table names (idempotency, submit_tokens,
+	// repeat_window). Default: "onceguard_".
+	Prefix string
+	// PruneEvery is how many Begins pass between two prunes of expired
+	// rows. Default: 512.
+	PruneEvery uint64
+}
+
+// Store implements idempotency.FullStore on a *sql.DB. It is safe for
+// concurrent use.
+type Store struct {
+	db      *sql.DB
+	dialect Dialect
+	opts    Options
+	q       queries
+
+	migrateMu sync.Mutex
+	migrated  atomic.Bool
+	begins    atomic.Uint64
+}
+
+var _ idempotency.FullStore = (*Store)(nil)
+
+var prefixRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,40}$`)
+
+// New returns a Store on db. It does no I/O: Migrate, or the first call,
+// creates the tables.
+func New(db *sql.DB, dialect Dialect, opts *Options) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqlstore: nil *sql.DB")
+	}
+	o := Options{Prefix: "onceguard_", PruneEvery: 512}
+	if opts != nil {
+		if opts.Prefix != "" {
+			o.Prefix = opts.Prefix
+		}
+		if opts.PruneEvery > 0 {
+			o.PruneEvery = opts.PruneEvery
+		}
+	}
+	if !prefixRE.MatchString(o.Prefix) {
+		return nil, fmt.Errorf("sqlstore: table prefix %q: want letters, digits and underscores", o.Prefix)
+	}
+	if dialect < Postgres || dialect > SQLite {
+		return nil, fmt.Errorf("sqlstore: unknown dialect %d", dialect)
+	}
+	return &Store{db: db, dialect: dialect, opts: o, q: buildQueries(dialect, o.Prefix)}, nil
+}
+
+// Migrate creates the tables if they do not exist. Safe to run from
+// several processes at once.
+func (s *Store) Migrate(ctx context.Context) error {
+	if s.migrated.Load() {
+		return nil
+	}
+	s.migrateMu.Lock()
+	defer s.migrateMu.Unlock()
+	if s.migrated.Load() {
+		return nil
+	}
+	for _, stmt := range s.q.create {
+		var err error
+		for range 3 { // concurrent CREATE ... IF NOT EXISTS can collide in PostgreSQL's catalog
+			if _, err = s.db.ExecContext(ctx, stmt); err == nil || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err != nil {
+			return wrap("migrate", err)
+		}
+	}
+	s.migrated.Store(true)
+	return nil
+}
+
+func us(t time.Time) int64 { return t.UnixMicro() }
+
+// Begin implements idempotency.Store.
+func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	if err := s.Migrate(ctx); err != nil {
+		return idempotency.BeginResult{}, err
+	}
+	if s.begins.Add(1)%s.opts.PruneEvery == 0 {
+		s.prune(ctx, r.Now)
+	}
+	var last error
+	for i := range 20 { // retried on write conflicts and deadlocks, with jittered backoff
+		res, err := s.begin(ctx, r)
+		if err == nil || !retryable(err) {
+			return res, err
+		}
+		last = err
+		time.Sleep(time.Duration(1+mrand.IntN(1<<min(i, 6))) * time.Millisecond)
+	}
+	return idempotency.BeginResult{}, wrap("begin", last)
+}
+
+func (s *Store) begin(ctx context.Context, r idempotency.BeginRequest) (res idempotency.BeginResult, err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return res, wrap("begin", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	lease := newLease()
+	var tokenHash any
+	if r.Token != nil {
+		tokenHash = r.Token.Hash
+	}
+	// Insert if absent, then read the row under a lock: it is ours if it
+	// carries our lease (whatever the driver reports as rows affected).
+	insert := func() error {
+		_, err := tx.ExecContext(ctx, s.q.insertRecord, r.ID, r.Fingerprint, lease, us(r.Now.Add(r.Lease)), us(r.Now.Add(r.TTL)), tokenHash)
+		return err
+	}
+	if err = insert(); err != nil {
+		return res, err
+	}
+	var (
+		fp                    string
+		state                 int
+		recLease              sql.NullString
+		leaseUntil, expiresAt int64
+		status                sql.NullInt64
+		header                sql.NullString
+		body                  []byte
+	)
+	err = tx.QueryRowContext(ctx, s.q.selectRecord, r.ID).Scan(&fp, &state, &recLease, &leaseUntil, &expiresAt, &status, &header, &body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return res, errConflict // deleted under us: try again
+	}
+	if err != nil {
+		return res, err
+	}
+	if existing := recLease.String != lease; existing {
+		now := us(r.Now)
+		switch {
+		case expiresAt <= now:
+			if _, err = tx.ExecContext(ctx, s.q.deleteRecord, r.ID); err != nil {
+				return res, err
+			}
+			if err = insert(); err != nil {
+				return res, err
+			}
+		case fp != r.Fingerprint:
+			res = idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: &idempotency.Record{ID: r.ID, Fingerprint: fp}}
+			return res, tx.Commit()
+		case state == int(idempotency.Completed):
+			resp := &idempotency.Response{Status: int(status.Int64), Body: body}
+			if header.Valid && header.String != "" {
+				if err := json.Unmarshal([]byte(header.String), &resp.Header); err != nil {
+					return res, fmt.Errorf("sqlstore: stored header of %s: %w", r.ID, err)
+				}
+			}
+			res = idempotency.BeginResult{Outcome: idempotency.Replay, Record: &idempotency.Record{ID: r.ID, Fingerprint: fp, State: idempotency.Completed, Response: resp}}
+			return res, tx.Commit()
+		case leaseUntil > now:
+			res = idempotency.BeginResult{Outcome: idempotency.InProgress, Record: &idempotency.Record{ID: r.ID, Fingerprint: fp, State: idempotency.InFlight}}
+			return res, tx.Commit()
+		default: // in flight, its holder gone: take over
+			if _, err = tx.ExecContext(ctx, s.q.takeOver, lease, us(r.Now.Add(r.Lease)), r.ID); err != nil {
+				return res, err
+			}
+			return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease, Recovered: true}, tx.Commit()
+		}
+	}
+	if r.Token != nil {
+		t := r.Token
+		out, err := tx.ExecContext(ctx, s.q.bindToken, t.Scope, us(r.Now.Add(r.TTL)), t.Hash, t.Subject, t.Purpose, us(r.Now), t.Scope)
+		if err != nil {
+			return res, err
+		}
+		if n, err := out.RowsAffected(); err != nil || n == 0 {
+			// Refused (or, on MySQL, bound to this scope already with the
+			// same keep time): say why, from the row.
+			if reason := s.tokenReason(ctx, tx, t, r.Now); reason != nil {
+				err = reason
+				return res, err
+			}
+		}
+	}
+	return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, tx.Commit()
+}
+
+// tokenReason returns why a token may not be bound, or nil if it may.
+func (s *Store) tokenReason(ctx context.Context, q querier, t *idempotency.TokenClaim, now time.Time) error {
+	rec, err := s.getToken(ctx, q, t.Hash)
+	if err != nil {
+		return err
+	}
+	return rec.Check(t.Subject, t.Purpose, t.Scope, now)
+}
+
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+var errConflict = errors.New("sqlstore: write conflict")
+
+// retryable reports write conflicts worth another try: our own, unique
+// violations, deadlocks, serialisation failures, SQLite's busy.
+func retryable(err error) bool {
+	if errors.Is(err, errConflict) {
+		return true
+	}
+	msg := err.Error()
+	for _, s := range []string{"23505", "40001", "40P01", "Error 1062", "Error 1213", "Error 1205", "Deadlock", "duplicate key", "UNIQUE constraint", "database is locked", "SQLITE_BUSY"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Complete implements idempotency.Store.
+func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency.Response, now time.Time) error {
+	return s.complete(ctx, s.db, id, lease, resp)
+}
+
+// CompleteTx completes the record inside the caller's transaction, so that
+// the record and the business change commit together. Call
+// idempotency.Call.MarkCompleted afterwards so that Middleware does not
+// store the answer again. It returns ErrLeaseLost if the lease no longer
+// holds the record: roll back then, another request owns the key.
+func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error {
+	return s.complete(ctx, tx, id, lease, resp)
+}
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp idempotency.Response) error {
+	if err := s.Migrate(ctx); err != nil {
+		return err
+	}
+	header := ""
+	if len(resp.Header) > 0 {
+		b, err := json.Marshal(resp.Header)
+		if err != nil {
+			return err
+		}
+		header = string(b)
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	out, err := e.ExecContext(ctx, s.q.complete, resp.Status, header, body, id, lease)
+	if err != nil {
+		return wrap("complete", err)
+	}
+	if n, err := out.RowsAffected(); err != nil || n == 0 {
+		return idempotency.ErrLeaseLost
+	}
+	return nil
+}
+
+// Abandon implements idempotency.Store.
+func (s *Store) Abandon(ctx context.Context, id, lease string) error {
+	if err := s.Migrate(ctx); err != nil {
+		return err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return wrap("abandon", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var tokenHash sql.NullString
+	err = tx.QueryRowContext(ctx, s.q.selectLease, id, lease).Scan(&tokenHash)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idempotency.ErrLeaseLost
+	} else if err != nil {
+		return wrap("abandon", err)
+	}
+	if _, err := tx.ExecContext(ctx, s.q.deleteRecord, id); err != nil {
+		return wrap("abandon", err)
+	}
+	if tokenHash.Valid {
+		if _, err := tx.ExecContext(ctx, s.q.unbindAny, tokenHash.String); err != nil {
+			return wrap("abandon", err)
+		}
+	}
+	return wrap("abandon", tx.Commit())
+}
+
+// ClaimWindow implements idempotency.WindowStore.
+func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
+	if err := s.Migrate(ctx); err != nil {
+		return 0, err
+	}
+	if _, err := s.db.ExecContext(ctx, s.q.claimWindow, id, owner, us(now.Add(window)), us(now)); err != nil {
+		return 0, wrap("claim window", err)
+	}
+	var got string
+	var exp int64
+	if err := s.db.QueryRowContext(ctx, s.q.selectWindow, id).Scan(&got, &exp); err != nil {
+		return 0, wrap("claim window", err)
+	}
+	if got == owner {
+		return 0, nil
+	}
+	return max(time.Duration(exp-us(now))*time.Microsecond, time.Microsecond), nil
+}
+
+// FreeWindow implements idempotency.WindowStore.
+func (s *Store) FreeWindow(ctx context.Context, id, owner string) error {
+	if err := s.Migrate(ctx); err != nil {
+		return err
+	}
+	_, err := s.db.ExecContext(ctx, s.q.freeWindow, id, owner)
+	return wrap("free window", err)
+}
+
+// PutToken implements token.Store.
+func (s *Store) PutToken(ctx context.Context, r token.Record) error {
+	if err := s.Migrate(ctx); err != nil {
+		return err
+	}
+	_, err := s.db.ExecContext(ctx, s.q.putToken, r.Hash, r.Subject, r.Purpose, us(r.ExpiresAt), us(r.ExpiresAt))
+	return wrap("put token", err)
+}
+
+// GetToken implements token.Store.
+func (s *Store) GetToken(ctx context.Context, hash string) (token.Record, error) {
+	if err := s.Migrate(ctx); err != nil {
+		return token.Record{}, err
+	}
+	return s.getToken(ctx, s.db, hash)
+}
+
+func (s *Store) getToken(ctx context.Context, q querier, hash string) (token.Record, error) {
+	r := token.Record{Hash: hash}
+	var exp int64
+	var scope sql.NullString
+	err := q.QueryRowContext(ctx, s.q.getToken, hash).Scan(&r.Subject, &r.Purpose, &exp, &scope)
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, token.ErrUnknown
+	} else if err != nil {
+		return r, wrap("get token", err)
+	}
+	r.ExpiresAt, r.Scope = time.UnixMicro(exp), scope.String
+	return r, nil
+}
+
+// BindToken implements token.Store. A token bound on its own is kept 24h.
+func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope string, now time.Time) (bool, error) {
+	if err := s.Migrate(ctx); err != nil {
+		return false, err
+	}
+	out, err := s.db.ExecContext(ctx, s.q.bindFresh, scope, us(now.Add(24*time.Hour)), hash, subject, purpose, us(now))
+	if err != nil {
+		return false, wrap("bind token", err)
+	}
+	if n, err := out.RowsAffected(); err == nil && n == 1 {
+		return true, nil
+	}
+	claim := &idempotency.TokenClaim{Hash: hash, Subject: subject, Purpose: purpose, Scope: scope}
+	if reason := s.tokenReason(ctx, s.db, claim, now); reason != nil {
+		return false, reason
+	}
+	return false, nil // bound to this scope already
+}
+
+// UnbindToken implements token.Store.
+func (s *Store) UnbindToken(ctx context.Context, hash, scope string) error {
+	if err := s.Migrate(ctx); err != nil {
+		return err
+	}
+	_, err := s.db.ExecContext(ctx, s.q.unbind, hash, scope)
+	return wrap("unbind token", err)
+}
+
+func (s *Store) prune(ctx context.Context, now time.Time) {
+	for _, q := range s.q.prune {
+		_, _ = s.db.ExecContext(ctx, q, us(now)) // best effort: the next prune retries
+	}
+}
+
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var nerr net.Error
+	if errors.As(err, &nerr) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
+		strings.Contains(err.Error(), "sql: database is closed") || strings.Contains(err.Error(), "connection refused") {
+		return fmt.Errorf("sqlstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
+	}
+	return fmt.Errorf("sqlstore: %s: %w", op, err)
+}
+
+func newLease() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}

@@ -1,0 +1,127 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
+
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/idempotency/storetest"
+)
+
+type database struct {
+	name    string
+	dialect sqlstore.Dialect
+	open    func(t *testing.T) *sql.DB
+}
+
+func openEnv(driver, env string) func(t *testing.T) *sql.DB {
+	return func(t *testing.T) *sql.DB {
+		dsn := os.Getenv(env)
+		if dsn == "" {
+			t.Skipf("%s not set; skipping the integration test", env)
+		}
+		db, err := sql.Open(driver, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.SetMaxOpenConns(32) // the server's connection limit is shared
+		t.Cleanup(func() { _ = db.Close() })
+		if err := db.Ping(); err != nil {
+			t.Fatalf("ping %s = %v", env, err)
+		}
+		return db
+	}
+}
+
+func openSQLite(t *testing.T) *sql.DB {
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "s.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+var databases = []database{
+	{"postgres", sqlstore.Postgres, openEnv("pgx", "ONCEGUARD_TEST_POSTGRES")},
+	{"mysql", sqlstore.MySQL, openEnv("mysql", "ONCEGUARD_TEST_MYSQL")},
+	{"sqlite", sqlstore.SQLite, openSQLite},
+}
+
+func TestStore(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			db := d.open(t)
+			s, err := sqlstore.New(db, d.dialect, &sqlstore.Options{Prefix: "storetest_", PruneEvery: 50})
+			if err != nil {
+				t.Fatal(err)
+			}
+			storetest.Run(t, func(*testing.T) idempotency.FullStore { return s })
+		})
+	}
+}
+
+// The answer is stored in the business transaction: rolled back, the key
+// is still in flight; committed, it replays.
+func TestCompleteTx(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			db := d.open(t)
+			s, err := sqlstore.New(db, d.dialect, &sqlstore.Options{Prefix: "storetest_"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, now := context.Background(), time.Now()
+			id := idempotency.RecordID(idempotency.Scope{Principal: t.Name()}, now.String())
+			res, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+			if err != nil || res.Outcome != idempotency.Started {
+				t.Fatalf("Begin = %+v, %v", res, err)
+			}
+			resp := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`)}
+			tx, _ := db.BeginTx(ctx, nil)
+			if err := s.CompleteTx(ctx, tx, id, res.Lease, resp); err != nil {
+				t.Fatalf("CompleteTx = %v", err)
+			}
+			_ = tx.Rollback()
+			if got, _ := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}); got.Outcome != idempotency.InProgress {
+				t.Errorf("after a rolled back CompleteTx: %v; want InProgress", got.Outcome)
+			}
+			tx, _ = db.BeginTx(ctx, nil)
+			if err := s.CompleteTx(ctx, tx, id, res.Lease, resp); err != nil {
+				t.Fatalf("CompleteTx = %v", err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}); got.Outcome != idempotency.Replay {
+				t.Errorf("after a committed CompleteTx: %v; want Replay", got.Outcome)
+			}
+			tx, _ = db.BeginTx(ctx, nil)
+			defer tx.Rollback()
+			if err := s.CompleteTx(ctx, tx, id, res.Lease, resp); !errors.Is(err, idempotency.ErrLeaseLost) {
+				t.Errorf("CompleteTx of a completed record = %v; want ErrLeaseLost", err)
+			}
+		})
+	}
+}
+
+func TestClosedDatabase(t *testing.T) {
+	db := openSQLite(t)
+	s, _ := sqlstore.New(db, sqlstore.SQLite, nil)
+	_ = db.Close()
+	_, err := s.Begin(context.Background(), idempotency.BeginRequest{ID: "x", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: time.Now()})
+	if !errors.Is(err, idempotency.ErrUnavailable) {
+		t.Errorf("Begin on a closed DB = %v; want ErrUnavailable", err)
+	}
+}
