@@ -49,7 +49,7 @@ type result struct {
 	lat      []time.Duration
 	errs     int64
 	firstErr error
-	leftover int64 // keys of the cell still in Redis after the workers stopped (deleted then)
+	leftover int64 // locks of the cell still held after the workers stopped (deleted then)
 
 	// CPU use over the measured window, in cores: the lock server's and
 	// this process's (-1: unknown; cpuNA: no server process).

@@ -54,7 +54,7 @@ func main() {
 	var only string
 	flag.StringVar(&cfg.addr, "redis", "127.0.0.1:6379", "Redis `host:port` (shared: the bench only touches keys of its own run)")
 	flag.DurationVar(&cfg.duration, "duration", 1500*time.Millisecond, "measured `time` per cell (library × scenario × round) of the Redis group")
-	flag.DurationVar(&cfg.backendDuration, "backend-duration", 1500*time.Millisecond, "measured `time` per cell of the backends group")
+	flag.DurationVar(&cfg.backendDuration, "backend-duration", 2*time.Second, "measured `time` per cell of the backends group")
 	flag.DurationVar(&cfg.warmup, "warmup", 250*time.Millisecond, "unmeasured warm-up per cell, same workers")
 	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds; each runs every library on every scenario, the table shows medians")
 	flag.StringVar(&only, "only", "", "comma-separated `names`: a group (redis, backends), a library, a scenario or library/scenario (exact), else a substring of library/scenario; \"ceiling\" selects redis-benchmark")

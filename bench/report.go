@@ -72,7 +72,7 @@ func extra(sc scenario, r *result) string {
 	if sc.blocking {
 		fmt.Fprintf(&b, "  handoffs/s %.0f  fairness %.3f", r.handoffsPerSec(), r.fairness())
 	}
-	fmt.Fprintf(&b, "  cpu redis %s bench %s", fmtCPU(r.serverCPU), fmtCPU(r.benchCPU))
+	fmt.Fprintf(&b, "  cpu server %s bench %s", fmtCPU(r.serverCPU), fmtCPU(r.benchCPU))
 	if r.errs > 0 {
 		fmt.Fprintf(&b, "  errors %d (first: %v)", r.errs, r.firstErr)
 	}
