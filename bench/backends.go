@@ -32,13 +32,14 @@ const benchTable = "ogbench_locks"
 // The libraries of the backends group, in table order.
 const (
 	libSQLPG     = "sqllock-pg"
+	libSQLPGXact = "sqllock-pg-xact"
 	libPGBase    = "pg-xact-baseline"
 	libSQLMySQL  = "sqllock-mysql"
 	libSQLSQLite = "sqllock-sqlite"
 	libRedlock   = "redlock-3"
 )
 
-var backendLibs = []string{libSQLPG, libPGBase, libSQLMySQL, libSQLSQLite, libRedlock}
+var backendLibs = []string{libSQLPG, libSQLPGXact, libPGBase, libSQLMySQL, libSQLSQLite, libRedlock}
 
 // poolSize is the database/sql setting of every PostgreSQL and MySQL pool
 // (SetMaxOpenConns and SetMaxIdleConns): more than the 16 goroutines of the
@@ -76,10 +77,10 @@ func setupBackends(ctx context.Context, cfg *config, progress io.Writer, cl *cle
 		fmt.Fprintf(progress, "skipping %s: %v\n", lib, err)
 	}
 
-	if want(libSQLPG) || want(libPGBase) {
+	if want(libSQLPG) || want(libSQLPGXact) || want(libPGBase) {
 		if cfg.pgDSN == "" {
 			skip(libSQLPG+", "+libPGBase, errors.New("no -pg DSN"))
-		} else if libs, info, err := setupPostgres(ctx, cfg.pgDSN, want(libSQLPG), want(libPGBase), cl); err != nil {
+		} else if libs, info, err := setupPostgres(ctx, cfg.pgDSN, want(libSQLPG), want(libSQLPGXact), want(libPGBase), cl); err != nil {
 			skip(libSQLPG+", "+libPGBase, err)
 		} else {
 			bs.libs = append(bs.libs, libs...)
@@ -208,7 +209,7 @@ func loopback(host string) bool {
 
 // --- PostgreSQL: sqllock and the bare advisory-lock baseline ----------------
 
-func setupPostgres(ctx context.Context, dsn string, withLock, withBase bool, cl *cleanups) ([]*library, string, error) {
+func setupPostgres(ctx context.Context, dsn string, withLock, withXact, withBase bool, cl *cleanups) ([]*library, string, error) {
 	pcfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, "", err
@@ -254,6 +255,24 @@ func setupPostgres(ctx context.Context, dsn string, withLock, withBase bool, cl 
 				`SELECT count(*) FROM `+benchTable+` WHERE substring(name from 1 for $1) = $2 AND owner IS NOT NULL`,
 				`DELETE FROM `+benchTable+` WHERE substring(name from 1 for $1) = $2`),
 			close: func() {},
+		})
+	}
+	if withXact {
+		db, err := openPool(ctx, "pgx", dsn, poolSize)
+		if err != nil {
+			return nil, "", err
+		}
+		cl.add(func() { _ = db.Close() })
+		l, err := sqllock.NewXact(db, nil)
+		if err != nil {
+			return nil, "", err
+		}
+		libs = append(libs, &library{
+			name:      libSQLPGXact,
+			newWorker: func(key string) worker { return &ogWorker{l: l, key: key} },
+			serverCPU: serverCPU,
+			cleanup:   func(context.Context, string) (int64, error) { return 0, nil }, // transaction-scoped: nothing stays
+			close:     func() {},
 		})
 	}
 	if withBase {

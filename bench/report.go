@@ -282,6 +282,8 @@ func printTargets(w io.Writer, rep *report) {
 	// The PostgreSQL backend within 1.5× of the bare advisory-lock loop:
 	// the target is at 16 goroutines; 1 goroutine is reported the same way.
 	within := "≥ 0.667×, i.e. within 1.5×"
-	ratio("backends-16 cycles/s: sqllock-pg / pg-xact-baseline", "backends-16", cycles, libSQLPG, libPGBase, 1/1.5, within)
-	ratio("backends-1 cycles/s: sqllock-pg / pg-xact-baseline (info)", "backends-1", cycles, libSQLPG, libPGBase, 1/1.5, within)
+	ratio("backends-16 cycles/s: sqllock-pg-xact / pg-xact-baseline", "backends-16", cycles, libSQLPGXact, libPGBase, 1/1.5, within)
+	ratio("backends-1 cycles/s: sqllock-pg-xact / pg-xact-baseline", "backends-1", cycles, libSQLPGXact, libPGBase, 1/1.5, within)
+	ratio("backends-16 cycles/s: sqllock-pg (table) / pg-xact-baseline (info)", "backends-16", cycles, libSQLPG, libPGBase, 1/1.5, within)
+	ratio("backends-1 cycles/s: sqllock-pg (table) / pg-xact-baseline (info)", "backends-1", cycles, libSQLPG, libPGBase, 1/1.5, within)
 }
