@@ -5,18 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
-
-	_ "github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib"
-	_ "modernc.org/sqlite"
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
+	"github.com/onceguard/onceguard/internal/dbtest"
 )
 
 type database struct {
@@ -25,37 +20,11 @@ type database struct {
 	open    func(t *testing.T) *sql.DB
 }
 
-func openEnv(driver, env string) func(t *testing.T) *sql.DB {
-	return func(t *testing.T) *sql.DB {
-		dsn := os.Getenv(env)
-		if dsn == "" {
-			t.Skipf("%s not set; skipping the integration test", env)
-		}
-		db, err := sql.Open(driver, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db.SetMaxOpenConns(32) // the server's connection limit is shared
-		t.Cleanup(func() { _ = db.Close() })
-		if err := db.Ping(); err != nil {
-			t.Fatalf("ping %s = %v", env, err)
-		}
-		return db
-	}
-}
-
-func openSQLite(t *testing.T) *sql.DB {
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "s.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
+func openSQLite(t *testing.T) *sql.DB { return dbtest.SQLite(t) }
 
 var databases = []database{
-	{"postgres", sqlstore.Postgres, openEnv("pgx", "ONCEGUARD_TEST_POSTGRES")},
-	{"mysql", sqlstore.MySQL, openEnv("mysql", "ONCEGUARD_TEST_MYSQL")},
+	{"postgres", sqlstore.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
+	{"mysql", sqlstore.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
 	{"sqlite", sqlstore.SQLite, openSQLite},
 }
 

@@ -4,17 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
-	_ "modernc.org/sqlite"
 
+	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/locktest"
 	"github.com/onceguard/onceguard/lock/sqllock"
@@ -33,38 +29,11 @@ type database struct {
 	open    func(t *testing.T) *sql.DB
 }
 
-func openEnv(driver, env string) func(t *testing.T) *sql.DB {
-	return func(t *testing.T) *sql.DB {
-		dsn := os.Getenv(env)
-		if dsn == "" {
-			t.Skipf("%s not set; skipping the integration test", env)
-		}
-		db, err := sql.Open(driver, dsn)
-		if err != nil {
-			t.Fatalf("sql.Open(%s) = %v", driver, err)
-		}
-		t.Cleanup(func() { _ = db.Close() })
-		if err := db.PingContext(context.Background()); err != nil {
-			t.Fatalf("ping %s = %v; want the database answering", env, err)
-		}
-		return db
-	}
-}
-
-// OpenSQLite opens a new SQLite file the way the package doc recommends.
-func openSQLite(t *testing.T) *sql.DB {
-	path := filepath.Join(t.TempDir(), "locks.db")
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
-	if err != nil {
-		t.Fatalf("sql.Open(sqlite) = %v", err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
+func openSQLite(t *testing.T) *sql.DB { return dbtest.SQLite(t) }
 
 var databases = []database{
-	{"postgres", sqllock.Postgres, openEnv("pgx", "ONCEGUARD_TEST_POSTGRES")},
-	{"mysql", sqllock.MySQL, openEnv("mysql", "ONCEGUARD_TEST_MYSQL")},
+	{"postgres", sqllock.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
+	{"mysql", sqllock.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
 	{"sqlite", sqllock.SQLite, openSQLite},
 }
 
@@ -198,7 +167,7 @@ func TestCleanup(t *testing.T) {
 }
 
 func TestConformanceXact(t *testing.T) {
-	db := openEnv("pgx", "ONCEGUARD_TEST_POSTGRES")(t)
+	db := dbtest.Postgres(t)
 	db.SetMaxOpenConns(64)
 	b, err := sqllock.NewXactBackend(db)
 	if err != nil {
@@ -213,7 +182,7 @@ func TestConformanceXact(t *testing.T) {
 // The server enforces the TTL: a holder that goes quiet loses the lock
 // when PostgreSQL ends its idle session, without any client action.
 func TestXactServerTTL(t *testing.T) {
-	db := openEnv("pgx", "ONCEGUARD_TEST_POSTGRES")(t)
+	db := dbtest.Postgres(t)
 	b, _ := sqllock.NewXactBackend(db)
 	l := lock.New(b, nil)
 	ctx := context.Background()
@@ -223,7 +192,7 @@ func TestXactServerTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another pool, as another process would have.
-	other := openEnv("pgx", "ONCEGUARD_TEST_POSTGRES")(t)
+	other := dbtest.Postgres(t)
 	var got bool
 	if err := other.QueryRow(`SELECT pg_try_advisory_lock($1)`, sqllock.AdvisoryKey(key)).Scan(&got); err != nil || got {
 		t.Fatalf("another session took the held lock: %v, %v; want refused", got, err)
