@@ -34,14 +34,13 @@
 //	UPDATE accounts SET balance = balance - $1, fence = $2
 //	WHERE user_id = $3 AND fence < $2 AND balance >= $1
 //
-// Fences follow the backend server's clock in microseconds: each is the
-// last fence plus one, or the server's clock when that is larger (Redis
-// lets a busy key's fence run on by one per acquire for up to a second
-// before catching up with the clock). Unlike plain counters they keep
-// increasing when a Redis restart loses the counter, and a Redis fence and
-// a database fence for the same resource stay comparable (up to the clock
-// skew between the two servers), which matters when a fallback moves a
-// lock from Redis to the database.
+// Fences are seeded from the backend server's clock in microseconds and
+// then increase by at least one per acquire (see each backend). Unlike
+// plain counters they keep increasing when a Redis restart loses the
+// counter. Fences of different backends are only roughly comparable: when
+// a fallback moves a lock between Redis and a database, a fence that must
+// stay monotonic belongs to the resource itself (a version column the
+// database advances with every write).
 //
 // The reference service treats locks as the fast path only: correctness
 // lives in the database (unique constraints, conditional updates, the

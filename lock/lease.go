@@ -72,9 +72,9 @@ func (ls *Lease) Token() string { return ls.owner }
 // every successful acquire of the same key. Send it with every write made
 // under the lock and let the resource refuse a write whose fence is lower
 // than the last it accepted: that stops a holder that was paused past its
-// TTL from overwriting the work of the next holder. Fences follow the
-// backend server's clock in microseconds (see the package documentation),
-// so they also stay comparable across backends.
+// TTL from overwriting the work of the next holder. Fences are seeded
+// from the backend server's clock in microseconds (see the package
+// documentation).
 func (ls *Lease) Fence() int64 { return ls.fence }
 
 // Deadline returns when the lease ends unless it is refreshed.

@@ -21,9 +21,9 @@
 // closes, acquires take the lock on both backends, so leases granted by
 // the secondary during the outage are respected. But no lock can be the
 // last line of defence. What keeps data correct is the resource: fencing
-// tokens (both backends issue time-based fences that stay comparable, see
-// package lock), unique constraints and conditional updates in the
-// database.
+// tokens (compared within one backend; across the switch, the resource's
+// own version column: see package lock), unique constraints and
+// conditional updates in the database.
 package fallback
 
 import (

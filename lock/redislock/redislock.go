@@ -52,10 +52,12 @@ type Options struct {
 	// "onceguard:lock:".
 	Prefix string
 
-	// FenceRetention is how long the last fencing token of a key is kept
-	// after it was last set from the clock. Fences follow server
-	// microseconds, so they keep increasing after the record is gone unless
-	// the server's clock steps back by more than this. Default: 1h.
+	// FenceRetention is how long a key's fence record lives after it was
+	// seeded from the server's clock. Fences are seeded from server
+	// microseconds and then increase by at least one per acquire, so they
+	// keep increasing after the record is gone (or Redis lost it) unless
+	// the server's clock steps back by more than this; a new record costs
+	// one more round trip on its first acquire. Default: 24h.
 	FenceRetention time.Duration
 
 	// Timeout bounds each round trip to Redis, whatever the caller's
@@ -114,7 +116,7 @@ func NewBackend(rdb redis.UniversalClient, opts *Options) *Backend {
 		o.Prefix = "onceguard:lock:"
 	}
 	if o.FenceRetention <= 0 {
-		o.FenceRetention = time.Hour
+		o.FenceRetention = 24 * time.Hour
 	}
 	if o.MaxInflight <= 0 {
 		o.MaxInflight = 4
@@ -176,11 +178,10 @@ func (b *Backend) run(ctx context.Context, s *script, keys []string, args ...any
 // and INCR of the fence key, which cost Redis a fraction of a script: the
 // INCR runs right after the SET on the same connection, before this caller
 // can release, so a later holder's INCR is always larger. An INCR after a
-// failed SET only skips a number. When the fence lags the clock by more
-// than a second (a new key, or a busy one), one more script re-seeds it
-// from the server's clock while the lock is held, so fences stay close to
-// server µs. A blocked waiter runs the acquire script, which also manages
-// the queue.
+// failed SET only skips a number. When the INCR creates the fence key, one
+// more script seeds it from the server's clock (once per key per
+// FenceRetention). A blocked waiter runs the acquire script, which also
+// manages the queue and sets the fence to max(last + 1, server µs).
 func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
 	keys, _ := b.keys(r.Key)
 	if r.Wait {
@@ -198,7 +199,10 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 		return lock.Grant{}, wrap("acquire", r.Key, err)
 	}
 	fence, err := incr.Result()
-	if err == nil && fence < time.Now().Add(-time.Second).UnixMicro() {
+	if err == nil && fence == 1 {
+		// A new fence key (first use, or FenceRetention since it was
+		// seeded): seed it from the server's clock, above every fence the
+		// key had before.
 		var res any
 		if res, err = b.run(ctx, scriptReseed, keys[1:2], b.fence); err == nil {
 			fence, _ = res.(int64)

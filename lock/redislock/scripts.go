@@ -57,8 +57,7 @@ end
 // line and marks the lock as having waiters.
 //
 // The fence is max(last + 1, server time in µs): strictly increasing per
-// key, never below the server's clock, so it stays comparable with the
-// database backend's fences and keeps increasing after Redis lost the key.
+// key, and still increasing after Redis lost the key.
 const acquireLua = `
 local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
 if not won then
@@ -146,9 +145,9 @@ return 1
 `
 
 // reseedLua: KEYS[1] the fence; ARGV fence retention ms. Runs while the
-// caller holds the lock, after its INCR: returns a new fence, raised to the
-// server's clock in µs when it lags, and gives a fence key created by INCR
-// its expiry.
+// caller holds the lock, after its INCR created the fence key: returns a
+// new fence, raised to the server's clock in µs, and gives the key its
+// expiry.
 const reseedLua = `
 local t = redis.call('TIME')
 local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
