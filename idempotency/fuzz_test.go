@@ -1,6 +1,8 @@
 package idempotency_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -42,6 +44,11 @@ func FuzzFingerprint(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fp, err := idempotency.Fingerprint(body)
 		if err != nil {
+			// What encoding/json accepts is refused only for a repeated
+			// member, depth, or invalid UTF-8 (which encoding/json replaces).
+			if json.Valid(body) && !strings.Contains(err.Error(), "twice") && !strings.Contains(err.Error(), "deeper") && !strings.Contains(err.Error(), "UTF-8") {
+				t.Fatalf("Fingerprint(%q) = %v for valid JSON", body, err)
+			}
 			return
 		}
 		if len(fp) != 64 {
@@ -50,6 +57,28 @@ func FuzzFingerprint(f *testing.F) {
 		// Whitespace around the body does not change it.
 		if fp2, err := idempotency.Fingerprint(append(append([]byte(" \n"), body...), '\t')); err != nil || fp2 != fp {
 			t.Fatalf("padded body: %q, %v; want %q", fp2, err, fp)
+		}
+		if len(bytes.TrimSpace(body)) == 0 {
+			return // an empty body is allowed: the fingerprint of ""
+		}
+		// Only valid JSON is accepted, and the same value written another
+		// way (encoding/json's member order, spacing and escapes) has the
+		// same fingerprint.
+		if !json.Valid(body) {
+			t.Fatalf("Fingerprint(%q) accepted invalid JSON", body)
+		}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.UseNumber()
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			t.Fatalf("decode %q: %v", body, err)
+		}
+		again, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fp3, err := idempotency.Fingerprint(again); err != nil || fp3 != fp {
+			t.Fatalf("re-encoded %q -> %q: %q, %v; want %q", body, again, fp3, err, fp)
 		}
 	})
 }
