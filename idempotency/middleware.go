@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -235,6 +236,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	call.windowID = windowID
 	if res.Recovered {
 		m.event(r, "recovered")
 	} else {
@@ -243,26 +245,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	// 7. The handler, with its answer buffered so that what is stored is
 	// exactly what is sent.
-	rec := &recorder{header: make(http.Header), status: http.StatusOK}
-	release := func() {
-		_ = cfg.Store.Abandon(detached, id, res.Lease)
-		if windowID != "" {
-			_ = cfg.Windows.FreeWindow(detached, windowID, res.Lease)
-		}
-		m.event(r, "released")
-	}
-	func() {
-		defer func() {
-			if v := recover(); v != nil {
-				release()
-				panic(v)
-			}
-		}()
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, callKey{}, call)))
-	}()
-	if rec.status >= 500 {
-		release()
+	rec := recorders.Get().(*recorder)
+	defer rec.recycle()
+	if m.serve(rec, r, body, call) {
+		m.release(r, detached, id, res.Lease, windowID)
 	} else if !call.completed.Load() {
 		resp := Response{Status: rec.status, Header: make(http.Header), Body: rec.body.Bytes()}
 		for _, h := range cfg.ReplayHeaders {
@@ -279,6 +265,29 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(rec.status)
 	_, _ = w.Write(rec.body.Bytes())
+}
+
+// serve runs the handler and reports whether the key must be freed: a 5xx,
+// or a panic (freed, then re-raised).
+func (m *middleware) serve(rec *recorder, r *http.Request, body []byte, call *Call) (free bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			m.release(r, context.WithoutCancel(r.Context()), call.ID, call.Lease, call.windowID)
+			panic(v)
+		}
+	}()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	m.next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), callKey{}, call)))
+	return rec.status >= 500
+}
+
+// release frees a key whose request must be allowed to run again.
+func (m *middleware) release(r *http.Request, ctx context.Context, id, lease, windowID string) {
+	_ = m.cfg.Store.Abandon(ctx, id, lease)
+	if windowID != "" {
+		_ = m.cfg.Windows.FreeWindow(ctx, windowID, lease)
+	}
+	m.event(r, "released")
 }
 
 func (m *middleware) tokenError(w http.ResponseWriter, r *http.Request, err error) {
@@ -298,6 +307,20 @@ func replay(w http.ResponseWriter, resp *Response) {
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)
+}
+
+// recorders recycles answer buffers: a request's recorder is returned
+// after its answer was stored (copied) and written out.
+var recorders = sync.Pool{New: func() any { return &recorder{header: make(http.Header), status: http.StatusOK} }}
+
+func (r *recorder) recycle() {
+	clear(r.header)
+	r.status, r.wroteHeader = http.StatusOK, false
+	if r.body.Cap() > 64<<10 {
+		r.body = bytes.Buffer{} // do not keep a huge one
+	}
+	r.body.Reset()
+	recorders.Put(r)
 }
 
 // recorder buffers the handler's answer.
@@ -331,6 +354,7 @@ type Call struct {
 	Fingerprint string
 	Recovered   bool // this request took over a crashed holder's key
 
+	windowID  string
 	completed atomic.Bool
 }
 

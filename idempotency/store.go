@@ -166,18 +166,23 @@ func (s Scope) String() string {
 	return digest(s.Principal, s.Method, s.Path)
 }
 
-// RecordID returns the storage id of key in scope.
+// RecordID returns the storage id of key in scope: one hash of the
+// principal, method, path and key.
 func RecordID(scope Scope, key string) string {
-	return digest(scope.String(), key)
+	return digest(scope.Principal, scope.Method, scope.Path, key)
 }
 
-// digest hashes parts, each length-delimited by a NUL (parts never hold
-// one: principals, methods, paths and keys are printable).
+// digest hashes parts, each followed by a NUL (parts never hold one:
+// principals, methods, paths and keys are printable), into hex.
 func digest(parts ...string) string {
-	h := sha256.New()
+	var stack [512]byte
+	b := stack[:0]
 	for _, p := range parts {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
+		b = append(b, p...)
+		b = append(b, 0)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	sum := sha256.Sum256(b)
+	var out [64]byte
+	hex.Encode(out[:], sum[:])
+	return string(out[:])
 }
