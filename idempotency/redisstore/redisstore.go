@@ -1,0 +1,335 @@
+// Package redisstore keeps idempotency records, submit tokens and the
+// repeat-submit window in Redis (single node, Sentinel or Cluster), on the
+// caller's go-redis client.
+//
+// It needs Lua numbers to hold millisecond timestamps exactly, which they
+// do (doubles, up to 2^53).
+//
+// Every operation is one Lua script on one key, so it runs on one Cluster
+// slot. Round trips: a first use is Begin plus Complete (two; a submit
+// token adds one, to bind it), a replay is one Begin, a window claim one.
+//
+// A token is bound before its key's record is created, in a separate
+// step (the two keys can live on different Cluster slots). A crash
+// between the two leaves the token bound to its request's scope with no
+// record: a retry of the same request goes through, the token cannot be
+// used for anything else, exactly as after a completed request. Records
+// and tokens expire with Redis key expiry: nothing to prune.
+//
+// A Redis without persistence forgets records and tokens on restart: keep
+// them in the application's database (package sqlstore) when a restart
+// must not forget them, as the reference service does.
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/token"
+)
+
+// Options configure a Store. A nil *Options means all defaults.
+type Options struct {
+	// Prefix starts every key. Default: "onceguard:idem:".
+	Prefix string
+}
+
+// Store implements idempotency.FullStore on Redis. It is safe for
+// concurrent use.
+type Store struct {
+	rdb    redis.UniversalClient
+	prefix string
+}
+
+var _ idempotency.FullStore = (*Store)(nil)
+
+// New returns a Store on rdb. It does not dial.
+func New(rdb redis.UniversalClient, opts *Options) *Store {
+	s := &Store{rdb: rdb, prefix: "onceguard:idem:"}
+	if opts != nil && opts.Prefix != "" {
+		s.prefix = opts.Prefix
+	}
+	return s
+}
+
+func (s *Store) recKey(id string) string   { return s.prefix + "rec:{" + id + "}" }
+func (s *Store) tokKey(hash string) string { return s.prefix + "tok:{" + hash + "}" }
+func (s *Store) winKey(id string) string   { return s.prefix + "win:{" + id + "}" }
+
+func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+
+var (
+	// beginLua: KEYS[1] the record; ARGV fingerprint, lease, lease until
+	// ms, now ms, ttl ms, token hash. Returns {outcome, ...}:
+	// 1 started, 2 replay (status, header, body), 3 in progress,
+	// 4 mismatch, 5 started by taking over an expired lease. Times are the
+	// caller's clock (as in every store); Redis key expiry only cleans up.
+	beginLua = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'fp', 'state', 'until', 'status', 'header', 'body', 'exp')
+if not r[1] or tonumber(r[7]) <= tonumber(ARGV[4]) then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', '1', 'lease', ARGV[2], 'until', ARGV[3], 'token', ARGV[6],
+    'exp', tonumber(ARGV[4]) + tonumber(ARGV[5]))
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  return {1}
+end
+if r[1] ~= ARGV[1] then return {4} end
+if r[2] == '2' then return {2, r[4], r[5], r[6]} end
+if tonumber(r[3]) > tonumber(ARGV[4]) then return {3} end
+redis.call('HSET', KEYS[1], 'lease', ARGV[2], 'until', ARGV[3])
+return {5}
+`)
+	// completeLua: KEYS[1] the record; ARGV lease, status, header, body.
+	completeLua = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'state', 'lease')
+if r[1] ~= '1' or r[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'state', '2', 'status', ARGV[2], 'header', ARGV[3], 'body', ARGV[4])
+redis.call('HDEL', KEYS[1], 'lease', 'until')
+return 1
+`)
+	// abandonLua: KEYS[1] the record; ARGV lease. Deletes it and returns
+	// its token hash ("" for none), or false when the lease lost it.
+	abandonLua = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'state', 'lease', 'token')
+if r[1] ~= '1' or r[2] ~= ARGV[1] then return false end
+redis.call('DEL', KEYS[1])
+return r[3] or ''
+`)
+	// bindLua: KEYS[1] the token; ARGV subject, purpose, scope, now ms,
+	// keep ms (how long a bound token is kept), fresh only (1: refuse one
+	// already bound to scope). Returns 1 bound now, 0 already bound to
+	// scope, or an error reason: unknown, foreign, purpose, used, expired.
+	bindLua = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'subject', 'purpose', 'expires', 'scope')
+if not r[1] then return 'unknown' end
+if r[1] ~= ARGV[1] then return 'foreign' end
+if r[2] ~= ARGV[2] then return 'purpose' end
+if r[4] and r[4] ~= '' then
+  if r[4] == ARGV[3] then return 0 end
+  return 'used'
+end
+if tonumber(r[3]) <= tonumber(ARGV[4]) then return 'expired' end
+redis.call('HSET', KEYS[1], 'scope', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return 1
+`)
+	// unbindLua: KEYS[1] the token; ARGV scope ("" for any), now ms.
+	unbindLua = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'scope', 'expires')
+if not r[1] or r[1] == '' or (ARGV[1] ~= '' and r[1] ~= ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'scope', '')
+redis.call('PEXPIRE', KEYS[1], math.max(tonumber(r[2]) - tonumber(ARGV[2]), 1))
+return 1
+`)
+	// claimLua: KEYS[1] the window entry, "expires ms|owner"; ARGV owner,
+	// now ms, window ms. Returns 0 when claimed, else the ms left.
+	claimLua = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then
+  local exp = tonumber(string.sub(v, 1, string.find(v, '|', 1, true) - 1))
+  if exp > tonumber(ARGV[2]) then return exp - tonumber(ARGV[2]) end
+end
+redis.call('SET', KEYS[1], (tonumber(ARGV[2]) + tonumber(ARGV[3])) .. '|' .. ARGV[1], 'PX', ARGV[3])
+return 0
+`)
+	// freeLua: KEYS[1] the window entry; ARGV owner.
+	freeLua = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, string.find(v, '|', 1, true) + 1) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`)
+)
+
+// Begin implements idempotency.Store.
+func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	tokenHash := ""
+	if t := r.Token; t != nil {
+		// Bind first (see the package doc); a record that exists already
+		// was created with this token in this scope, so binding succeeds.
+		if _, err := s.bind(ctx, t.Hash, t.Subject, t.Purpose, t.Scope, r.Now, r.Now.Add(r.TTL), false); err != nil {
+			return idempotency.BeginResult{}, err
+		}
+		tokenHash = t.Hash
+	}
+	lease := newLease()
+	res, err := beginLua.Run(ctx, s.rdb, []string{s.recKey(r.ID)},
+		r.Fingerprint, lease, ms(r.Now.Add(r.Lease)), ms(r.Now), max(r.TTL.Milliseconds(), 1), tokenHash).Slice()
+	if err != nil {
+		return idempotency.BeginResult{}, wrap("begin", err)
+	}
+	outcome, _ := res[0].(int64)
+	rec := &idempotency.Record{ID: r.ID, Fingerprint: r.Fingerprint}
+	switch outcome {
+	case 1:
+		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, nil
+	case 5:
+		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease, Recovered: true}, nil
+	case 3:
+		rec.State = idempotency.InFlight
+		return idempotency.BeginResult{Outcome: idempotency.InProgress, Record: rec}, nil
+	case 4:
+		return idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: rec}, nil
+	case 2:
+		resp := &idempotency.Response{}
+		st, _ := res[1].(string)
+		resp.Status, _ = strconv.Atoi(st)
+		if h, _ := res[2].(string); h != "" {
+			if err := json.Unmarshal([]byte(h), &resp.Header); err != nil {
+				return idempotency.BeginResult{}, fmt.Errorf("redisstore: stored header of %s: %w", r.ID, err)
+			}
+		}
+		b, _ := res[3].(string)
+		resp.Body = []byte(b)
+		rec.State, rec.Response = idempotency.Completed, resp
+		return idempotency.BeginResult{Outcome: idempotency.Replay, Record: rec}, nil
+	}
+	return idempotency.BeginResult{}, fmt.Errorf("redisstore: begin: unexpected reply %v", res)
+}
+
+// Complete implements idempotency.Store.
+func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency.Response, _ time.Time) error {
+	header := ""
+	if len(resp.Header) > 0 {
+		b, err := json.Marshal(http.Header(resp.Header))
+		if err != nil {
+			return err
+		}
+		header = string(b)
+	}
+	n, err := completeLua.Run(ctx, s.rdb, []string{s.recKey(id)}, lease, resp.Status, header, resp.Body).Int()
+	if err != nil {
+		return wrap("complete", err)
+	}
+	if n == 0 {
+		return idempotency.ErrLeaseLost
+	}
+	return nil
+}
+
+// Abandon implements idempotency.Store.
+func (s *Store) Abandon(ctx context.Context, id, lease string) error {
+	tok, err := abandonLua.Run(ctx, s.rdb, []string{s.recKey(id)}, lease).Text()
+	if errors.Is(err, redis.Nil) {
+		return idempotency.ErrLeaseLost
+	} else if err != nil {
+		return wrap("abandon", err)
+	}
+	if tok != "" {
+		if err := unbindLua.Run(ctx, s.rdb, []string{s.tokKey(tok)}, "", ms(time.Now())).Err(); err != nil {
+			return wrap("abandon", err)
+		}
+	}
+	return nil
+}
+
+// ClaimWindow implements idempotency.WindowStore: one script.
+func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
+	left, err := claimLua.Run(ctx, s.rdb, []string{s.winKey(id)}, owner, ms(now), max(window.Milliseconds(), 1)).Int64()
+	if err != nil {
+		return 0, wrap("claim window", err)
+	}
+	return time.Duration(left) * time.Millisecond, nil
+}
+
+// FreeWindow implements idempotency.WindowStore.
+func (s *Store) FreeWindow(ctx context.Context, id, owner string) error {
+	return wrap("free window", freeLua.Run(ctx, s.rdb, []string{s.winKey(id)}, owner).Err())
+}
+
+// PutToken implements token.Store.
+func (s *Store) PutToken(ctx context.Context, r token.Record) error {
+	key := s.tokKey(r.Hash)
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, key, "subject", r.Subject, "purpose", r.Purpose, "expires", r.ExpiresAt.UnixMilli(), "scope", r.Scope)
+		p.PExpireAt(ctx, key, r.ExpiresAt)
+		return nil
+	})
+	return wrap("put token", err)
+}
+
+// GetToken implements token.Store.
+func (s *Store) GetToken(ctx context.Context, hash string) (token.Record, error) {
+	v, err := s.rdb.HMGet(ctx, s.tokKey(hash), "subject", "purpose", "expires", "scope").Result()
+	if err != nil {
+		return token.Record{}, wrap("get token", err)
+	}
+	if v[0] == nil {
+		return token.Record{}, token.ErrUnknown
+	}
+	r := token.Record{Hash: hash}
+	r.Subject, _ = v[0].(string)
+	r.Purpose, _ = v[1].(string)
+	exp, _ := v[2].(string)
+	n, _ := strconv.ParseInt(exp, 10, 64)
+	r.ExpiresAt = time.UnixMilli(n)
+	r.Scope, _ = v[3].(string)
+	return r, nil
+}
+
+// BindToken implements token.Store. A token bound on its own is kept 24h.
+func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope string, now time.Time) (bool, error) {
+	return s.bind(ctx, hash, subject, purpose, scope, now, now.Add(24*time.Hour), false)
+}
+
+func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope string, now, keep time.Time, _ bool) (bool, error) {
+	res, err := bindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, subject, purpose, scope, ms(now), max(keep.Sub(now).Milliseconds(), 1), 0).Result()
+	if err != nil {
+		return false, wrap("bind token", err)
+	}
+	switch v := res.(type) {
+	case int64:
+		return v == 1, nil
+	case string:
+		switch v {
+		case "unknown":
+			return false, token.ErrUnknown
+		case "foreign":
+			return false, token.ErrForeign
+		case "purpose":
+			return false, token.ErrPurpose
+		case "used":
+			return false, token.ErrUsed
+		case "expired":
+			return false, token.ErrExpired
+		}
+	}
+	return false, fmt.Errorf("redisstore: bind token: unexpected reply %v", res)
+}
+
+// UnbindToken implements token.Store.
+func (s *Store) UnbindToken(ctx context.Context, hash, scope string) error {
+	if scope == "" {
+		return nil
+	}
+	return wrap("unbind token", unbindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, scope, ms(time.Now())).Err())
+}
+
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var nerr net.Error
+	if errors.As(err, &nerr) || errors.Is(err, redis.ErrClosed) || errors.Is(err, context.DeadlineExceeded) ||
+		strings.Contains(err.Error(), "connection refused") || strings.Contains(err.Error(), "EOF") {
+		return fmt.Errorf("redisstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
+	}
+	return fmt.Errorf("redisstore: %s: %w", op, err)
+}
+
+func newLease() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
