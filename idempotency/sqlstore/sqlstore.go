@@ -18,13 +18,11 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"net"
 	"regexp"
 	"strings"
 	"sync"
@@ -32,6 +30,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/internal/sqlerr"
 	"github.com/onceguard/onceguard/token"
 )
 
@@ -434,9 +433,7 @@ func wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	var nerr net.Error
-	if errors.As(err, &nerr) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
-		strings.Contains(err.Error(), "sql: database is closed") || strings.Contains(err.Error(), "connection refused") {
+	if sqlerr.Unavailable(err) {
 		return fmt.Errorf("sqlstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
 	}
 	return fmt.Errorf("sqlstore: %s: %w", op, err)

@@ -32,16 +32,14 @@ package sqllock
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
-	"net"
 	"regexp"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/onceguard/onceguard/internal/sqlerr"
 	"github.com/onceguard/onceguard/lock"
 )
 
@@ -250,22 +248,4 @@ func wrap(op, key string, err error) error {
 
 // unavailable reports errors that mean the database could not be reached
 // or could not answer now.
-func unavailable(err error) bool {
-	var nerr net.Error
-	if errors.As(err, &nerr) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, net.ErrClosed) {
-		return true
-	}
-	msg := err.Error()
-	for _, s := range []string{
-		"sql: database is closed", "connection refused", "connection reset", "broken pipe",
-		"invalid connection", "bad connection", "EOF", "database is locked", "SQLITE_BUSY",
-		"the database system is shutting down", "the database system is starting up",
-		"terminating connection", "server closed the connection", "failed to connect",
-	} {
-		if strings.Contains(msg, s) {
-			return true
-		}
-	}
-	return false
-}
+func unavailable(err error) bool { return sqlerr.Unavailable(err) }
