@@ -3,11 +3,12 @@
 // token and creating a key's record are one atomic step. For tests and
 // single-process programs; it forgets everything on restart.
 //
-// Memory stays bounded: expired records, tokens and window entries are
-// swept every sweepEvery writes.
+// Memory stays bounded: every write first drops what has expired, found
+// in O(log n) through a min-heap of deadlines.
 package memstore
 
 import (
+	"container/heap"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -25,7 +26,32 @@ type Store struct {
 	records map[string]*idempotency.Record
 	tokens  map[string]*tokenEntry
 	windows map[string]window
-	writes  int
+	expiry  deadlines // when each record, token and window entry may go
+}
+
+// deadline says that the entry id of a kind may be dropped at at, if it
+// still has that deadline (a later write may have extended it).
+type deadline struct {
+	at   time.Time
+	kind byte // 'r' record, 't' token, 'w' window
+	id   string
+}
+
+type deadlines []deadline
+
+func (d deadlines) Len() int           { return len(d) }
+func (d deadlines) Less(i, j int) bool { return d[i].at.Before(d[j].at) }
+func (d deadlines) Swap(i, j int)      { d[i], d[j] = d[j], d[i] }
+func (d *deadlines) Push(x any)        { *d = append(*d, x.(deadline)) }
+func (d *deadlines) Pop() any {
+	old := *d
+	x := old[len(old)-1]
+	*d = old[:len(old)-1]
+	return x
+}
+
+func (s *Store) expireAt(kind byte, id string, at time.Time) {
+	heap.Push(&s.expiry, deadline{at: at, kind: kind, id: id})
 }
 
 type tokenEntry struct {
@@ -40,28 +66,26 @@ type window struct {
 
 var _ idempotency.FullStore = (*Store)(nil)
 
-const sweepEvery = 1024
-
 func (s *Store) init(now time.Time) {
 	if s.records == nil {
 		s.records = make(map[string]*idempotency.Record)
 		s.tokens = make(map[string]*tokenEntry)
 		s.windows = make(map[string]window)
 	}
-	if s.writes++; s.writes%sweepEvery == 0 {
-		for id, r := range s.records {
-			if !now.Before(r.ExpiresAt) {
-				delete(s.records, id)
+	for len(s.expiry) > 0 && !now.Before(s.expiry[0].at) {
+		d := heap.Pop(&s.expiry).(deadline)
+		switch d.kind {
+		case 'r':
+			if r := s.records[d.id]; r != nil && !now.Before(r.ExpiresAt) {
+				delete(s.records, d.id)
 			}
-		}
-		for h, t := range s.tokens {
-			if !now.Before(t.keep) {
-				delete(s.tokens, h)
+		case 't':
+			if t := s.tokens[d.id]; t != nil && !now.Before(t.keep) {
+				delete(s.tokens, d.id)
 			}
-		}
-		for id, w := range s.windows {
-			if !now.Before(w.expires) {
-				delete(s.windows, id)
+		case 'w':
+			if w, ok := s.windows[d.id]; ok && !now.Before(w.expires) {
+				delete(s.windows, d.id)
 			}
 		}
 	}
@@ -103,6 +127,7 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 			rec.TokenHash = r.Token.Hash
 		}
 		s.records[r.ID] = rec
+		s.expireAt('r', r.ID, rec.ExpiresAt)
 		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, nil
 	case rec.Fingerprint != r.Fingerprint:
 		return idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: copyRecord(rec)}, nil
@@ -154,6 +179,7 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, d time.Durati
 		return w.expires.Sub(now), nil
 	}
 	s.windows[id] = window{owner: owner, expires: now.Add(d)}
+	s.expireAt('w', id, now.Add(d))
 	return 0, nil
 }
 
@@ -173,6 +199,7 @@ func (s *Store) PutToken(ctx context.Context, r token.Record) error {
 	defer s.mu.Unlock()
 	s.init(time.Now())
 	s.tokens[r.Hash] = &tokenEntry{rec: r, keep: r.ExpiresAt}
+	s.expireAt('t', r.Hash, r.ExpiresAt)
 	return nil
 }
 
@@ -208,6 +235,7 @@ func (s *Store) bind(hash, subject, purpose, scope string, now, keep time.Time) 
 	}
 	t.rec.Scope = scope
 	t.keep = keep
+	s.expireAt('t', hash, keep)
 	return true, nil
 }
 
