@@ -1,6 +1,7 @@
 // Command onceguard runs the onceguard reference service and its tools.
 //
 //	onceguard [serve] [flags]   the service (the default command)
+//	onceguard psp [--addr A]    the simulated payment provider over HTTP
 //	onceguard version           print the version
 //
 // Every flag can also be set from the environment; see README.md.
@@ -12,9 +13,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
+
+	"github.com/onceguard/onceguard/internal/psp"
 )
 
 const version = "0.1.0-dev"
@@ -40,11 +46,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch cmd {
 	case "serve":
 		return serve(ctx, args, getenv, stdout, stderr)
+	case "psp":
+		return servePSP(ctx, args, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "onceguard", version)
 		return nil
 	default:
-		return fmt.Errorf("unknown command %q (want serve or version)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, psp or version)", cmd)
 	}
 }
 
@@ -56,12 +64,7 @@ type serveConfig struct {
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	env := func(name, def string) string {
-		if v := getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
+	env := func(name, def string) string { return envOr(getenv, name, def) }
 	var c serveConfig
 	fs.StringVar(&c.addr, "addr", env("ONCEGUARD_ADDR", "127.0.0.1:8080"), "listen address [ONCEGUARD_ADDR]")
 	fs.StringVar(&c.db, "db", env("ONCEGUARD_DB", ""), "database URL: sqlite:///path, postgres://..., mysql://... (default: SQLite under --data-dir) [ONCEGUARD_DB]")
@@ -76,7 +79,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	// is not built yet; say so plainly rather than pretend.
 	fmt.Fprintf(stdout, "onceguard %s: the reference service is not built yet.\n", version)
 	fmt.Fprintf(stdout, "It will listen on %s with database %s and locks on %s.\n", c.addr, describeDB(c), describeRedis(c))
-	fmt.Fprintln(stdout, "Available today: the lock library (lock, lock/memlock, lock/redislock); see README.md.")
+	fmt.Fprintln(stdout, "Available today: the lock, token and idempotency libraries, and `onceguard psp` (the simulated payment provider); see README.md.")
 	return nil
 }
 
@@ -92,4 +95,37 @@ func describeRedis(c serveConfig) string {
 		return "the database and in-process stores"
 	}
 	return "Redis " + c.redis + " (database fallback)"
+}
+
+// servePSP runs the simulated payment provider over HTTP until ctx ends.
+func servePSP(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("psp", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", envOr(getenv, "ONCEGUARD_PSP_ADDR", "127.0.0.1:8090"), "listen address [ONCEGUARD_PSP_ADDR]")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: psp.Handler(&psp.Sim{}), ReadHeaderTimeout: 5 * time.Second}
+	fmt.Fprintf(stdout, "onceguard psp: simulated payment provider on http://%s\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+func envOr(getenv func(string) string, name, def string) string {
+	if v := getenv(name); v != "" {
+		return v
+	}
+	return def
 }

@@ -3,8 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/internal/psp"
 )
 
 func TestRun(t *testing.T) {
@@ -32,4 +37,48 @@ func TestRun(t *testing.T) {
 			}
 		})
 	}
+}
+
+// `onceguard psp` serves the simulator until its context ends.
+func TestRunPSP(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"psp", "--addr", "127.0.0.1:0"}, func(string) string { return "" }, out, io.Discard)
+	}()
+	var url string
+	for deadline := time.Now().Add(10 * time.Second); url == ""; {
+		if i := strings.Index(out.String(), "http://"); i >= 0 {
+			url = strings.TrimSpace(out.String()[i:])
+		} else if time.Now().After(deadline) {
+			t.Fatal("psp did not say where it listens")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	op, err := psp.NewClient(url, nil).Do(context.Background(), psp.Charge, "k", 100)
+	if err != nil || op.Status != psp.Succeeded {
+		t.Errorf("charge through the served psp = %+v, %v", op, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run(psp) after cancel = %v; want nil", err)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -97,3 +97,13 @@ func (a Amount) Add(b Amount) (Amount, error) {
 	}
 	return s, nil
 }
+
+// UnmarshalJSON reads a JSON string or number with FromJSON's rules.
+func (a *Amount) UnmarshalJSON(b []byte) error {
+	v, err := FromJSON(b)
+	if err != nil {
+		return err
+	}
+	*a = v
+	return nil
+}
