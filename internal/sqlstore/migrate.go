@@ -1,0 +1,153 @@
+// Package sqlstore is the reference service's database: the schema (one
+// embedded migration set per dialect) and, later, one transaction per
+// operation. Correctness lives here: UNIQUE(user_id, idempotency_key) on
+// every movement, one successful payment per order (payments.paid_order_id
+// is set only for the succeeded one, and is UNIQUE), balances that cannot
+// go negative (CHECK), and one ledger entry per movement (UNIQUE(kind, ref)).
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Dialect names the database.
+type Dialect string
+
+// The supported dialects.
+const (
+	Postgres Dialect = "postgres"
+	MySQL    Dialect = "mysql"
+	SQLite   Dialect = "sqlite"
+)
+
+type migration struct {
+	version int
+	name    string
+	stmts   []string
+}
+
+func migrations(d Dialect) ([]migration, error) {
+	entries, err := migrationFS.ReadDir("migrations")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, string(d)+"_") {
+			continue
+		}
+		var v int
+		if _, err := fmt.Sscanf(strings.TrimPrefix(name, string(d)+"_"), "%03d", &v); err != nil {
+			return nil, fmt.Errorf("sqlstore: migration %s: no version", name)
+		}
+		b, err := migrationFS.ReadFile("migrations/" + name)
+		if err != nil {
+			return nil, err
+		}
+		var stmts []string
+		for _, s := range strings.Split(string(b), ";") {
+			if s = strings.TrimSpace(s); s != "" {
+				stmts = append(stmts, s)
+			}
+		}
+		ms = append(ms, migration{version: v, name: name, stmts: stmts})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	if len(ms) == 0 {
+		return nil, fmt.Errorf("sqlstore: no migrations for dialect %q", d)
+	}
+	return ms, nil
+}
+
+// Migrate brings the schema up to date. Several processes may run it at
+// once: they serialise on a database-wide lock (pg_advisory_lock,
+// GET_LOCK, or SQLite's write lock) and each applies only what is missing.
+func Migrate(ctx context.Context, db *sql.DB, d Dialect) error {
+	ms, err := migrations(d)
+	if err != nil {
+		return err
+	}
+	conn, err := db.Conn(ctx) // the lock is the session's: one connection throughout
+	if err != nil {
+		return fmt.Errorf("sqlstore: migrate: %w", err)
+	}
+	defer conn.Close()
+	unlock, err := lockMigrations(ctx, conn, d)
+	if err != nil {
+		return fmt.Errorf("sqlstore: migrate: lock: %w", err)
+	}
+	defer unlock()
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at BIGINT NOT NULL)`); err != nil {
+		return fmt.Errorf("sqlstore: migrate: %w", err)
+	}
+	applied := map[int]bool{}
+	rows, err := conn.QueryContext(ctx, `SELECT version FROM schema_migrations`)
+	if err != nil {
+		return fmt.Errorf("sqlstore: migrate: %w", err)
+	}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return err
+		}
+		applied[v] = true
+	}
+	rows.Close()
+	for _, m := range ms {
+		if applied[m.version] {
+			continue
+		}
+		for _, stmt := range m.stmts {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("sqlstore: migration %s: %w", m.name, err)
+			}
+		}
+		q := `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`
+		if d == Postgres {
+			q = `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`
+		}
+		if _, err := conn.ExecContext(ctx, q, m.version, m.name, time.Now().UnixMicro()); err != nil {
+			return fmt.Errorf("sqlstore: migration %s: %w", m.name, err)
+		}
+	}
+	return nil
+}
+
+const migrateLockKey = 0x6f6e6365 // "once"
+
+func lockMigrations(ctx context.Context, conn *sql.Conn, d Dialect) (func(), error) {
+	bg := context.WithoutCancel(ctx)
+	switch d {
+	case Postgres:
+		if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, migrateLockKey); err != nil {
+			return nil, err
+		}
+		return func() { _, _ = conn.ExecContext(bg, `SELECT pg_advisory_unlock($1)`, migrateLockKey) }, nil
+	case MySQL:
+		var got sql.NullInt64
+		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK('onceguard_migrate', 60)`).Scan(&got); err != nil {
+			return nil, err
+		}
+		if got.Int64 != 1 {
+			return nil, fmt.Errorf("GET_LOCK timed out")
+		}
+		return func() { _, _ = conn.ExecContext(bg, `SELECT RELEASE_LOCK('onceguard_migrate')`) }, nil
+	case SQLite:
+		if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+			return nil, err
+		}
+		return func() { _, _ = conn.ExecContext(bg, `COMMIT`) }, nil
+	}
+	return nil, fmt.Errorf("unknown dialect %q", d)
+}
