@@ -1,0 +1,66 @@
+// Package httpapi is the reference service's HTTP layer: the contract of
+// shared/api.md. This file holds the request-body rules every endpoint
+// shares.
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/onceguard/onceguard/idempotency"
+)
+
+// MaxBody is the largest request body accepted (413 body_too_large above).
+const MaxBody = 64 << 10
+
+// ReadBody reads r's body up to MaxBody.
+func ReadBody(r *http.Request) ([]byte, *idempotency.Problem) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		return nil, &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Unreadable body", Detail: "the request body could not be read"}
+	}
+	if len(body) > MaxBody {
+		return nil, &idempotency.Problem{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large", Title: "Request body too large", Detail: fmt.Sprintf("the body is over %d bytes", MaxBody)}
+	}
+	return body, nil
+}
+
+// Decode parses body strictly into dst (a pointer to a struct): not JSON,
+// trailing data or a member given twice is 400 invalid_json; an unknown
+// member or a value of the wrong type is 400 invalid_request. Fields that
+// must be present are checked by the caller (Missing helps).
+func Decode(body []byte, dst any) *idempotency.Problem {
+	// The fingerprint canonicaliser is the strict syntax check: it refuses
+	// what encoding/json would silently accept (repeated members).
+	if _, err := idempotency.Fingerprint(body); err != nil || len(bytes.TrimSpace(body)) == 0 {
+		detail := "the body must be one JSON object"
+		if err != nil {
+			detail = strings.TrimPrefix(err.Error(), "idempotency: ")
+		}
+		return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_json", Title: "Invalid JSON", Detail: detail}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		detail := err.Error()
+		switch {
+		case errors.As(err, &typeErr) && typeErr.Field != "":
+			detail = fmt.Sprintf("%s: wrong type (%s)", typeErr.Field, typeErr.Value)
+		case strings.HasPrefix(detail, "json: unknown field "):
+			detail = "unknown member " + strings.TrimPrefix(detail, "json: unknown field ")
+		}
+		return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: detail}
+	}
+	return nil
+}
+
+// Missing is the 400 invalid_request for a required member that is absent.
+func Missing(member string) *idempotency.Problem {
+	return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: member + ": required"}
+}
