@@ -1,0 +1,256 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/onceguard/onceguard/internal/money"
+)
+
+// Errors of the money operations.
+var (
+	ErrInsufficientFunds = errors.New("sqlstore: insufficient funds")
+	ErrUsernameTaken     = errors.New("sqlstore: username taken")
+	ErrNotFound          = errors.New("sqlstore: not found")
+)
+
+// Store runs the service's operations, one transaction each.
+type Store struct {
+	db *sql.DB
+	d  Dialect
+}
+
+// Open returns a Store on db (migrated with Migrate).
+func Open(db *sql.DB, d Dialect) *Store { return &Store{db: db, d: d} }
+
+// q rewrites ? placeholders for PostgreSQL.
+func (s *Store) q(query string) string {
+	if s.d != Postgres {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range query {
+		if r == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// duplicate reports a unique-constraint violation, in every dialect.
+func duplicate(err error) bool {
+	if err == nil {
+		return false
+	}
+	m := err.Error()
+	return strings.Contains(m, "23505") || strings.Contains(m, "Error 1062") || strings.Contains(m, "UNIQUE constraint failed") ||
+		strings.Contains(m, "duplicate key")
+}
+
+// CreateUser adds a user with an empty account.
+func (s *Store) CreateUser(ctx context.Context, id, username, passwordHash, currency string, now int64) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (id, username, password_hash, created_at) VALUES (?, ?, ?, ?)`), id, username, passwordHash, now); err != nil {
+		if duplicate(err) {
+			return ErrUsernameTaken
+		}
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO accounts (user_id, balance, currency, version, updated_at) VALUES (?, 0, ?, 0, ?)`), id, currency, now); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// Movement is a deposit or a withdrawal.
+type Movement struct {
+	ID        string
+	UserID    string
+	Key       string
+	Amount    money.Amount
+	Status    string // pending, succeeded, failed
+	CreatedAt int64
+}
+
+// Withdraw records a pending withdrawal and debits the balance in one
+// transaction: the row first, so that a second withdrawal under the same
+// key fails on UNIQUE(user_id, idempotency_key) before touching money
+// (then the first one is returned, with created false); then a debit that
+// only happens if the balance covers it (ErrInsufficientFunds, nothing
+// changed); then its ledger entry.
+func (s *Store) Withdraw(ctx context.Context, m Movement) (got Movement, created bool, err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return m, false, err
+	}
+	defer tx.Rollback()
+	m.Status = "pending"
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+		m.ID, m.UserID, m.Key, int64(m.Amount), m.Status, m.CreatedAt); err != nil {
+		if duplicate(err) {
+			_ = tx.Rollback()
+			existing, ferr := s.movementByKey(ctx, "withdrawals", m.UserID, m.Key)
+			return existing, false, ferr
+		}
+		return m, false, err
+	}
+	after, err := s.adjust(ctx, tx, m.UserID, -m.Amount, m.CreatedAt)
+	if err != nil {
+		return m, false, err
+	}
+	if err := s.ledger(ctx, tx, m.UserID, "withdrawal", -m.Amount, after, m.ID, m.CreatedAt); err != nil {
+		return m, false, err
+	}
+	return m, true, tx.Commit()
+}
+
+// adjust changes a balance by delta, refusing to go below zero, and
+// returns the balance after. The version column advances with every
+// change: the resource's own fence.
+func (s *Store) adjust(ctx context.Context, tx *sql.Tx, userID string, delta money.Amount, now int64) (money.Amount, error) {
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE accounts SET balance = balance + ?, version = version + 1, updated_at = ? WHERE user_id = ? AND balance + ? >= 0`),
+		int64(delta), now, userID, int64(delta))
+	if err != nil {
+		return 0, err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return 0, err
+	} else if n == 0 {
+		return 0, ErrInsufficientFunds
+	}
+	var after int64
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT balance FROM accounts WHERE user_id = ?`), userID).Scan(&after); err != nil {
+		return 0, err
+	}
+	return money.Amount(after), nil
+}
+
+func (s *Store) ledger(ctx context.Context, tx *sql.Tx, userID, kind string, amount, after money.Amount, ref string, now int64) error {
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO ledger (user_id, kind, amount, balance_after, ref, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+		userID, kind, int64(amount), int64(after), ref, now)
+	return err
+}
+
+// CreateDeposit records a pending deposit (no money yet); a second one
+// under the same key returns the first, with created false.
+func (s *Store) CreateDeposit(ctx context.Context, m Movement) (Movement, bool, error) {
+	m.Status = "pending"
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO deposits (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+		m.ID, m.UserID, m.Key, int64(m.Amount), m.Status, m.CreatedAt)
+	if duplicate(err) {
+		existing, ferr := s.movementByKey(ctx, "deposits", m.UserID, m.Key)
+		return existing, false, ferr
+	}
+	return m, err == nil, err
+}
+
+// SettleDeposit marks a pending deposit succeeded and credits it, or marks
+// it failed; a deposit already settled is left as it is (settling twice
+// never credits twice: the status update is conditional, and the ledger's
+// UNIQUE(kind, ref) would refuse a second entry anyway).
+func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, now int64) error {
+	status := "failed"
+	if succeeded {
+		status = "succeeded"
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var userID string
+	var amount int64
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount FROM deposits WHERE id = ?`), id).Scan(&userID, &amount); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		return err
+	}
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE deposits SET status = ? WHERE id = ? AND status = 'pending'`), status, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 || !succeeded {
+		return tx.Commit() // already settled, or nothing to credit
+	}
+	after, err := s.adjust(ctx, tx, userID, money.Amount(amount), now)
+	if err != nil {
+		return err
+	}
+	if err := s.ledger(ctx, tx, userID, "deposit", money.Amount(amount), after, id, now); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// SettleWithdrawal marks a pending withdrawal succeeded, or failed and
+// refunded (in the same transaction, with its ledger entry); a settled one
+// is left as it is.
+func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool, now int64) error {
+	status := "failed"
+	if succeeded {
+		status = "succeeded"
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var userID string
+	var amount int64
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount FROM withdrawals WHERE id = ?`), id).Scan(&userID, &amount); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		return err
+	}
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE withdrawals SET status = ? WHERE id = ? AND status = 'pending'`), status, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 || succeeded {
+		return tx.Commit()
+	}
+	after, err := s.adjust(ctx, tx, userID, money.Amount(amount), now)
+	if err != nil {
+		return err
+	}
+	if err := s.ledger(ctx, tx, userID, "withdrawal_refund", money.Amount(amount), after, id, now); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func (s *Store) movementByKey(ctx context.Context, table, userID, key string) (Movement, error) {
+	m := Movement{UserID: userID, Key: key}
+	var amount int64
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT id, amount, status, created_at FROM `+table+` WHERE user_id = ? AND idempotency_key = ?`), userID, key).
+		Scan(&m.ID, &amount, &m.Status, &m.CreatedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return m, ErrNotFound
+	}
+	m.Amount = money.Amount(amount)
+	return m, err
+}
+
+// Balance returns a user's balance and the sum of their ledger, which must
+// be equal.
+func (s *Store) Balance(ctx context.Context, userID string) (balance, ledgerSum money.Amount, err error) {
+	var b, l int64
+	err = s.db.QueryRowContext(ctx, s.q(`SELECT a.balance, COALESCE((SELECT SUM(amount) FROM ledger WHERE user_id = ?), 0) FROM accounts a WHERE a.user_id = ?`), userID, userID).Scan(&b, &l)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, 0, ErrNotFound
+	}
+	return money.Amount(b), money.Amount(l), err
+}

@@ -1,0 +1,84 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/internal/sqlstore"
+)
+
+// Money moves exactly once and never below zero, whatever races: 30
+// withdrawals of 10.00 against 100.00 succeed ten times; the same key
+// twice debits once; settling twice credits or refunds once; the ledger
+// always sums to the balance.
+func TestMoney(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			db := d.open(t)
+			fresh(t, db)
+			ctx := context.Background()
+			if err := sqlstore.Migrate(ctx, db, d.dialect); err != nil {
+				t.Fatal(err)
+			}
+			s := sqlstore.Open(db, d.dialect)
+			now := time.Now().UnixMicro()
+			if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.CreateUser(ctx, "u2", "alice", "h", "CNY", now); !errors.Is(err, sqlstore.ErrUsernameTaken) {
+				t.Errorf("CreateUser(taken) = %v; want ErrUsernameTaken", err)
+			}
+			dep, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: now})
+			if err != nil || !created {
+				t.Fatalf("CreateDeposit = %+v, %v, %v", dep, created, err)
+			}
+			if again, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "d2", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: now}); err != nil || created || again.ID != "d1" {
+				t.Errorf("CreateDeposit(same key) = %+v, %v, %v; want d1, not created", again, created, err)
+			}
+			for range 2 { // settling twice credits once
+				if err := s.SettleDeposit(ctx, "d1", true, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			var ok, poor atomic.Int32
+			var wg sync.WaitGroup
+			for i := range 30 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: fmt.Sprintf("k%d", i), Amount: 1000, CreatedAt: now})
+					switch {
+					case err == nil && created:
+						ok.Add(1)
+					case errors.Is(err, sqlstore.ErrInsufficientFunds):
+						poor.Add(1)
+					default:
+						t.Errorf("Withdraw = %v", err)
+					}
+				}()
+			}
+			wg.Wait()
+			if ok.Load() != 10 || poor.Load() != 20 {
+				t.Errorf("withdrawals: %d succeeded, %d refused; want 10 and 20", ok.Load(), poor.Load())
+			}
+			if _, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: "wx", UserID: "u1", Key: "k0", Amount: 1000, CreatedAt: now}); err != nil || created {
+				t.Errorf("Withdraw(same key) = %v, %v; want the first one back, not created", created, err)
+			}
+			for range 2 { // a failed payout refunds once
+				if err := s.SettleWithdrawal(ctx, "w0", false, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			bal, sum, err := s.Balance(ctx, "u1")
+			if err != nil || bal != 1000 || sum != bal {
+				t.Errorf("balance %v, ledger sum %v, %v; want 10.00 and equal", bal, sum, err)
+			}
+		})
+	}
+}
