@@ -48,6 +48,8 @@ func TestMoney(t *testing.T) {
 
 			var ok, poor atomic.Int32
 			var wg sync.WaitGroup
+			var mu sync.Mutex
+			won := -1 // one withdrawal that went through
 			for i := range 30 {
 				wg.Add(1)
 				go func() {
@@ -56,6 +58,9 @@ func TestMoney(t *testing.T) {
 					switch {
 					case err == nil && created:
 						ok.Add(1)
+						mu.Lock()
+						won = i
+						mu.Unlock()
 					case errors.Is(err, sqlstore.ErrInsufficientFunds):
 						poor.Add(1)
 					default:
@@ -67,11 +72,15 @@ func TestMoney(t *testing.T) {
 			if ok.Load() != 10 || poor.Load() != 20 {
 				t.Errorf("withdrawals: %d succeeded, %d refused; want 10 and 20", ok.Load(), poor.Load())
 			}
-			if _, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: "wx", UserID: "u1", Key: "k0", Amount: 1000, CreatedAt: now}); err != nil || created {
-				t.Errorf("Withdraw(same key) = %v, %v; want the first one back, not created", created, err)
+			if won < 0 {
+				t.Fatal("no withdrawal went through")
+			}
+			first, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: "wx", UserID: "u1", Key: fmt.Sprintf("k%d", won), Amount: 1000, CreatedAt: now})
+			if err != nil || created || first.ID != fmt.Sprintf("w%d", won) {
+				t.Errorf("Withdraw(same key) = %+v, %v, %v; want w%d back, not created", first, created, err, won)
 			}
 			for range 2 { // a failed payout refunds once
-				if err := s.SettleWithdrawal(ctx, "w0", false, now); err != nil {
+				if err := s.SettleWithdrawal(ctx, fmt.Sprintf("w%d", won), false, now); err != nil {
 					t.Fatal(err)
 				}
 			}
