@@ -160,44 +160,22 @@ func (s *Store) CreateDeposit(ctx context.Context, m Movement) (Movement, bool, 
 // never credits twice: the status update is conditional, and the ledger's
 // UNIQUE(kind, ref) would refuse a second entry anyway).
 func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, now int64) error {
-	status := "failed"
-	if succeeded {
-		status = "succeeded"
-	}
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	var userID string
-	var amount int64
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount FROM deposits WHERE id = ?`), id).Scan(&userID, &amount); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return ErrNotFound
-		}
-		return err
-	}
-	res, err := tx.ExecContext(ctx, s.q(`UPDATE deposits SET status = ? WHERE id = ? AND status = 'pending'`), status, id)
-	if err != nil {
-		return err
-	}
-	if n, _ := res.RowsAffected(); n == 0 || !succeeded {
-		return tx.Commit() // already settled, or nothing to credit
-	}
-	after, err := s.adjust(ctx, tx, userID, money.Amount(amount), now)
-	if err != nil {
-		return err
-	}
-	if err := s.ledger(ctx, tx, userID, "deposit", money.Amount(amount), after, id, now); err != nil {
-		return err
-	}
-	return tx.Commit()
+	// A deposit's money arrives only with its success.
+	return s.settle(ctx, "deposits", id, succeeded, succeeded, "deposit", now)
 }
 
 // SettleWithdrawal marks a pending withdrawal succeeded, or failed and
 // refunded (in the same transaction, with its ledger entry); a settled one
 // is left as it is.
 func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool, now int64) error {
+	// A withdrawal's money left at creation: only a failure brings it back.
+	return s.settle(ctx, "withdrawals", id, succeeded, !succeeded, "withdrawal_refund", now)
+}
+
+// settle moves a pending row of table to its final status and, when
+// credit is set, credits its amount with a ledger entry of kind, all in one
+// transaction. Only the call that moves the row from pending credits.
+func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit bool, kind string, now int64) error {
 	status := "failed"
 	if succeeded {
 		status = "succeeded"
@@ -209,24 +187,24 @@ func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool,
 	defer tx.Rollback()
 	var userID string
 	var amount int64
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount FROM withdrawals WHERE id = ?`), id).Scan(&userID, &amount); err != nil {
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount FROM `+table+` WHERE id = ?`), id).Scan(&userID, &amount); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrNotFound
 		}
 		return err
 	}
-	res, err := tx.ExecContext(ctx, s.q(`UPDATE withdrawals SET status = ? WHERE id = ? AND status = 'pending'`), status, id)
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE `+table+` SET status = ? WHERE id = ? AND status = 'pending'`), status, id)
 	if err != nil {
 		return err
 	}
-	if n, _ := res.RowsAffected(); n == 0 || succeeded {
-		return tx.Commit()
+	if n, _ := res.RowsAffected(); n == 0 || !credit {
+		return tx.Commit() // already settled, or nothing to credit
 	}
 	after, err := s.adjust(ctx, tx, userID, money.Amount(amount), now)
 	if err != nil {
 		return err
 	}
-	if err := s.ledger(ctx, tx, userID, "withdrawal_refund", money.Amount(amount), after, id, now); err != nil {
+	if err := s.ledger(ctx, tx, userID, kind, money.Amount(amount), after, id, now); err != nil {
 		return err
 	}
 	return tx.Commit()
