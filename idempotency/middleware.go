@@ -220,7 +220,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var windowID string
 	if cfg.Windows != nil && cfg.Window > 0 {
 		windowID = digest(principal, r.Method, r.URL.Path, fp)
-		left, err := cfg.Windows.ClaimWindow(ctx, windowID, res.Lease, cfg.Window, now)
+		// Owned by the key's record, not by this attempt: a retry of the
+		// same key (after a crashed holder) is not a duplicate of itself.
+		left, err := cfg.Windows.ClaimWindow(ctx, windowID, id, cfg.Window, now)
 		if err != nil || left > 0 {
 			_ = cfg.Store.Abandon(detached, id, res.Lease) // not recorded: key and token stay usable
 			if err != nil {
@@ -284,7 +286,7 @@ func (m *middleware) serve(rec *recorder, r *http.Request, body []byte, call *Ca
 func (m *middleware) release(r *http.Request, ctx context.Context, id, lease, windowID string) {
 	_ = m.cfg.Store.Abandon(ctx, id, lease)
 	if windowID != "" {
-		_ = m.cfg.Windows.FreeWindow(ctx, windowID, lease)
+		_ = m.cfg.Windows.FreeWindow(ctx, windowID, id)
 	}
 	m.event(r, "released")
 }

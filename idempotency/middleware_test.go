@@ -468,3 +468,51 @@ func TestReadBodyPassedOn(t *testing.T) {
 		t.Errorf("handler read %q; want the body", got)
 	}
 }
+
+// A retry of a crashed request's key is not a duplicate of itself: the
+// window entry its first attempt left belongs to the key.
+func TestRecoveredKeyPassesItsOwnWindow(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	store := &memstore.Store{}
+	stuck := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	first := true
+	h := idempotency.Middleware(idempotency.Config{
+		Store: store, Windows: store, Window: time.Minute, Lease: 30 * time.Second, Now: clock,
+		Principal: func(r *http.Request) (string, bool) { return "alice", true },
+	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		f := first
+		first = false
+		mu.Unlock()
+		if f { // the first attempt's process "dies": it never answers
+			entered <- struct{}{}
+			<-stuck
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"1"}`))
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); send() }()
+	<-entered // it passed the window and runs
+	if w := send(); w.Code != 409 {
+		t.Errorf("retry within the lease = %d; want 409", w.Code)
+	}
+	mu.Lock()
+	now = now.Add(31 * time.Second)
+	mu.Unlock()
+	if w := send(); w.Code != 201 {
+		t.Errorf("retry after the lease = %d %s; want 201 (not 429 from its own window entry)", w.Code, w.Body)
+	}
+	close(stuck)
+	<-done
+}

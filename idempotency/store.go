@@ -139,7 +139,8 @@ type Store interface {
 // away the same request sent again under a new key.
 type WindowStore interface {
 	// ClaimWindow records id for window, owned by owner, unless a live
-	// entry exists; then it returns the time that entry has left.
+	// entry of another owner exists; then it returns the time that entry
+	// has left. A live entry of the same owner is a success (0).
 	ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (left time.Duration, err error)
 	// FreeWindow deletes id's entry if owner owns it.
 	FreeWindow(ctx context.Context, id, owner string) error

@@ -176,6 +176,9 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, d time.Durati
 	defer s.mu.Unlock()
 	s.init(now)
 	if w, ok := s.windows[id]; ok && now.Before(w.expires) {
+		if w.owner == owner {
+			return 0, nil
+		}
 		return w.expires.Sub(now), nil
 	}
 	s.windows[id] = window{owner: owner, expires: now.Add(d)}

@@ -134,12 +134,17 @@ redis.call('PEXPIRE', KEYS[1], math.max(tonumber(r[2]) - tonumber(ARGV[2]), 1))
 return 1
 `)
 	// claimLua: KEYS[1] the window entry, "expires ms|owner"; ARGV owner,
-	// now ms, window ms. Returns 0 when claimed, else the ms left.
+	// now ms, window ms. Returns 0 when claimed (or already the owner's),
+	// else the ms left.
 	claimLua = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v then
-  local exp = tonumber(string.sub(v, 1, string.find(v, '|', 1, true) - 1))
-  if exp > tonumber(ARGV[2]) then return exp - tonumber(ARGV[2]) end
+  local sep = string.find(v, '|', 1, true)
+  local exp = tonumber(string.sub(v, 1, sep - 1))
+  if exp > tonumber(ARGV[2]) then
+    if string.sub(v, sep + 1) == ARGV[1] then return 0 end
+    return exp - tonumber(ARGV[2])
+  end
 end
 redis.call('SET', KEYS[1], (tonumber(ARGV[2]) + tonumber(ARGV[3])) .. '|' .. ARGV[1], 'PX', ARGV[3])
 return 0

@@ -61,11 +61,11 @@ ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.exp
 		// such transactions upgrading to FOR UPDATE deadlock; the no-op
 		// update takes the exclusive lock at once.
 		q.insertRecord = `INSERT INTO {p}idempotency ` + cols + ` ON DUPLICATE KEY UPDATE id = id`
-		// Assignments run left to right and see earlier ones: owner is
-		// decided on the old expiry, then the expiry follows the owner.
+		// Both assignments test the old expiry (owner's does not change it),
+		// so a live entry, even the caller's own, is left as it is.
 		q.claimWindow = `INSERT INTO {p}repeat_window (id, owner, expires_at) VALUES (?, ?, ?)
 ON DUPLICATE KEY UPDATE owner = IF(expires_at <= ?, VALUES(owner), owner),
-  expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)`
+  expires_at = IF(expires_at <= ?, VALUES(expires_at), expires_at)`
 		q.create = []string{
 			`CREATE TABLE IF NOT EXISTS {p}idempotency (id VARCHAR(255) NOT NULL PRIMARY KEY, fingerprint VARCHAR(255) NOT NULL,
   state SMALLINT NOT NULL, lease VARCHAR(255), lease_until BIGINT NOT NULL, expires_at BIGINT NOT NULL,

@@ -173,6 +173,9 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		if left, err := s.ClaimWindow(ctx, id, "a", 10*time.Second, now); err != nil || left != 0 {
 			t.Fatalf("first ClaimWindow = %v, %v; want 0, nil", left, err)
 		}
+		if left, err := s.ClaimWindow(ctx, id, "a", 10*time.Second, now.Add(time.Second)); err != nil || left != 0 {
+			t.Errorf("ClaimWindow by its owner again = %v, %v; want 0 (a retry of the same request)", left, err)
+		}
 		left, err := s.ClaimWindow(ctx, id, "b", 10*time.Second, now.Add(3*time.Second))
 		if err != nil || left <= 6*time.Second || left > 7*time.Second {
 			t.Errorf("ClaimWindow inside the window = %v, %v; want about 7s left", left, err)
