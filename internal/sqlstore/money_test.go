@@ -33,6 +33,27 @@ func TestMoney(t *testing.T) {
 			if err := s.CreateUser(ctx, "u2", "alice", "h", "CNY", now); !errors.Is(err, sqlstore.ErrUsernameTaken) {
 				t.Errorf("CreateUser(taken) = %v; want ErrUsernameTaken", err)
 			}
+			if u, err := s.UserByName(ctx, "alice"); err != nil || u.ID != "u1" || u.PasswordHash != "h" {
+				t.Errorf("UserByName = %+v, %v", u, err)
+			}
+			if _, err := s.UserByName(ctx, "bob"); !errors.Is(err, sqlstore.ErrNotFound) {
+				t.Errorf("UserByName(unknown) = %v; want ErrNotFound", err)
+			}
+			if err := s.CreateSession(ctx, "th", "u1", now+1000, now); err != nil {
+				t.Fatal(err)
+			}
+			if u, err := s.SessionUser(ctx, "th", now); err != nil || u.ID != "u1" {
+				t.Errorf("SessionUser = %+v, %v", u, err)
+			}
+			if _, err := s.SessionUser(ctx, "th", now+1000); !errors.Is(err, sqlstore.ErrNotFound) {
+				t.Errorf("SessionUser(expired) = %v; want ErrNotFound", err)
+			}
+			if err := s.DeleteSession(ctx, "th"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.SessionUser(ctx, "th", now); !errors.Is(err, sqlstore.ErrNotFound) {
+				t.Errorf("SessionUser(after logout) = %v; want ErrNotFound", err)
+			}
 			dep, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: now})
 			if err != nil || !created {
 				t.Fatalf("CreateDeposit = %+v, %v, %v", dep, created, err)
