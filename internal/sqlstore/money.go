@@ -232,3 +232,28 @@ func (s *Store) Balance(ctx context.Context, userID string) (balance, ledgerSum 
 	}
 	return money.Amount(b), money.Amount(l), err
 }
+
+// Pending returns up to limit movements of table ("deposits" or
+// "withdrawals") still pending, oldest first: the reconciler's backlog.
+func (s *Store) Pending(ctx context.Context, table string, limit int) ([]Movement, error) {
+	if table != "deposits" && table != "withdrawals" {
+		return nil, fmt.Errorf("sqlstore: no movements in %q", table)
+	}
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, user_id, idempotency_key, amount, status, created_at FROM `+table+
+		` WHERE status = 'pending' ORDER BY created_at, id LIMIT ?`), limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Movement
+	for rows.Next() {
+		var m Movement
+		var amount int64
+		if err := rows.Scan(&m.ID, &m.UserID, &m.Key, &amount, &m.Status, &m.CreatedAt); err != nil {
+			return nil, err
+		}
+		m.Amount = money.Amount(amount)
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
