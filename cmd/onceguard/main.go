@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,10 +18,21 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql" // driver "mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // driver "pgx"
+	_ "modernc.org/sqlite"             // driver "sqlite"
+
+	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/app"
+	"github.com/onceguard/onceguard/internal/httpapi"
+	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/internal/sqlstore"
 )
 
 const version = "0.1.0-dev"
@@ -58,43 +70,143 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 // serveConfig is the service's configuration (shared/api.md, "Process").
 type serveConfig struct {
-	addr, db, dataDir, redis, psp string
+	addr, db, dataDir, redis, pspURL, requireToken, currency, maxAmount string
+	tokenTTL, keyTTL, repeatWindow                                      time.Duration
 }
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	env := func(name, def string) string { return envOr(getenv, name, def) }
+	dur := func(name, def string) time.Duration {
+		d, err := time.ParseDuration(env(name, def))
+		if err != nil {
+			d, _ = time.ParseDuration(def)
+		}
+		return d
+	}
 	var c serveConfig
 	fs.StringVar(&c.addr, "addr", env("ONCEGUARD_ADDR", "127.0.0.1:8080"), "listen address [ONCEGUARD_ADDR]")
-	fs.StringVar(&c.db, "db", env("ONCEGUARD_DB", ""), "database URL: sqlite:///path, postgres://..., mysql://... (default: SQLite under --data-dir) [ONCEGUARD_DB]")
+	fs.StringVar(&c.db, "db", env("ONCEGUARD_DB", ""), "database URL: sqlite:///path, postgres://..., mysql://user:pass@tcp(host:port)/db (default: SQLite under --data-dir) [ONCEGUARD_DB]")
 	fs.StringVar(&c.dataDir, "data-dir", env("ONCEGUARD_DATA_DIR", "./data"), "data directory [ONCEGUARD_DATA_DIR]")
-	fs.StringVar(&c.redis, "redis", env("ONCEGUARD_REDIS", ""), "Redis URL, or several comma-separated for independent nodes [ONCEGUARD_REDIS]")
-	fs.StringVar(&c.psp, "psp", env("ONCEGUARD_PSP", ""), "external payment provider URL (default: simulated in process) [ONCEGUARD_PSP]")
+	fs.StringVar(&c.redis, "redis", env("ONCEGUARD_REDIS", ""), "Redis URL, or several comma-separated for independent nodes (not used yet) [ONCEGUARD_REDIS]")
+	fs.StringVar(&c.pspURL, "psp", env("ONCEGUARD_PSP", ""), "external payment provider URL (default: simulated in process) [ONCEGUARD_PSP]")
+	fs.DurationVar(&c.tokenTTL, "token-ttl", dur("ONCEGUARD_TOKEN_TTL", "5m"), "submit token lifetime [ONCEGUARD_TOKEN_TTL]")
+	fs.DurationVar(&c.keyTTL, "key-ttl", dur("ONCEGUARD_KEY_TTL", "24h"), "Idempotency-Key retention [ONCEGUARD_KEY_TTL]")
+	fs.DurationVar(&c.repeatWindow, "repeat-window", dur("ONCEGUARD_REPEAT_WINDOW", "10s"), "repeat-submit window, 0 off [ONCEGUARD_REPEAT_WINDOW]")
+	fs.StringVar(&c.maxAmount, "max-amount", env("ONCEGUARD_MAX_AMOUNT", "1000000.00"), "largest amount [ONCEGUARD_MAX_AMOUNT]")
+	fs.StringVar(&c.requireToken, "require-submit-token", env("ONCEGUARD_REQUIRE_SUBMIT_TOKEN", "withdrawal"), "purposes that need submit tokens, comma-separated [ONCEGUARD_REQUIRE_SUBMIT_TOKEN]")
+	fs.StringVar(&c.currency, "currency", env("ONCEGUARD_CURRENCY", "CNY"), "currency [ONCEGUARD_CURRENCY]")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	_ = ctx
-	// The HTTP service (accounts, deposits, withdrawals, orders, payments)
-	// is not built yet; say so plainly rather than pretend.
-	fmt.Fprintf(stdout, "onceguard %s: the reference service is not built yet.\n", version)
-	fmt.Fprintf(stdout, "It will listen on %s with database %s and locks on %s.\n", c.addr, describeDB(c), describeRedis(c))
-	fmt.Fprintln(stdout, "Available today: the lock, token and idempotency libraries, and `onceguard psp` (the simulated payment provider); see README.md.")
-	return nil
+	maxAmount, err := money.Parse(c.maxAmount)
+	if err != nil || maxAmount <= 0 {
+		return fmt.Errorf("--max-amount %q: want an amount like 1000000.00", c.maxAmount)
+	}
+	db, dialect, where, err := openDB(c)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := sqlstore.Migrate(ctx, db, dialect); err != nil {
+		return err
+	}
+	keys, err := idemsql.New(db, map[sqlstore.Dialect]idemsql.Dialect{sqlstore.Postgres: idemsql.Postgres, sqlstore.MySQL: idemsql.MySQL, sqlstore.SQLite: idemsql.SQLite}[dialect], nil)
+	if err != nil {
+		return err
+	}
+	if err := keys.Migrate(ctx); err != nil {
+		return err
+	}
+	var provider psp.Provider = &psp.Sim{}
+	pspWhere := "simulated in process"
+	if c.pspURL != "" {
+		provider, pspWhere = psp.NewClient(c.pspURL, nil), c.pspURL
+	}
+	require := map[string]bool{}
+	for _, p := range strings.Split(c.requireToken, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			require[p] = true
+		}
+	}
+	store := sqlstore.Open(db, dialect)
+	handler := httpapi.New(httpapi.Config{
+		Store: store, Keys: keys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
+		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
+		Ping: db.PingContext,
+	})
+	ln, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
+	fmt.Fprintf(stdout, "onceguard %s: listening on http://%s; database %s (keys, submit tokens and the repeat window too); payment provider %s\n",
+		version, ln.Addr(), where, pspWhere)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	// The reconciler settles what a provider timeout left pending.
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-tick.C:
+			_, _ = app.Reconcile(ctx, store, provider, 100)
+		case <-ctx.Done():
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx) // finishes in-flight requests
+		}
+	}
 }
 
-func describeDB(c serveConfig) string {
-	if c.db == "" {
-		return "sqlite (" + c.dataDir + "/onceguard.db)"
+// openDB opens --db (default: SQLite under --data-dir, created if missing).
+func openDB(c serveConfig) (*sql.DB, sqlstore.Dialect, string, error) {
+	u := c.db
+	var (
+		driver, dsn string
+		dialect     sqlstore.Dialect
+	)
+	sqlite := func(path string) {
+		driver, dialect = "sqlite", sqlstore.SQLite
+		dsn = "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
 	}
-	return c.db
+	switch {
+	case u == "":
+		if err := os.MkdirAll(c.dataDir, 0o750); err != nil {
+			return nil, "", "", err
+		}
+		u = filepath.Join(c.dataDir, "onceguard.db")
+		sqlite(u)
+	case strings.HasPrefix(u, "sqlite://"):
+		sqlite(strings.TrimPrefix(u, "sqlite://")) // sqlite:///abs/path or sqlite://rel/path
+	case strings.HasPrefix(u, "postgres://"), strings.HasPrefix(u, "postgresql://"):
+		driver, dsn, dialect = "pgx", u, sqlstore.Postgres
+	case strings.HasPrefix(u, "mysql://"):
+		driver, dsn, dialect = "mysql", strings.TrimPrefix(u, "mysql://"), sqlstore.MySQL
+	default:
+		return nil, "", "", fmt.Errorf("--db %q: want sqlite:///path, postgres://... or mysql://...", u)
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		return nil, "", "", err
+	}
+	return db, dialect, string(dialect) + " (" + redactURL(u) + ")", nil
 }
 
-func describeRedis(c serveConfig) string {
-	if c.redis == "" {
-		return "the database and in-process stores"
+// redactURL hides a password in a database URL before it is logged.
+func redactURL(u string) string {
+	if at := strings.LastIndex(u, "@"); at > 0 {
+		if i := strings.Index(u, "://"); i >= 0 && i+3 < at {
+			cred := u[i+3 : at]
+			if c := strings.Index(cred, ":"); c >= 0 {
+				return u[:i+3] + cred[:c] + ":***" + u[at:]
+			}
+		}
 	}
-	return "Redis " + c.redis + " (database fallback)"
+	return u
 }
 
 // servePSP runs the simulated payment provider over HTTP until ctx ends.

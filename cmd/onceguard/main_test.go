@@ -13,22 +13,21 @@ import (
 )
 
 func TestRun(t *testing.T) {
-	env := map[string]string{"ONCEGUARD_ADDR": "127.0.0.1:9999"}
 	for _, tc := range []struct {
 		name    string
 		args    []string
 		want    string
 		wantErr bool
 	}{
-		{"default is serve", nil, "127.0.0.1:9999", false},
-		{"flag beats env", []string{"serve", "--addr", "127.0.0.1:7000"}, "127.0.0.1:7000", false},
 		{"version", []string{"version"}, "onceguard " + version, false},
 		{"unknown command", []string{"nope"}, "", true},
 		{"bad flag", []string{"serve", "--nope"}, "", true},
+		{"bad max amount", []string{"serve", "--max-amount", "1e9"}, "", true},
+		{"bad db url", []string{"serve", "--db", "oracle://x"}, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			err := run(context.Background(), tc.args, func(k string) string { return env[k] }, &out, &errOut)
+			err := run(context.Background(), tc.args, func(string) string { return "" }, &out, &errOut)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("run(%q) = %v; want error %v", tc.args, err, tc.wantErr)
 			}

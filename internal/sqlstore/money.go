@@ -257,3 +257,43 @@ func (s *Store) Pending(ctx context.Context, table string, limit int) ([]Movemen
 	}
 	return out, rows.Err()
 }
+
+// LedgerEntry is one line of a user's journal.
+type LedgerEntry struct {
+	ID           int64
+	Kind         string
+	Amount       money.Amount
+	BalanceAfter money.Amount
+	Ref          string
+	CreatedAt    int64
+}
+
+// Ledger returns a user's journal, newest first, at most limit entries.
+func (s *Store) Ledger(ctx context.Context, userID string, limit int) ([]LedgerEntry, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, kind, amount, balance_after, ref, created_at FROM ledger WHERE user_id = ? ORDER BY id DESC LIMIT ?`), userID, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []LedgerEntry
+	for rows.Next() {
+		var e LedgerEntry
+		var a, b int64
+		if err := rows.Scan(&e.ID, &e.Kind, &a, &b, &e.Ref, &e.CreatedAt); err != nil {
+			return nil, err
+		}
+		e.Amount, e.BalanceAfter = money.Amount(a), money.Amount(b)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// Account returns a user's balance and currency.
+func (s *Store) Account(ctx context.Context, userID string) (balance money.Amount, currency string, err error) {
+	var b int64
+	err = s.db.QueryRowContext(ctx, s.q(`SELECT balance, currency FROM accounts WHERE user_id = ?`), userID).Scan(&b, &currency)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, "", ErrNotFound
+	}
+	return money.Amount(b), currency, err
+}

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// startServe runs `onceguard serve` in process on a free port with a fresh
+// data directory and returns its base URL; the test's end stops it.
+func startServe(t *testing.T, extra ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir()}, extra...)
+	go func() { done <- run(ctx, args, func(string) string { return "" }, out, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve after cancel = %v; want nil", err)
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if i := strings.Index(out.String(), "http://"); i >= 0 {
+			return strings.Fields(out.String()[i:])[0][:len(strings.Fields(out.String()[i:])[0])-1]
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("serve ended: %v; output %q", err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not say where it listens: %q", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type client struct {
+	t     *testing.T
+	base  string
+	token string
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   map[string]any
+	raw    string
+}
+
+func (c *client) do(method, path, key, body string) answer {
+	c.t.Helper()
+	req, _ := http.NewRequest(method, c.base+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	a := answer{status: resp.StatusCode, header: resp.Header, raw: string(raw)}
+	_ = json.Unmarshal(raw, &a.body)
+	return a
+}
+
+func (c *client) expect(a answer, status int, code string) {
+	c.t.Helper()
+	got, _ := a.body["code"].(string)
+	if a.status != status || got != code {
+		c.t.Errorf("got %d %q (%s); want %d %q", a.status, got, a.raw, status, code)
+	}
+}
+
+func signUp(t *testing.T, base, name string) *client {
+	c := &client{t: t, base: base}
+	c.expect(c.do("POST", "/api/v1/users", "", fmt.Sprintf(`{"username":%q,"password":"correct horse"}`, name)), 201, "")
+	a := c.do("POST", "/api/v1/sessions", "", fmt.Sprintf(`{"username":%q,"password":"correct horse"}`, name))
+	c.expect(a, 201, "")
+	c.token, _ = a.body["token"].(string)
+	return c
+}
+
+func (c *client) submitToken(purpose string) string {
+	a := c.do("POST", "/api/v1/submit-tokens", "", fmt.Sprintf(`{"purpose":%q}`, purpose))
+	c.expect(a, 201, "")
+	tok, _ := a.body["token"].(string)
+	return tok
+}
+
+// The embedded default end to end: sign up, deposit, withdraw with a
+// submit token, replay, refusals in the contract's words, and a storm of
+// one token that debits once.
+func TestServe(t *testing.T) {
+	base := startServe(t)
+	anon := &client{t: t, base: base}
+	anon.expect(anon.do("GET", "/healthz", "", ""), 200, "")
+	anon.expect(anon.do("GET", "/api/v1/account", "", ""), 401, "unauthenticated")
+	anon.expect(anon.do("GET", "/nope", "", ""), 404, "not_found")
+	anon.expect(anon.do("PUT", "/api/v1/users", "", ""), 405, "method_not_allowed")
+	anon.expect(anon.do("POST", "/api/v1/users", "", `{"username":"A!","password":"correct horse"}`), 400, "invalid_username")
+	anon.expect(anon.do("POST", "/api/v1/users", "", `{"username":"bob","password":"short"}`), 400, "invalid_password")
+	anon.expect(anon.do("POST", "/api/v1/users", "", `{"username":"bob","username":"bob2","password":"correct horse"}`), 400, "invalid_json")
+	anon.expect(anon.do("POST", "/api/v1/sessions", "", `{"username":"nobody","password":"correct horse"}`), 401, "invalid_credentials")
+
+	alice := signUp(t, base, "alice")
+	anon.expect(anon.do("POST", "/api/v1/users", "", `{"username":"alice","password":"correct horse"}`), 409, "username_taken")
+	alice.expect(alice.do("POST", "/api/v1/submit-tokens", "", `{"purpose":"lunch"}`), 400, "invalid_purpose")
+
+	// Deposit 100.00 (plain keys are fine for deposits by default).
+	dep := alice.do("POST", "/api/v1/deposits", "dep-1", `{"amount":"100"}`)
+	alice.expect(dep, 201, "")
+	if dep.body["status"] != "succeeded" || dep.body["amount"] != "100.00" {
+		t.Errorf("deposit = %s; want succeeded 100.00", dep.raw)
+	}
+	again := alice.do("POST", "/api/v1/deposits", "dep-1", `{"amount":100.00}`)
+	if again.raw != dep.raw || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("deposit replay = %s (%v); want the first answer replayed", again.raw, again.header.Get("Idempotent-Replayed"))
+	}
+	alice.expect(alice.do("POST", "/api/v1/deposits", "dep-1", `{"amount":"99"}`), 422, "idempotency_key_reused")
+	alice.expect(alice.do("POST", "/api/v1/deposits", "dep-2", `{"amount":"1.234"}`), 400, "invalid_amount")
+	alice.expect(alice.do("POST", "/api/v1/deposits", "", `{"amount":"1"}`), 400, "idempotency_key_missing")
+
+	// Withdrawals need a submit token by default.
+	alice.expect(alice.do("POST", "/api/v1/withdrawals", "plain", `{"amount":"10"}`), 400, "submit_token_required")
+	alice.expect(alice.do("POST", "/api/v1/withdrawals", "st_forged", `{"amount":"10"}`), 400, "submit_token_invalid")
+	tok := alice.submitToken("withdrawal")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[int]int{}
+	for range 20 { // a storm of one token
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a := alice.do("POST", "/api/v1/withdrawals", tok, `{"amount":"30.00"}`)
+			mu.Lock()
+			codes[a.status]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if codes[201] < 1 || codes[201]+codes[409] != 20 {
+		t.Errorf("20 withdrawals with one token: answers %v; want only 201s (one fresh, the rest replays) and 409s", codes)
+	}
+	// Inside the repeat window, the same body under a new token: 429.
+	alice.expect(alice.do("POST", "/api/v1/withdrawals", alice.submitToken("withdrawal"), `{"amount":"30"}`), 429, "duplicate_submission")
+	alice.expect(alice.do("POST", "/api/v1/withdrawals", alice.submitToken("withdrawal"), `{"amount":"1000"}`), 422, "insufficient_funds")
+
+	acct := alice.do("GET", "/api/v1/account", "", "")
+	if acct.body["balance"] != "70.00" || acct.body["currency"] != "CNY" {
+		t.Errorf("account = %s; want balance 70.00 CNY (one debit of 30.00)", acct.raw)
+	}
+	led := alice.do("GET", "/api/v1/ledger", "", "")
+	items, _ := led.body["items"].([]any)
+	if len(items) != 2 {
+		t.Errorf("ledger = %s; want 2 entries (deposit, withdrawal)", led.raw)
+	}
+
+	// Another user cannot use alice's token or see her money.
+	bob := signUp(t, base, "bob")
+	bob.expect(bob.do("POST", "/api/v1/withdrawals", tok, `{"amount":"30.00"}`), 400, "submit_token_invalid")
+	if a := bob.do("GET", "/api/v1/account", "", ""); a.body["balance"] != "0.00" {
+		t.Errorf("bob's account = %s; want 0.00", a.raw)
+	}
+	// Logout ends the session at once.
+	bob.expect(bob.do("DELETE", "/api/v1/sessions/current", "", ""), 204, "")
+	bob.expect(bob.do("GET", "/api/v1/account", "", ""), 401, "unauthenticated")
+}

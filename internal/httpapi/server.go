@@ -1,0 +1,423 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/internal/auth"
+	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/token"
+)
+
+// Config wires the service's parts.
+type Config struct {
+	Store        *sqlstore.Store
+	Keys         idempotency.FullStore // Idempotency-Key records, submit tokens, repeat window
+	Provider     psp.Provider
+	Currency     string
+	MaxAmount    money.Amount
+	RequireToken map[string]bool // purposes whose routes take only submit tokens
+	Window       time.Duration   // repeat-submit window (0: off)
+	KeyTTL       time.Duration
+	TokenTTL     time.Duration
+	SessionTTL   time.Duration
+	Ping         func(context.Context) error // database liveness, for /readyz
+}
+
+// SessionCookie is the name of the session cookie.
+const SessionCookie = "onceguard_session"
+
+type server struct {
+	cfg    Config
+	tokens *token.Tokens
+	routes map[string]map[string]http.Handler // path -> method -> handler
+}
+
+// New returns the service's HTTP handler (shared/api.md). This first
+// slice serves health, users, sessions, the account, submit tokens,
+// deposits, withdrawals and the ledger; other /api/v1 paths answer
+// 404 not_found until they are built.
+func New(cfg Config) http.Handler {
+	s := &server{cfg: cfg, tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), routes: map[string]map[string]http.Handler{}}
+	s.handle("GET", "/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) }))
+	s.handle("GET", "/readyz", http.HandlerFunc(s.readyz))
+	s.handle("POST", "/api/v1/users", http.HandlerFunc(s.createUser))
+	s.handle("POST", "/api/v1/sessions", http.HandlerFunc(s.createSession))
+	s.handle("DELETE", "/api/v1/sessions/current", s.authed(s.deleteSession))
+	s.handle("GET", "/api/v1/account", s.authed(s.account))
+	s.handle("GET", "/api/v1/ledger", s.authed(s.ledger))
+	s.handle("POST", "/api/v1/submit-tokens", s.authed(s.createSubmitToken))
+	s.handle("POST", "/api/v1/deposits", s.keyed("deposit", http.HandlerFunc(s.deposit)))
+	s.handle("POST", "/api/v1/withdrawals", s.keyed("withdrawal", http.HandlerFunc(s.withdraw)))
+	return s
+}
+
+func (s *server) handle(method, path string, h http.Handler) {
+	if s.routes[path] == nil {
+		s.routes[path] = map[string]http.Handler{}
+	}
+	s.routes[path][method] = h
+}
+
+// ServeHTTP routes by exact path, answering unknown paths 404 and wrong
+// methods 405, both as problems.
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/api/") {
+		w.Header().Set("Cache-Control", "no-store")
+	}
+	methods, ok := s.routes[r.URL.Path]
+	if !ok {
+		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
+		return
+	}
+	h, ok := methods[r.Method]
+	if !ok {
+		allow := make([]string, 0, len(methods))
+		for m := range methods {
+			allow = append(allow, m)
+		}
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		problem(w, http.StatusMethodNotAllowed, "method_not_allowed", "Method not allowed", r.Method+" is not allowed here")
+		return
+	}
+	h.ServeHTTP(w, r)
+}
+
+func problem(w http.ResponseWriter, status int, code, title, detail string) {
+	idempotency.WriteProblem(w, &idempotency.Problem{Status: status, Code: code, Title: title, Detail: detail})
+}
+
+func writeProblem(w http.ResponseWriter, p *idempotency.Problem) { idempotency.WriteProblem(w, p) }
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (s *server) internal(w http.ResponseWriter, err error) {
+	if isUnavailable(err) {
+		w.Header().Set("Retry-After", "2")
+		problem(w, http.StatusServiceUnavailable, "store_unavailable", "Service unavailable", "the database is unreachable; retry later")
+		return
+	}
+	problem(w, http.StatusInternalServerError, "internal", "Internal error", "something went wrong on our side")
+}
+
+func isUnavailable(err error) bool {
+	return errors.Is(err, idempotency.ErrUnavailable) || strings.Contains(err.Error(), "database is closed") ||
+		strings.Contains(err.Error(), "connection refused")
+}
+
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	db := "ok"
+	if s.cfg.Ping != nil {
+		if err := s.cfg.Ping(r.Context()); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "components": map[string]string{"database": "unreachable"}})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "components": map[string]string{"database": db}})
+}
+
+func newID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func ts(us int64) string { return time.UnixMicro(us).UTC().Format(time.RFC3339) }
+
+// --- authentication ---
+
+type userKey struct{}
+
+// sessionToken returns the bearer token or the session cookie.
+func sessionToken(r *http.Request) string {
+	if h := r.Header.Get("Authorization"); strings.HasPrefix(h, "Bearer ") {
+		return strings.TrimPrefix(h, "Bearer ")
+	}
+	if c, err := r.Cookie(SessionCookie); err == nil {
+		return c.Value
+	}
+	return ""
+}
+
+func (s *server) user(r *http.Request) (sqlstore.User, error) {
+	tok := sessionToken(r)
+	if tok == "" {
+		return sqlstore.User{}, sqlstore.ErrNotFound
+	}
+	return s.cfg.Store.SessionUser(r.Context(), auth.HashToken(tok), time.Now().UnixMicro())
+}
+
+func (s *server) authed(next func(http.ResponseWriter, *http.Request, sqlstore.User)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, err := s.user(r)
+		if errors.Is(err, sqlstore.ErrNotFound) {
+			problem(w, http.StatusUnauthorized, "unauthenticated", "Authentication required", "sign in first")
+			return
+		} else if err != nil {
+			s.internal(w, err)
+			return
+		}
+		next(w, r, u)
+	})
+}
+
+var usernameRE = regexp.MustCompile(`^[a-z0-9_]{3,32}$`)
+
+type credentials struct {
+	Username *string `json:"username"`
+	Password *string `json:"password"`
+}
+
+func (s *server) readCredentials(w http.ResponseWriter, r *http.Request) (string, string, bool) {
+	body, p := ReadBody(r)
+	if p == nil {
+		var c credentials
+		if p = Decode(body, &c); p == nil {
+			switch {
+			case c.Username == nil:
+				p = Missing("username")
+			case c.Password == nil:
+				p = Missing("password")
+			default:
+				return *c.Username, *c.Password, true
+			}
+		}
+	}
+	writeProblem(w, p)
+	return "", "", false
+}
+
+func (s *server) createUser(w http.ResponseWriter, r *http.Request) {
+	name, pass, ok := s.readCredentials(w, r)
+	if !ok {
+		return
+	}
+	if !usernameRE.MatchString(name) {
+		problem(w, http.StatusBadRequest, "invalid_username", "Invalid username", "3 to 32 of a-z, 0-9 and _")
+		return
+	}
+	if len(pass) < 8 || len(pass) > 128 {
+		problem(w, http.StatusBadRequest, "invalid_password", "Invalid password", "8 to 128 bytes")
+		return
+	}
+	id := newID("u_")
+	err := s.cfg.Store.CreateUser(r.Context(), id, name, auth.HashPassword(pass), s.cfg.Currency, time.Now().UnixMicro())
+	if errors.Is(err, sqlstore.ErrUsernameTaken) {
+		problem(w, http.StatusConflict, "username_taken", "Username taken", "choose another username")
+		return
+	} else if err != nil {
+		s.internal(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]string{"id": id, "username": name})
+}
+
+func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
+	name, pass, ok := s.readCredentials(w, r)
+	if !ok {
+		return
+	}
+	u, err := s.cfg.Store.UserByName(r.Context(), name)
+	if err != nil && !errors.Is(err, sqlstore.ErrNotFound) {
+		s.internal(w, err)
+		return
+	}
+	hash := u.PasswordHash
+	if hash == "" {
+		hash = dummyHash // spend the same time on unknown users
+	}
+	if perr := auth.CheckPassword(hash, pass); perr != nil || err != nil {
+		problem(w, http.StatusUnauthorized, "invalid_credentials", "Invalid credentials", "wrong username or password")
+		return
+	}
+	tok, th := auth.NewSessionToken()
+	now := time.Now()
+	exp := now.Add(s.cfg.SessionTTL)
+	if err := s.cfg.Store.CreateSession(r.Context(), th, u.ID, exp.UnixMicro(), now.UnixMicro()); err != nil {
+		s.internal(w, err)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: tok, Path: "/", Expires: exp, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	writeJSON(w, http.StatusCreated, map[string]string{"token": tok, "expires_at": exp.UTC().Format(time.RFC3339)})
+}
+
+var dummyHash = auth.HashPassword("timing equaliser, never a password")
+
+func (s *server) deleteSession(w http.ResponseWriter, r *http.Request, _ sqlstore.User) {
+	if err := s.cfg.Store.DeleteSession(r.Context(), auth.HashToken(sessionToken(r))); err != nil {
+		s.internal(w, err)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) account(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
+	bal, cur, err := s.cfg.Store.Account(r.Context(), u.ID)
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"user_id": u.ID, "username": u.Username, "balance": bal, "currency": cur})
+}
+
+func (s *server) ledger(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
+	entries, err := s.cfg.Store.Ledger(r.Context(), u.ID, 1000)
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	items := make([]map[string]any, 0, len(entries))
+	for _, e := range entries {
+		items = append(items, map[string]any{"id": fmt.Sprint(e.ID), "kind": e.Kind, "amount": e.Amount, "balance_after": e.BalanceAfter, "ref": e.Ref, "created_at": ts(e.CreatedAt)})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": items})
+}
+
+var purposes = map[string]bool{"withdrawal": true, "deposit": true, "order": true, "payment": true}
+
+func (s *server) createSubmitToken(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
+	body, p := ReadBody(r)
+	var req struct {
+		Purpose *string `json:"purpose"`
+	}
+	if p == nil {
+		p = Decode(body, &req)
+	}
+	if p == nil && req.Purpose == nil {
+		p = Missing("purpose")
+	}
+	if p != nil {
+		writeProblem(w, p)
+		return
+	}
+	if !purposes[*req.Purpose] {
+		problem(w, http.StatusBadRequest, "invalid_purpose", "Invalid purpose", "one of withdrawal, deposit, order, payment")
+		return
+	}
+	is, err := s.tokens.Issue(r.Context(), u.ID, *req.Purpose)
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]string{"token": is.Token, "purpose": is.Purpose, "expires_at": is.ExpiresAt.UTC().Format(time.RFC3339)})
+}
+
+// --- money ---
+
+// keyed wraps a money route in the Idempotency-Key middleware, with the
+// contract's order of checks; the route's body rules give the fingerprint.
+func (s *server) keyed(purpose string, next http.Handler) http.Handler {
+	return idempotency.Middleware(idempotency.Config{
+		Store: s.cfg.Keys, Tokens: s.tokens, Purpose: purpose, RequireToken: s.cfg.RequireToken[purpose],
+		Windows: s.cfg.Keys, Window: s.window(purpose), TTL: s.cfg.KeyTTL, MaxBody: MaxBody,
+		Principal: func(r *http.Request) (string, bool) {
+			u, err := s.user(r)
+			return u.ID, err == nil
+		},
+		Fingerprint: func(r *http.Request, body []byte) (string, error) {
+			a, p := s.amount(body)
+			if p != nil {
+				return "", p
+			}
+			// Amounts compare by value: "7", "7.00" and 7 are one body.
+			return purpose + ":" + fmt.Sprint(int64(a)), nil
+		},
+	})(next)
+}
+
+func (s *server) window(purpose string) time.Duration {
+	if purpose == "withdrawal" || purpose == "order" {
+		return s.cfg.Window
+	}
+	return 0
+}
+
+// amount reads {"amount": ...} under the contract's rules.
+func (s *server) amount(body []byte) (money.Amount, *idempotency.Problem) {
+	var req struct {
+		Amount json.RawMessage `json:"amount"`
+	}
+	if p := Decode(body, &req); p != nil {
+		return 0, p
+	}
+	if req.Amount == nil {
+		return 0, Missing("amount")
+	}
+	a, err := money.FromJSON(req.Amount)
+	if err != nil || a <= 0 || a > s.cfg.MaxAmount {
+		return 0, &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_amount", Title: "Invalid amount",
+			Detail: fmt.Sprintf("a string or number like \"10.00\", more than 0 and at most %s", s.cfg.MaxAmount)}
+	}
+	return a, nil
+}
+
+func movementJSON(m sqlstore.Movement) map[string]any {
+	return map[string]any{"id": m.ID, "amount": m.Amount, "status": m.Status, "created_at": ts(m.CreatedAt)}
+}
+
+func (s *server) deposit(w http.ResponseWriter, r *http.Request) {
+	call, _ := idempotency.FromContext(r.Context())
+	body, _ := ReadBody(r)
+	a, _ := s.amount(body) // validated by the middleware
+	m, _, err := s.cfg.Store.CreateDeposit(r.Context(), sqlstore.Movement{ID: newID("dep_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()})
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	s.settle(r.Context(), psp.Charge, &m)
+	writeJSON(w, http.StatusCreated, movementJSON(m))
+}
+
+func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
+	call, _ := idempotency.FromContext(r.Context())
+	body, _ := ReadBody(r)
+	a, _ := s.amount(body)
+	m, _, err := s.cfg.Store.Withdraw(r.Context(), sqlstore.Movement{ID: newID("wd_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()})
+	if errors.Is(err, sqlstore.ErrInsufficientFunds) {
+		problem(w, http.StatusUnprocessableEntity, "insufficient_funds", "Insufficient funds", "the balance does not cover this withdrawal; nothing changed")
+		return
+	} else if err != nil {
+		s.internal(w, err)
+		return
+	}
+	s.settle(r.Context(), psp.Payout, &m)
+	writeJSON(w, http.StatusCreated, movementJSON(m))
+}
+
+// settle calls the provider for a pending movement under its own id and
+// settles it; an unknown outcome leaves it pending for the reconciler.
+func (s *server) settle(ctx context.Context, kind psp.Kind, m *sqlstore.Movement) {
+	if m.Status != "pending" {
+		return
+	}
+	op, err := s.cfg.Provider.Do(ctx, kind, m.ID, m.Amount)
+	if err != nil {
+		return // unknown outcome: the reconciler asks later, under the same key
+	}
+	ok := op.Status == psp.Succeeded
+	now := time.Now().UnixMicro()
+	if kind == psp.Charge {
+		err = s.cfg.Store.SettleDeposit(context.WithoutCancel(ctx), m.ID, ok, now)
+	} else {
+		err = s.cfg.Store.SettleWithdrawal(context.WithoutCancel(ctx), m.ID, ok, now)
+	}
+	if err == nil {
+		m.Status = string(op.Status)
+	}
+}
