@@ -180,3 +180,53 @@ func TestServe(t *testing.T) {
 	bob.expect(bob.do("DELETE", "/api/v1/sessions/current", "", ""), 204, "")
 	bob.expect(bob.do("GET", "/api/v1/account", "", ""), 401, "unauthenticated")
 }
+
+// Orders are paid once, whatever the keys: 15 concurrent payments of one
+// order with different keys debit once; the others see 409 (in progress
+// or already paid); the same key replays; another user's order is 404.
+func TestServeOrders(t *testing.T) {
+	base := startServe(t)
+	alice := signUp(t, base, "alice")
+	alice.expect(alice.do("POST", "/api/v1/deposits", "d", `{"amount":"50"}`), 201, "")
+	ord := alice.do("POST", "/api/v1/orders", alice.submitToken("order"), `{"amount":"20.00","description":"tea"}`)
+	alice.expect(ord, 201, "")
+	id, _ := ord.body["id"].(string)
+	if ord.body["status"] != "created" || ord.body["order_no"] == "" || ord.body["amount"] != "20.00" {
+		t.Fatalf("order = %s", ord.raw)
+	}
+	alice.expect(alice.do("POST", "/api/v1/orders", "o2", `{"amount":"1","description":"`+strings.Repeat("x", 201)+`"}`), 400, "invalid_request")
+	alice.expect(alice.do("POST", "/api/v1/orders/"+id+"/payment", "p0", `{"method":"card"}`), 400, "invalid_request")
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[string]int{}
+	for i := range 15 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a := alice.do("POST", "/api/v1/orders/"+id+"/payment", fmt.Sprintf("pay-%d", i), `{"method":"wallet"}`)
+			code, _ := a.body["code"].(string)
+			mu.Lock()
+			codes[fmt.Sprint(a.status, code)]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if codes["201"] != 1 || codes["201"]+codes["409order_already_paid"]+codes["409payment_in_progress"] != 15 {
+		t.Errorf("15 payments of one order: %v; want one 201, the rest 409", codes)
+	}
+	if a := alice.do("GET", "/api/v1/account", "", ""); a.body["balance"] != "30.00" {
+		t.Errorf("account = %s; want 30.00 (paid once)", a.raw)
+	}
+	if a := alice.do("GET", "/api/v1/orders/"+id, "", ""); a.body["status"] != "paid" {
+		t.Errorf("order = %s; want paid", a.raw)
+	}
+	list := alice.do("GET", "/api/v1/orders", "", "")
+	if items, _ := list.body["items"].([]any); len(items) != 1 {
+		t.Errorf("orders = %s; want 1", list.raw)
+	}
+	bob := signUp(t, base, "bob")
+	bob.expect(bob.do("GET", "/api/v1/orders/"+id, "", ""), 404, "not_found")
+	bob.expect(bob.do("POST", "/api/v1/orders/"+id+"/payment", "b1", `{"method":"wallet"}`), 404, "not_found")
+	bob.expect(bob.do("GET", "/api/v1/orders/x/y", "", ""), 404, "not_found")
+}

@@ -17,6 +17,8 @@ import (
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/memlock"
 	"github.com/onceguard/onceguard/token"
 )
 
@@ -41,15 +43,16 @@ const SessionCookie = "onceguard_session"
 type server struct {
 	cfg    Config
 	tokens *token.Tokens
+	locks  *lock.Locker                       // per-order locks: in process for now
 	routes map[string]map[string]http.Handler // path -> method -> handler
 }
 
-// New returns the service's HTTP handler (shared/api.md). This first
-// slice serves health, users, sessions, the account, submit tokens,
-// deposits, withdrawals and the ledger; other /api/v1 paths answer
+// New returns the service's HTTP handler (shared/api.md). This slice
+// serves health, users, sessions, the account, submit tokens, deposits,
+// withdrawals, the ledger, orders and their payment; other paths answer
 // 404 not_found until they are built.
 func New(cfg Config) http.Handler {
-	s := &server{cfg: cfg, tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), routes: map[string]map[string]http.Handler{}}
+	s := &server{cfg: cfg, tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: memlock.New(nil), routes: map[string]map[string]http.Handler{}}
 	s.handle("GET", "/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) }))
 	s.handle("GET", "/readyz", http.HandlerFunc(s.readyz))
 	s.handle("POST", "/api/v1/users", http.HandlerFunc(s.createUser))
@@ -58,8 +61,12 @@ func New(cfg Config) http.Handler {
 	s.handle("GET", "/api/v1/account", s.authed(s.account))
 	s.handle("GET", "/api/v1/ledger", s.authed(s.ledger))
 	s.handle("POST", "/api/v1/submit-tokens", s.authed(s.createSubmitToken))
-	s.handle("POST", "/api/v1/deposits", s.keyed("deposit", http.HandlerFunc(s.deposit)))
-	s.handle("POST", "/api/v1/withdrawals", s.keyed("withdrawal", http.HandlerFunc(s.withdraw)))
+	s.handle("POST", "/api/v1/deposits", s.keyed("deposit", s.amountFingerprint("deposit"), http.HandlerFunc(s.deposit)))
+	s.handle("POST", "/api/v1/withdrawals", s.keyed("withdrawal", s.amountFingerprint("withdrawal"), http.HandlerFunc(s.withdraw)))
+	s.handle("POST", "/api/v1/orders", s.keyed("order", s.orderFingerprint, http.HandlerFunc(s.createOrder)))
+	s.handle("GET", "/api/v1/orders", s.authed(s.listOrders))
+	s.handle("GET", "/api/v1/orders/{id}", s.authed(s.getOrder))
+	s.handle("POST", "/api/v1/orders/{id}/payment", s.keyed("payment", s.paymentFingerprint, http.HandlerFunc(s.pay)))
 	return s
 }
 
@@ -78,6 +85,9 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	methods, ok := s.routes[r.URL.Path]
 	if !ok {
+		methods, ok = s.match(r)
+	}
+	if !ok {
 		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
 		return
 	}
@@ -92,6 +102,28 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.ServeHTTP(w, r)
+}
+
+// match resolves the paths with an order id: /api/v1/orders/{id} and
+// /api/v1/orders/{id}/payment.
+func (s *server) match(r *http.Request) (map[string]http.Handler, bool) {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/api/v1/orders/")
+	if !ok || rest == "" {
+		return nil, false
+	}
+	id, sub, _ := strings.Cut(rest, "/")
+	if id == "" || strings.Contains(sub, "/") {
+		return nil, false
+	}
+	pattern := "/api/v1/orders/{id}"
+	if sub == "payment" {
+		pattern += "/payment"
+	} else if sub != "" {
+		return nil, false
+	}
+	r.SetPathValue("id", id)
+	m, ok := s.routes[pattern]
+	return m, ok
 }
 
 func problem(w http.ResponseWriter, status int, code, title, detail string) {
@@ -322,7 +354,7 @@ func (s *server) createSubmitToken(w http.ResponseWriter, r *http.Request, u sql
 
 // keyed wraps a money route in the Idempotency-Key middleware, with the
 // contract's order of checks; the route's body rules give the fingerprint.
-func (s *server) keyed(purpose string, next http.Handler) http.Handler {
+func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (string, error), next http.Handler) http.Handler {
 	return idempotency.Middleware(idempotency.Config{
 		Store: s.cfg.Keys, Tokens: s.tokens, Purpose: purpose, RequireToken: s.cfg.RequireToken[purpose],
 		Windows: s.cfg.Keys, Window: s.window(purpose), TTL: s.cfg.KeyTTL, MaxBody: MaxBody,
@@ -330,15 +362,20 @@ func (s *server) keyed(purpose string, next http.Handler) http.Handler {
 			u, err := s.user(r)
 			return u.ID, err == nil
 		},
-		Fingerprint: func(r *http.Request, body []byte) (string, error) {
-			a, p := s.amount(body)
-			if p != nil {
-				return "", p
-			}
-			// Amounts compare by value: "7", "7.00" and 7 are one body.
-			return purpose + ":" + fmt.Sprint(int64(a)), nil
-		},
+		Fingerprint: fingerprint,
 	})(next)
+}
+
+// amountFingerprint: bodies {"amount"} compare by value: "7", "7.00" and
+// 7 are one body.
+func (s *server) amountFingerprint(purpose string) func(*http.Request, []byte) (string, error) {
+	return func(_ *http.Request, body []byte) (string, error) {
+		a, p := s.amount(body)
+		if p != nil {
+			return "", p
+		}
+		return purpose + ":" + fmt.Sprint(int64(a)), nil
+	}
 }
 
 func (s *server) window(purpose string) time.Duration {
@@ -356,10 +393,14 @@ func (s *server) amount(body []byte) (money.Amount, *idempotency.Problem) {
 	if p := Decode(body, &req); p != nil {
 		return 0, p
 	}
-	if req.Amount == nil {
+	return s.parseAmount(req.Amount)
+}
+
+func (s *server) parseAmount(raw json.RawMessage) (money.Amount, *idempotency.Problem) {
+	if raw == nil {
 		return 0, Missing("amount")
 	}
-	a, err := money.FromJSON(req.Amount)
+	a, err := money.FromJSON(raw)
 	if err != nil || a <= 0 || a > s.cfg.MaxAmount {
 		return 0, &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_amount", Title: "Invalid amount",
 			Detail: fmt.Sprintf("a string or number like \"10.00\", more than 0 and at most %s", s.cfg.MaxAmount)}
@@ -419,5 +460,129 @@ func (s *server) settle(ctx context.Context, kind psp.Kind, m *sqlstore.Movement
 	}
 	if err == nil {
 		m.Status = string(op.Status)
+	}
+}
+
+// --- orders and payments ---
+
+type orderRequest struct {
+	Amount      json.RawMessage `json:"amount"`
+	Description *string         `json:"description"`
+}
+
+func (s *server) order(body []byte) (money.Amount, string, *idempotency.Problem) {
+	var req orderRequest
+	if p := Decode(body, &req); p != nil {
+		return 0, "", p
+	}
+	a, p := s.parseAmount(req.Amount)
+	if p != nil {
+		return 0, "", p
+	}
+	desc := ""
+	if req.Description != nil {
+		desc = *req.Description
+	}
+	if n := len([]rune(desc)); n > 200 {
+		return 0, "", &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: "description: at most 200 characters"}
+	}
+	return a, desc, nil
+}
+
+func (s *server) orderFingerprint(_ *http.Request, body []byte) (string, error) {
+	a, desc, p := s.order(body)
+	if p != nil {
+		return "", p
+	}
+	b, _ := json.Marshal([]any{"order", int64(a), desc})
+	return string(b), nil
+}
+
+func (s *server) paymentFingerprint(_ *http.Request, body []byte) (string, error) {
+	var req struct {
+		Method *string `json:"method"`
+	}
+	if p := Decode(body, &req); p != nil {
+		return "", p
+	}
+	if req.Method == nil {
+		return "", Missing("method")
+	}
+	if *req.Method != "wallet" {
+		return "", &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: "method: only \"wallet\""}
+	}
+	return "payment:wallet", nil
+}
+
+func orderJSON(o sqlstore.Order) map[string]any {
+	return map[string]any{"id": o.ID, "order_no": o.OrderNo, "amount": o.Amount, "description": o.Description, "status": o.Status, "created_at": ts(o.CreatedAt)}
+}
+
+func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
+	call, _ := idempotency.FromContext(r.Context())
+	body, _ := ReadBody(r)
+	a, desc, _ := s.order(body) // validated by the middleware
+	o, _, err := s.cfg.Store.CreateOrder(r.Context(), sqlstore.Order{ID: newID("ord_"), OrderNo: newID("ON"), UserID: call.Scope.Principal,
+		Key: call.Key, Description: desc, Amount: a, CreatedAt: time.Now().UnixMicro()})
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, orderJSON(o))
+}
+
+func (s *server) listOrders(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
+	orders, err := s.cfg.Store.Orders(r.Context(), u.ID, 1000)
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	items := make([]map[string]any, 0, len(orders))
+	for _, o := range orders {
+		items = append(items, orderJSON(o))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": items})
+}
+
+func (s *server) getOrder(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
+	o, err := s.cfg.Store.OrderByID(r.Context(), u.ID, r.PathValue("id"))
+	if errors.Is(err, sqlstore.ErrNotFound) {
+		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
+		return
+	} else if err != nil {
+		s.internal(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, orderJSON(o))
+}
+
+// pay takes the order's lock first, so that a payment racing another of
+// the same order gets a fast, clear 409 payment_in_progress; the database
+// (paid_order_id UNIQUE, the conditional debit) is what keeps it paid once.
+func (s *server) pay(w http.ResponseWriter, r *http.Request) {
+	call, _ := idempotency.FromContext(r.Context())
+	orderID := r.PathValue("id")
+	lease, err := s.locks.TryAcquire(r.Context(), "order:"+orderID, 30*time.Second)
+	if errors.Is(err, lock.ErrNotAcquired) {
+		w.Header().Set("Retry-After", "1")
+		problem(w, http.StatusConflict, "payment_in_progress", "Payment in progress", "another payment of this order is being processed; retry shortly")
+		return
+	} else if err != nil {
+		s.internal(w, err)
+		return
+	}
+	defer lease.Release(r.Context())
+	p, _, err := s.cfg.Store.PayOrder(r.Context(), sqlstore.Payment{ID: newID("pay_"), OrderID: orderID, UserID: call.Scope.Principal, Key: call.Key, CreatedAt: time.Now().UnixMicro()})
+	switch {
+	case errors.Is(err, sqlstore.ErrNotFound):
+		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
+	case errors.Is(err, sqlstore.ErrAlreadyPaid):
+		problem(w, http.StatusConflict, "order_already_paid", "Order already paid", "this order has been paid")
+	case errors.Is(err, sqlstore.ErrInsufficientFunds):
+		problem(w, http.StatusUnprocessableEntity, "insufficient_funds", "Insufficient funds", "the balance does not cover this payment; nothing changed")
+	case err != nil:
+		s.internal(w, err)
+	default:
+		writeJSON(w, http.StatusCreated, map[string]any{"order_id": p.OrderID, "payment_id": p.ID, "status": "paid", "amount": p.Amount})
 	}
 }

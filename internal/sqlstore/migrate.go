@@ -1,7 +1,9 @@
 // Package sqlstore is the reference service's database: the schema (one
 // embedded migration set per dialect) and, later, one transaction per
 // operation. Correctness lives here: UNIQUE(user_id, idempotency_key) on
-// every movement, one successful payment per order (payments.paid_order_id
+// deposits, withdrawals and orders, and UNIQUE(user_id, order_id,
+// idempotency_key) on payments (the API scopes a key to its path, which
+// names the order), one successful payment per order (payments.paid_order_id
 // is set only for the succeeded one, and is UNIQUE), balances that cannot
 // go negative (CHECK), and one ledger entry per movement (UNIQUE(kind, ref)).
 package sqlstore

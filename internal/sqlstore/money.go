@@ -297,3 +297,119 @@ func (s *Store) Account(ctx context.Context, userID string) (balance money.Amoun
 	}
 	return money.Amount(b), currency, err
 }
+
+// ErrAlreadyPaid: the order has a successful payment already.
+var ErrAlreadyPaid = errors.New("sqlstore: order already paid")
+
+// Order is an order as stored.
+type Order struct {
+	ID, OrderNo, UserID, Key, Description, Status string
+	Amount                                        money.Amount
+	CreatedAt                                     int64
+}
+
+// CreateOrder stores an order; a second one under the same key returns the
+// first, with created false.
+func (s *Store) CreateOrder(ctx context.Context, o Order) (Order, bool, error) {
+	o.Status = "created"
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO orders (id, order_no, user_id, idempotency_key, amount, description, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
+		o.ID, o.OrderNo, o.UserID, o.Key, int64(o.Amount), o.Description, o.Status, o.CreatedAt)
+	if duplicate(err) {
+		var existing Order
+		row := s.db.QueryRowContext(ctx, s.q(`SELECT id FROM orders WHERE user_id = ? AND idempotency_key = ?`), o.UserID, o.Key)
+		if err := row.Scan(&existing.ID); err != nil {
+			return o, false, err
+		}
+		existing, err = s.OrderByID(ctx, o.UserID, existing.ID)
+		return existing, false, err
+	}
+	return o, err == nil, err
+}
+
+// OrderByID returns a user's order; another user's is ErrNotFound.
+func (s *Store) OrderByID(ctx context.Context, userID, id string) (Order, error) {
+	o := Order{ID: id, UserID: userID}
+	var amount int64
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT order_no, idempotency_key, amount, description, status, created_at FROM orders WHERE id = ? AND user_id = ?`), id, userID).
+		Scan(&o.OrderNo, &o.Key, &amount, &o.Description, &o.Status, &o.CreatedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return o, ErrNotFound
+	}
+	o.Amount = money.Amount(amount)
+	return o, err
+}
+
+// Orders returns a user's orders, newest first.
+func (s *Store) Orders(ctx context.Context, userID string, limit int) ([]Order, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, order_no, idempotency_key, amount, description, status, created_at FROM orders WHERE user_id = ? ORDER BY created_at DESC, id DESC LIMIT ?`), userID, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Order
+	for rows.Next() {
+		o := Order{UserID: userID}
+		var amount int64
+		if err := rows.Scan(&o.ID, &o.OrderNo, &o.Key, &amount, &o.Description, &o.Status, &o.CreatedAt); err != nil {
+			return nil, err
+		}
+		o.Amount = money.Amount(amount)
+		out = append(out, o)
+	}
+	return out, rows.Err()
+}
+
+// Payment is a payment of an order.
+type Payment struct {
+	ID, OrderID, UserID, Key, Status string
+	Amount                           money.Amount
+	CreatedAt                        int64
+}
+
+// PayOrder pays a user's order from their balance in one transaction:
+// the payment row (UNIQUE(user_id, order_id, idempotency_key): the same key
+// for the same order returns the first payment, created false, while the
+// same key for another order is another request, as the API scopes keys by
+// path; and paid_order_id, UNIQUE: a second successful payment of the
+// order is ErrAlreadyPaid), the debit
+// (ErrInsufficientFunds, nothing changed), the order's status, the ledger
+// entry. Another user's order is ErrNotFound.
+func (s *Store) PayOrder(ctx context.Context, p Payment) (Payment, bool, error) {
+	o, err := s.OrderByID(ctx, p.UserID, p.OrderID)
+	if err != nil {
+		return p, false, err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return p, false, err
+	}
+	defer tx.Rollback()
+	p.Amount, p.Status = o.Amount, "succeeded"
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO payments (id, order_id, user_id, idempotency_key, amount, status, paid_order_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
+		p.ID, p.OrderID, p.UserID, p.Key, int64(p.Amount), p.Status, p.OrderID, p.CreatedAt); err != nil {
+		if !duplicate(err) {
+			return p, false, err
+		}
+		_ = tx.Rollback()
+		var existing Payment
+		var amount int64
+		qerr := s.db.QueryRowContext(ctx, s.q(`SELECT id, order_id, amount, status, created_at FROM payments WHERE user_id = ? AND order_id = ? AND idempotency_key = ?`), p.UserID, p.OrderID, p.Key).
+			Scan(&existing.ID, &existing.OrderID, &amount, &existing.Status, &existing.CreatedAt)
+		if qerr == nil {
+			existing.UserID, existing.Key, existing.Amount = p.UserID, p.Key, money.Amount(amount)
+			return existing, false, nil
+		}
+		return p, false, ErrAlreadyPaid
+	}
+	after, err := s.adjust(ctx, tx, p.UserID, -p.Amount, p.CreatedAt)
+	if err != nil {
+		return p, false, err
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE orders SET status = 'paid' WHERE id = ? AND status = 'created'`), p.OrderID); err != nil {
+		return p, false, err
+	}
+	if err := s.ledger(ctx, tx, p.UserID, "payment", -p.Amount, after, p.ID, p.CreatedAt); err != nil {
+		return p, false, err
+	}
+	return p, true, tx.Commit()
+}

@@ -55,7 +55,7 @@ CREATE TABLE payments (
   status          VARCHAR(16) NOT NULL,
   paid_order_id   VARCHAR(32) UNIQUE,
   created_at      BIGINT NOT NULL,
-  UNIQUE (user_id, idempotency_key)
+  UNIQUE (user_id, order_id, idempotency_key)
 );
 CREATE TABLE ledger (
   id            INTEGER PRIMARY KEY AUTOINCREMENT,
