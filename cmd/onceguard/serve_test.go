@@ -170,8 +170,23 @@ func TestServe(t *testing.T) {
 		t.Errorf("ledger = %s; want 2 entries (deposit, withdrawal)", led.raw)
 	}
 
+	deps := alice.do("GET", "/api/v1/deposits", "", "")
+	if items, _ := deps.body["items"].([]any); len(items) != 1 {
+		t.Errorf("deposits = %s; want 1", deps.raw)
+	}
+	wds := alice.do("GET", "/api/v1/withdrawals", "", "")
+	items, _ = wds.body["items"].([]any)
+	if len(items) != 1 {
+		t.Fatalf("withdrawals = %s; want 1", wds.raw)
+	}
+	wid, _ := items[0].(map[string]any)["id"].(string)
+	if one := alice.do("GET", "/api/v1/withdrawals/"+wid, "", ""); one.body["amount"] != "30.00" || one.body["status"] != "succeeded" {
+		t.Errorf("withdrawal = %s; want 30.00 succeeded", one.raw)
+	}
+
 	// Another user cannot use alice's token or see her money.
 	bob := signUp(t, base, "bob")
+	bob.expect(bob.do("GET", "/api/v1/withdrawals/"+wid, "", ""), 404, "not_found")
 	bob.expect(bob.do("POST", "/api/v1/withdrawals", tok, `{"amount":"30.00"}`), 400, "submit_token_invalid")
 	if a := bob.do("GET", "/api/v1/account", "", ""); a.body["balance"] != "0.00" {
 		t.Errorf("bob's account = %s; want 0.00", a.raw)

@@ -50,7 +50,7 @@ type server struct {
 // New returns the service's HTTP handler (shared/api.md). This slice
 // serves health, users, sessions, the account, submit tokens, deposits,
 // withdrawals, the ledger, orders and their payment; other paths answer
-// 404 not_found until they are built.
+// 404 not_found.
 func New(cfg Config) http.Handler {
 	s := &server{cfg: cfg, tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: memlock.New(nil), routes: map[string]map[string]http.Handler{}}
 	s.handle("GET", "/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) }))
@@ -63,6 +63,10 @@ func New(cfg Config) http.Handler {
 	s.handle("POST", "/api/v1/submit-tokens", s.authed(s.createSubmitToken))
 	s.handle("POST", "/api/v1/deposits", s.keyed("deposit", s.amountFingerprint("deposit"), http.HandlerFunc(s.deposit)))
 	s.handle("POST", "/api/v1/withdrawals", s.keyed("withdrawal", s.amountFingerprint("withdrawal"), http.HandlerFunc(s.withdraw)))
+	s.handle("GET", "/api/v1/deposits", s.authed(s.listMovements("deposits")))
+	s.handle("GET", "/api/v1/deposits/{id}", s.authed(s.getMovement("deposits")))
+	s.handle("GET", "/api/v1/withdrawals", s.authed(s.listMovements("withdrawals")))
+	s.handle("GET", "/api/v1/withdrawals/{id}", s.authed(s.getMovement("withdrawals")))
 	s.handle("POST", "/api/v1/orders", s.keyed("order", s.orderFingerprint, http.HandlerFunc(s.createOrder)))
 	s.handle("GET", "/api/v1/orders", s.authed(s.listOrders))
 	s.handle("GET", "/api/v1/orders/{id}", s.authed(s.getOrder))
@@ -104,25 +108,25 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.ServeHTTP(w, r)
 }
 
-// match resolves the paths with an order id: /api/v1/orders/{id} and
-// /api/v1/orders/{id}/payment.
+// match resolves the paths with an id: /api/v1/{orders,deposits,
+// withdrawals}/{id} and /api/v1/orders/{id}/payment.
 func (s *server) match(r *http.Request) (map[string]http.Handler, bool) {
-	rest, ok := strings.CutPrefix(r.URL.Path, "/api/v1/orders/")
-	if !ok || rest == "" {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/api/v1/")
+	if !ok {
 		return nil, false
 	}
-	id, sub, _ := strings.Cut(rest, "/")
-	if id == "" || strings.Contains(sub, "/") {
+	parts := strings.Split(rest, "/")
+	if len(parts) < 2 || len(parts) > 3 || parts[1] == "" {
 		return nil, false
 	}
-	pattern := "/api/v1/orders/{id}"
-	if sub == "payment" {
-		pattern += "/payment"
-	} else if sub != "" {
-		return nil, false
+	pattern := "/api/v1/" + parts[0] + "/{id}"
+	if len(parts) == 3 {
+		pattern += "/" + parts[2]
 	}
-	r.SetPathValue("id", id)
 	m, ok := s.routes[pattern]
+	if ok {
+		r.SetPathValue("id", parts[1])
+	}
 	return m, ok
 }
 
@@ -584,5 +588,34 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, err)
 	default:
 		writeJSON(w, http.StatusCreated, map[string]any{"order_id": p.OrderID, "payment_id": p.ID, "status": "paid", "amount": p.Amount})
+	}
+}
+
+func (s *server) listMovements(table string) func(http.ResponseWriter, *http.Request, sqlstore.User) {
+	return func(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
+		ms, err := s.cfg.Store.Movements(r.Context(), table, u.ID, 1000)
+		if err != nil {
+			s.internal(w, err)
+			return
+		}
+		items := make([]map[string]any, 0, len(ms))
+		for _, m := range ms {
+			items = append(items, movementJSON(m))
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"items": items})
+	}
+}
+
+func (s *server) getMovement(table string) func(http.ResponseWriter, *http.Request, sqlstore.User) {
+	return func(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
+		m, err := s.cfg.Store.MovementByID(r.Context(), table, u.ID, r.PathValue("id"))
+		if errors.Is(err, sqlstore.ErrNotFound) {
+			problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
+			return
+		} else if err != nil {
+			s.internal(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, movementJSON(m))
 	}
 }

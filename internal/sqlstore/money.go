@@ -413,3 +413,44 @@ func (s *Store) PayOrder(ctx context.Context, p Payment) (Payment, bool, error) 
 	}
 	return p, true, tx.Commit()
 }
+
+// Movements returns a user's deposits or withdrawals, newest first.
+func (s *Store) Movements(ctx context.Context, table, userID string, limit int) ([]Movement, error) {
+	if table != "deposits" && table != "withdrawals" {
+		return nil, fmt.Errorf("sqlstore: no movements in %q", table)
+	}
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, idempotency_key, amount, status, created_at FROM `+table+
+		` WHERE user_id = ? ORDER BY created_at DESC, id DESC LIMIT ?`), userID, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Movement
+	for rows.Next() {
+		m := Movement{UserID: userID}
+		var amount int64
+		if err := rows.Scan(&m.ID, &m.Key, &amount, &m.Status, &m.CreatedAt); err != nil {
+			return nil, err
+		}
+		m.Amount = money.Amount(amount)
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// MovementByID returns a user's deposit or withdrawal; another user's is
+// ErrNotFound.
+func (s *Store) MovementByID(ctx context.Context, table, userID, id string) (Movement, error) {
+	if table != "deposits" && table != "withdrawals" {
+		return Movement{}, fmt.Errorf("sqlstore: no movements in %q", table)
+	}
+	m := Movement{ID: id, UserID: userID}
+	var amount int64
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT idempotency_key, amount, status, created_at FROM `+table+` WHERE id = ? AND user_id = ?`), id, userID).
+		Scan(&m.Key, &amount, &m.Status, &m.CreatedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return m, ErrNotFound
+	}
+	m.Amount = money.Amount(amount)
+	return m, err
+}
