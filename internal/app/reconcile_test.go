@@ -46,7 +46,7 @@ func TestReconcile(t *testing.T) {
 	// time out before paying, and are declined.
 	sim.Inject(psp.TimeoutAfterCommit, psp.TimeoutBeforeCommit, psp.Decline)
 	for _, id := range []string{"w1", "w2", "w3"} {
-		if _, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: now}); err != nil {
+		if _, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: now}, 0); err != nil {
 			t.Fatal(err)
 		}
 		if op, err := sim.Do(ctx, psp.Payout, id, 1000); err == nil && op.Status == psp.Failed {

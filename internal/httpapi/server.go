@@ -151,6 +151,14 @@ func (s *server) internal(w http.ResponseWriter, err error) {
 	problem(w, http.StatusInternalServerError, "internal", "Internal error", "something went wrong on our side")
 }
 
+// busy answers 503 busy: the resource's lock could not be had in time,
+// or was lost before the write (a stale fence). Nothing changed, and as a
+// 5xx it frees the Idempotency-Key: a retry runs again, safely.
+func (s *server) busy(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	problem(w, http.StatusServiceUnavailable, "busy", "Busy", "the account or order is busy; nothing changed, retry shortly")
+}
+
 func isUnavailable(err error) bool {
 	return errors.Is(err, idempotency.ErrUnavailable) || strings.Contains(err.Error(), "database is closed") ||
 		strings.Contains(err.Error(), "connection refused")
@@ -433,8 +441,21 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 	call, _ := idempotency.FromContext(r.Context())
 	body, _ := ReadBody(r)
 	a, _ := s.amount(body)
-	m, _, err := s.cfg.Store.Withdraw(r.Context(), sqlstore.Movement{ID: newID("wd_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()})
-	if errors.Is(err, sqlstore.ErrInsufficientFunds) {
+	// The user's lock serialises their withdrawals; its fence goes into the
+	// transaction, where the account refuses a writer whose lock ran out.
+	wait, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	lease, err := s.locks.Acquire(wait, "user:"+call.Scope.Principal, 30*time.Second)
+	cancel()
+	if err != nil {
+		s.busy(w)
+		return
+	}
+	defer lease.Release(r.Context())
+	m, _, err := s.cfg.Store.Withdraw(r.Context(), sqlstore.Movement{ID: newID("wd_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()}, lease.Fence())
+	if errors.Is(err, sqlstore.ErrStaleFence) {
+		s.busy(w)
+		return
+	} else if errors.Is(err, sqlstore.ErrInsufficientFunds) {
 		problem(w, http.StatusUnprocessableEntity, "insufficient_funds", "Insufficient funds", "the balance does not cover this withdrawal; nothing changed")
 		return
 	} else if err != nil {
@@ -576,8 +597,10 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer lease.Release(r.Context())
-	p, _, err := s.cfg.Store.PayOrder(r.Context(), sqlstore.Payment{ID: newID("pay_"), OrderID: orderID, UserID: call.Scope.Principal, Key: call.Key, CreatedAt: time.Now().UnixMicro()})
+	p, _, err := s.cfg.Store.PayOrder(r.Context(), sqlstore.Payment{ID: newID("pay_"), OrderID: orderID, UserID: call.Scope.Principal, Key: call.Key, CreatedAt: time.Now().UnixMicro()}, lease.Fence())
 	switch {
+	case errors.Is(err, sqlstore.ErrStaleFence):
+		s.busy(w)
 	case errors.Is(err, sqlstore.ErrNotFound):
 		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
 	case errors.Is(err, sqlstore.ErrAlreadyPaid):

@@ -64,8 +64,8 @@ func TestMigrate(t *testing.T) {
 				t.Fatalf("Migrate again = %v", err)
 			}
 			var n int
-			if err := db.QueryRow("SELECT count(*) FROM schema_migrations").Scan(&n); err != nil || n != 1 {
-				t.Errorf("schema_migrations rows = %d, %v; want 1", n, err)
+			if err := db.QueryRow("SELECT count(*) FROM schema_migrations").Scan(&n); err != nil || n != 2 {
+				t.Errorf("schema_migrations rows = %d, %v; want 2", n, err)
 			}
 			constraints(t, db, d.dialect)
 		})

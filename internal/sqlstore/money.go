@@ -12,6 +12,10 @@ import (
 
 // Errors of the money operations.
 var (
+	// ErrStaleFence: the write carried a fencing token older than the last
+	// one the resource accepted: its lock was lost (a pause, an expiry)
+	// and a newer holder has written since. Nothing changed; retry.
+	ErrStaleFence        = errors.New("sqlstore: stale fencing token")
 	ErrInsufficientFunds = errors.New("sqlstore: insufficient funds")
 	ErrUsernameTaken     = errors.New("sqlstore: username taken")
 	ErrNotFound          = errors.New("sqlstore: not found")
@@ -89,7 +93,12 @@ type Movement struct {
 // (then the first one is returned, with created false); then a debit that
 // only happens if the balance covers it (ErrInsufficientFunds, nothing
 // changed); then its ledger entry.
-func (s *Store) Withdraw(ctx context.Context, m Movement) (got Movement, created bool, err error) {
+//
+// fence is the fencing token of the caller's lock on the user (0: none).
+// The account keeps the last fence it accepted and refuses an older one
+// (ErrStaleFence): a holder whose lock ran out cannot write after the next
+// holder did.
+func (s *Store) Withdraw(ctx context.Context, m Movement, fence int64) (got Movement, created bool, err error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return m, false, err
@@ -105,7 +114,7 @@ func (s *Store) Withdraw(ctx context.Context, m Movement) (got Movement, created
 		}
 		return m, false, err
 	}
-	after, err := s.adjust(ctx, tx, m.UserID, -m.Amount, m.CreatedAt)
+	after, err := s.adjustFenced(ctx, tx, m.UserID, -m.Amount, fence, m.CreatedAt)
 	if err != nil {
 		return m, false, err
 	}
@@ -127,6 +136,36 @@ func (s *Store) adjust(ctx context.Context, tx *sql.Tx, userID string, delta mon
 	if n, err := res.RowsAffected(); err != nil {
 		return 0, err
 	} else if n == 0 {
+		return 0, ErrInsufficientFunds
+	}
+	var after int64
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT balance FROM accounts WHERE user_id = ?`), userID).Scan(&after); err != nil {
+		return 0, err
+	}
+	return money.Amount(after), nil
+}
+
+// adjustFenced is adjust for a writer holding a lock with fence: the
+// account must not have accepted a newer fence, and records this one.
+func (s *Store) adjustFenced(ctx context.Context, tx *sql.Tx, userID string, delta money.Amount, fence, now int64) (money.Amount, error) {
+	if fence == 0 {
+		return s.adjust(ctx, tx, userID, delta, now)
+	}
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE accounts SET balance = balance + ?, version = version + 1, fence = ?, updated_at = ?
+WHERE user_id = ? AND balance + ? >= 0 AND fence <= ?`), int64(delta), fence, now, userID, int64(delta), fence)
+	if err != nil {
+		return 0, err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return 0, err
+	} else if n == 0 {
+		var last int64
+		if err := tx.QueryRowContext(ctx, s.q(`SELECT fence FROM accounts WHERE user_id = ?`), userID).Scan(&last); err != nil {
+			return 0, err
+		}
+		if last > fence {
+			return 0, ErrStaleFence
+		}
 		return 0, ErrInsufficientFunds
 	}
 	var after int64
@@ -374,7 +413,10 @@ type Payment struct {
 // order is ErrAlreadyPaid), the debit
 // (ErrInsufficientFunds, nothing changed), the order's status, the ledger
 // entry. Another user's order is ErrNotFound.
-func (s *Store) PayOrder(ctx context.Context, p Payment) (Payment, bool, error) {
+//
+// fence is the fencing token of the caller's lock on the order (0: none);
+// the order refuses an older one than it accepted (ErrStaleFence).
+func (s *Store) PayOrder(ctx context.Context, p Payment, fence int64) (Payment, bool, error) {
 	o, err := s.OrderByID(ctx, p.UserID, p.OrderID)
 	if err != nil {
 		return p, false, err
@@ -405,8 +447,14 @@ func (s *Store) PayOrder(ctx context.Context, p Payment) (Payment, bool, error) 
 	if err != nil {
 		return p, false, err
 	}
-	if _, err := tx.ExecContext(ctx, s.q(`UPDATE orders SET status = 'paid' WHERE id = ? AND status = 'created'`), p.OrderID); err != nil {
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE orders SET status = 'paid', fence = ? WHERE id = ? AND status = 'created' AND fence <= ?`), fence, p.OrderID, fence)
+	if err != nil {
 		return p, false, err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return p, false, err
+	} else if n == 0 {
+		return p, false, ErrStaleFence // not 'created' any more is impossible here: paid_order_id is UNIQUE
 	}
 	if err := s.ledger(ctx, tx, p.UserID, "payment", -p.Amount, after, p.ID, p.CreatedAt); err != nil {
 		return p, false, err

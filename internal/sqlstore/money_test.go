@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/lock/memlock"
 )
 
 // Money moves exactly once and never below zero, whatever races: 30
@@ -75,7 +76,7 @@ func TestMoney(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: fmt.Sprintf("k%d", i), Amount: 1000, CreatedAt: now})
+					_, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: fmt.Sprintf("k%d", i), Amount: 1000, CreatedAt: now}, 0)
 					switch {
 					case err == nil && created:
 						ok.Add(1)
@@ -96,7 +97,7 @@ func TestMoney(t *testing.T) {
 			if won < 0 {
 				t.Fatal("no withdrawal went through")
 			}
-			first, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: "wx", UserID: "u1", Key: fmt.Sprintf("k%d", won), Amount: 1000, CreatedAt: now})
+			first, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: "wx", UserID: "u1", Key: fmt.Sprintf("k%d", won), Amount: 1000, CreatedAt: now}, 0)
 			if err != nil || created || first.ID != fmt.Sprintf("w%d", won) {
 				t.Errorf("Withdraw(same key) = %+v, %v, %v; want w%d back, not created", first, created, err, won)
 			}
@@ -109,6 +110,50 @@ func TestMoney(t *testing.T) {
 			if err != nil || bal != 1000 || sum != bal {
 				t.Errorf("balance %v, ledger sum %v, %v; want 10.00 and equal", bal, sum, err)
 			}
+		})
+	}
+}
+
+// PITFALLS 1: hold a lease, let it expire, let another holder take it,
+// then make the first one write: refused, and nothing changes.
+func TestStaleFenceRefused(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			db := d.open(t)
+			fresh(t, db)
+			ctx := context.Background()
+			if err := sqlstore.Migrate(ctx, db, d.dialect); err != nil {
+				t.Fatal(err)
+			}
+			s := sqlstore.Open(db, d.dialect)
+			now := time.Now().UnixMicro()
+			if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
+				t.Fatal(err)
+			}
+			_, _, _ = s.CreateDeposit(ctx, sqlstore.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: now})
+			if err := s.SettleDeposit(ctx, "d1", true, now); err != nil {
+				t.Fatal(err)
+			}
+			locks := memlock.New(nil)
+			slow, _ := locks.TryAcquire(ctx, "user:u1", 20*time.Millisecond)
+			<-slow.Done() // paused past its TTL
+			next, err := locks.Acquire(ctx, "user:u1", time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: "w1", UserID: "u1", Key: "k1", Amount: 1000, CreatedAt: now}, next.Fence()); err != nil {
+				t.Fatalf("Withdraw by the current holder = %v", err)
+			}
+			if _, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: "w2", UserID: "u1", Key: "k2", Amount: 1000, CreatedAt: now}, slow.Fence()); !errors.Is(err, sqlstore.ErrStaleFence) {
+				t.Errorf("Withdraw by the stale holder = %v; want ErrStaleFence", err)
+			}
+			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 9000 || sum != bal {
+				t.Errorf("balance %v, ledger %v; want 90.00: only the current holder's write", bal, sum)
+			}
+			if _, err := s.MovementByID(ctx, "withdrawals", "u1", "w2"); !errors.Is(err, sqlstore.ErrNotFound) {
+				t.Errorf("the refused withdrawal's row = %v; want none", err)
+			}
+			_ = next.Release(ctx)
 		})
 	}
 }
