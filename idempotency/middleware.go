@@ -248,7 +248,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// exactly what is sent.
 	rec := recorders.Get().(*recorder)
 	defer rec.recycle()
-	if m.serve(rec, r, body, call) {
+	if m.serve(rec, r, body, call) || call.forgotten.Load() {
 		m.release(r, detached, id, res.Lease, windowID)
 	} else if !call.completed.Load() {
 		resp := Response{Status: rec.status, Header: make(http.Header), Body: rec.body.Bytes()}
@@ -357,10 +357,17 @@ type Call struct {
 
 	windowID  string
 	completed atomic.Bool
+	forgotten atomic.Bool
 }
 
 // MarkCompleted records that the handler completed the record itself.
 func (c *Call) MarkCompleted() { c.completed.Store(true) }
+
+// Forget makes the handler's answer transient: it is sent but not stored,
+// and the key, its token and its window entry are freed, as after a 5xx.
+// For answers that tell the client to come back (a 409 with Retry-After),
+// which a stored replay would repeat forever.
+func (c *Call) Forget() { c.forgotten.Store(true) }
 
 type callKey struct{}
 

@@ -516,3 +516,37 @@ func TestRecoveredKeyPassesItsOwnWindow(t *testing.T) {
 	close(stuck)
 	<-done
 }
+
+// An answer the handler marks transient (Forget) is sent, not stored: the
+// same key runs again.
+func TestForget(t *testing.T) {
+	store := &memstore.Store{}
+	runs := 0
+	h := idempotency.Middleware(idempotency.Config{Store: store})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		if runs == 1 {
+			call, _ := idempotency.FromContext(r.Context())
+			call.Forget()
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusConflict)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func() int {
+		r := httptest.NewRequest(http.MethodPost, "/x", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if c := send(); c != 409 {
+		t.Fatalf("first = %d; want the handler's 409", c)
+	}
+	if c := send(); c != 201 || runs != 2 {
+		t.Errorf("retry = %d after %d runs; want a fresh run (201, 2 runs)", c, runs)
+	}
+	if c := send(); c != 201 || runs != 2 {
+		t.Errorf("third = %d after %d runs; want the stored 201 replayed", c, runs)
+	}
+}

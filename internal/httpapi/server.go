@@ -589,6 +589,7 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 	orderID := r.PathValue("id")
 	lease, err := s.locks.TryAcquire(r.Context(), "order:"+orderID, 30*time.Second)
 	if errors.Is(err, lock.ErrNotAcquired) {
+		call.Forget() // transient: a retry with this key must run again, not replay this
 		w.Header().Set("Retry-After", "1")
 		problem(w, http.StatusConflict, "payment_in_progress", "Payment in progress", "another payment of this order is being processed; retry shortly")
 		return
