@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/onceguard/onceguard/internal/dbtest"
 )
 
 // startServe runs `onceguard serve` in process on a free port with a fresh
@@ -102,11 +104,29 @@ func (c *client) submitToken(purpose string) string {
 	return tok
 }
 
+// databases are the --db values the end-to-end tests run on: the embedded
+// default always, PostgreSQL and MySQL when their servers are named (each
+// in a database of its own).
+func databases(t *testing.T) map[string]func(t *testing.T) []string {
+	// One database per top-level test: TestServe -> onceguard_e2e_serve.
+	name := "onceguard_e2e_" + strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
+	return map[string]func(t *testing.T) []string{
+		"sqlite":   func(*testing.T) []string { return nil },
+		"postgres": func(t *testing.T) []string { return []string{"--db", dbtest.FreshPostgres(t, name)} },
+		"mysql":    func(t *testing.T) []string { return []string{"--db", "mysql://" + dbtest.FreshMySQL(t, name)} },
+	}
+}
+
 // The embedded default end to end: sign up, deposit, withdraw with a
 // submit token, replay, refusals in the contract's words, and a storm of
 // one token that debits once.
 func TestServe(t *testing.T) {
-	base := startServe(t)
+	for name, db := range databases(t) {
+		t.Run(name, func(t *testing.T) { testServe(t, startServe(t, db(t)...)) })
+	}
+}
+
+func testServe(t *testing.T, base string) {
 	anon := &client{t: t, base: base}
 	anon.expect(anon.do("GET", "/healthz", "", ""), 200, "")
 	anon.expect(anon.do("GET", "/api/v1/account", "", ""), 401, "unauthenticated")
@@ -200,7 +220,12 @@ func TestServe(t *testing.T) {
 // order with different keys debit once; the others see 409 (in progress
 // or already paid); the same key replays; another user's order is 404.
 func TestServeOrders(t *testing.T) {
-	base := startServe(t)
+	for name, db := range databases(t) {
+		t.Run(name, func(t *testing.T) { testServeOrders(t, startServe(t, db(t)...)) })
+	}
+}
+
+func testServeOrders(t *testing.T, base string) {
 	alice := signUp(t, base, "alice")
 	alice.expect(alice.do("POST", "/api/v1/deposits", "d", `{"amount":"50"}`), 201, "")
 	ord := alice.do("POST", "/api/v1/orders", alice.submitToken("order"), `{"amount":"20.00","description":"tea"}`)

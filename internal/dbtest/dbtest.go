@@ -7,8 +7,10 @@ package dbtest
 
 import (
 	"database/sql"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	_ "github.com/go-sql-driver/mysql" // driver "mysql"
@@ -55,4 +57,44 @@ func SQLite(t testing.TB) *sql.DB {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+// FreshPostgres creates (or re-creates) the database name on the server
+// of ONCEGUARD_TEST_POSTGRES, or skips, and returns its URL. Tests that
+// own tables with common names (users, accounts, ...) use their own
+// database, so that packages running at once do not meet.
+func FreshPostgres(t testing.TB, name string) string {
+	t.Helper()
+	admin := Postgres(t)
+	if _, err := admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`); err != nil {
+		t.Fatalf("drop database %s: %v", name, err)
+	}
+	if _, err := admin.Exec(`CREATE DATABASE ` + name); err != nil {
+		t.Fatalf("create database %s: %v", name, err)
+	}
+	u, err := url.Parse(os.Getenv("ONCEGUARD_TEST_POSTGRES"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// FreshMySQL is FreshPostgres for ONCEGUARD_TEST_MYSQL; it returns a
+// go-sql-driver/mysql DSN.
+func FreshMySQL(t testing.TB, name string) string {
+	t.Helper()
+	admin := MySQL(t)
+	for _, q := range []string{`DROP DATABASE IF EXISTS ` + name, `CREATE DATABASE ` + name} {
+		if _, err := admin.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	dsn := os.Getenv("ONCEGUARD_TEST_MYSQL")
+	slash := strings.LastIndex(dsn, "/")
+	rest := ""
+	if q := strings.Index(dsn[slash:], "?"); q >= 0 {
+		rest = dsn[slash+q:]
+	}
+	return dsn[:slash+1] + name + rest
 }
