@@ -1,8 +1,9 @@
 package sqlstore
 
 import (
-	"strconv"
 	"strings"
+
+	"github.com/onceguard/onceguard/internal/sqldb"
 )
 
 type queries struct {
@@ -94,7 +95,7 @@ ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.exp
 	fix := func(s string) string {
 		s = strings.ReplaceAll(s, "{p}", p)
 		if d == Postgres {
-			s = rebind(s)
+			s = sqldb.Rebind(s)
 		}
 		return s
 	}
@@ -110,19 +111,4 @@ ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.exp
 		q.prune[i] = fix(q.prune[i])
 	}
 	return q
-}
-
-// rebind turns ? placeholders into PostgreSQL's $1, $2, ...
-func rebind(s string) string {
-	var b strings.Builder
-	n := 0
-	for _, r := range s {
-		if r == '?' {
-			n++
-			b.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }

@@ -30,7 +30,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
-	"github.com/onceguard/onceguard/internal/sqlerr"
+	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/token"
 )
 
@@ -437,7 +437,7 @@ func wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if sqlerr.Unavailable(err) {
+	if sqldb.Unavailable(err) {
 		return fmt.Errorf("sqlstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
 	}
 	return fmt.Errorf("sqlstore: %s: %w", op, err)

@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/onceguard/onceguard/internal/sqldb"
 )
 
 //go:embed migrations/*.sql
@@ -117,7 +119,7 @@ func Migrate(ctx context.Context, db *sql.DB, d Dialect) error {
 		}
 		q := `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`
 		if d == Postgres {
-			q = `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`
+			q = sqldb.Rebind(q)
 		}
 		if _, err := conn.ExecContext(ctx, q, m.version, m.name, time.Now().UnixMicro()); err != nil {
 			return fmt.Errorf("sqlstore: migration %s: %w", m.name, err)

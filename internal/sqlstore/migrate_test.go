@@ -3,13 +3,12 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 )
 
@@ -74,20 +73,10 @@ func TestMigrate(t *testing.T) {
 
 func constraints(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
 	q := func(s string) string {
-		if d != sqlstore.Postgres {
-			return s
+		if d == sqlstore.Postgres {
+			return sqldb.Rebind(s)
 		}
-		n := 0
-		var b strings.Builder
-		for _, r := range s {
-			if r == '?' {
-				n++
-				fmt.Fprintf(&b, "$%d", n)
-				continue
-			}
-			b.WriteRune(r)
-		}
-		return b.String()
+		return s
 	}
 	now := time.Now().UnixMicro()
 	mustExec := func(s string, args ...any) {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/internal/sqldb"
 )
 
 // Errors of the money operations.
@@ -35,17 +36,7 @@ func (s *Store) q(query string) string {
 	if s.d != Postgres {
 		return query
 	}
-	var b strings.Builder
-	n := 0
-	for _, r := range query {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+	return sqldb.Rebind(query)
 }
 
 // duplicate reports a unique-constraint violation, in every dialect.

@@ -39,7 +39,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/onceguard/onceguard/internal/sqlerr"
+	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/lock"
 )
 
@@ -248,4 +248,4 @@ func wrap(op, key string, err error) error {
 
 // unavailable reports errors that mean the database could not be reached
 // or could not answer now.
-func unavailable(err error) bool { return sqlerr.Unavailable(err) }
+func unavailable(err error) bool { return sqldb.Unavailable(err) }

@@ -1,9 +1,9 @@
-// Package sqlerr tells database errors that mean "could not answer now"
-// (the database is unreachable, restarting, or the pool is closed) from
-// errors in the statement, for every driver the module's SQL packages
-// meet (pgx, lib/pq, go-sql-driver/mysql, modernc.org/sqlite,
-// mattn/go-sqlite3), without importing any of them.
-package sqlerr
+// Package sqldb holds what the module's SQL code shares across dialects
+// and drivers, without importing any driver: telling errors that mean
+// "the database could not answer now" from errors in the statement (pgx,
+// lib/pq, go-sql-driver/mysql, modernc.org/sqlite, mattn/go-sqlite3), and
+// PostgreSQL's placeholders.
+package sqldb
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 )
 
@@ -38,4 +39,20 @@ func Unavailable(err error) bool {
 		}
 	}
 	return false
+}
+
+// Rebind turns ? placeholders into PostgreSQL's $1, $2, ... (queries here
+// never hold a literal question mark).
+func Rebind(query string) string {
+	var b strings.Builder
+	n := 0
+	for _, r := range query {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
