@@ -32,7 +32,7 @@ func startServe(t *testing.T, extra ...string) string {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if i := strings.Index(out.String(), "http://"); i >= 0 {
-			return strings.Fields(out.String()[i:])[0][:len(strings.Fields(out.String()[i:])[0])-1]
+			return strings.TrimSuffix(strings.Fields(out.String()[i:])[0], ";") // "listening on http://A;"
 		}
 		select {
 		case err := <-done:

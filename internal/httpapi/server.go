@@ -16,6 +16,7 @@ import (
 	"github.com/onceguard/onceguard/internal/auth"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/memlock"
@@ -160,19 +161,17 @@ func (s *server) busy(w http.ResponseWriter) {
 }
 
 func isUnavailable(err error) bool {
-	return errors.Is(err, idempotency.ErrUnavailable) || strings.Contains(err.Error(), "database is closed") ||
-		strings.Contains(err.Error(), "connection refused")
+	return errors.Is(err, idempotency.ErrUnavailable) || sqldb.Unavailable(err)
 }
 
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
-	db := "ok"
 	if s.cfg.Ping != nil {
 		if err := s.cfg.Ping(r.Context()); err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "components": map[string]string{"database": "unreachable"}})
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "components": map[string]string{"database": db}})
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "components": map[string]string{"database": "ok"}})
 }
 
 func newID(prefix string) string {
@@ -322,15 +321,9 @@ func (s *server) account(w http.ResponseWriter, r *http.Request, u sqlstore.User
 
 func (s *server) ledger(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 	entries, err := s.cfg.Store.Ledger(r.Context(), u.ID, 1000)
-	if err != nil {
-		s.internal(w, err)
-		return
-	}
-	items := make([]map[string]any, 0, len(entries))
-	for _, e := range entries {
-		items = append(items, map[string]any{"id": fmt.Sprint(e.ID), "kind": e.Kind, "amount": e.Amount, "balance_after": e.BalanceAfter, "ref": e.Ref, "created_at": ts(e.CreatedAt)})
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": items})
+	writeList(s, w, entries, err, func(e sqlstore.LedgerEntry) map[string]any {
+		return map[string]any{"id": fmt.Sprint(e.ID), "kind": e.Kind, "amount": e.Amount, "balance_after": e.BalanceAfter, "ref": e.Ref, "created_at": ts(e.CreatedAt)}
+	})
 }
 
 var purposes = map[string]bool{"withdrawal": true, "deposit": true, "order": true, "payment": true}
@@ -558,19 +551,31 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) listOrders(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 	orders, err := s.cfg.Store.Orders(r.Context(), u.ID, 1000)
-	if err != nil {
-		s.internal(w, err)
-		return
-	}
-	items := make([]map[string]any, 0, len(orders))
-	for _, o := range orders {
-		items = append(items, orderJSON(o))
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": items})
+	writeList(s, w, orders, err, orderJSON)
 }
 
 func (s *server) getOrder(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 	o, err := s.cfg.Store.OrderByID(r.Context(), u.ID, r.PathValue("id"))
+	writeOne(s, w, o, err, orderJSON)
+}
+
+// writeList answers {"items": [...]} (newest first, as the store gives
+// them), or the store's error.
+func writeList[T any](s *server, w http.ResponseWriter, items []T, err error, toJSON func(T) map[string]any) {
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	out := make([]map[string]any, 0, len(items))
+	for _, it := range items {
+		out = append(out, toJSON(it))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": out})
+}
+
+// writeOne answers one resource; another user's, like a missing one, is
+// 404 not_found.
+func writeOne[T any](s *server, w http.ResponseWriter, item T, err error, toJSON func(T) map[string]any) {
 	if errors.Is(err, sqlstore.ErrNotFound) {
 		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
 		return
@@ -578,7 +583,7 @@ func (s *server) getOrder(w http.ResponseWriter, r *http.Request, u sqlstore.Use
 		s.internal(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, orderJSON(o))
+	writeJSON(w, http.StatusOK, toJSON(item))
 }
 
 // pay takes the order's lock first, so that a payment racing another of
@@ -618,28 +623,13 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 func (s *server) listMovements(table string) func(http.ResponseWriter, *http.Request, sqlstore.User) {
 	return func(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 		ms, err := s.cfg.Store.Movements(r.Context(), table, u.ID, 1000)
-		if err != nil {
-			s.internal(w, err)
-			return
-		}
-		items := make([]map[string]any, 0, len(ms))
-		for _, m := range ms {
-			items = append(items, movementJSON(m))
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"items": items})
+		writeList(s, w, ms, err, movementJSON)
 	}
 }
 
 func (s *server) getMovement(table string) func(http.ResponseWriter, *http.Request, sqlstore.User) {
 	return func(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 		m, err := s.cfg.Store.MovementByID(r.Context(), table, u.ID, r.PathValue("id"))
-		if errors.Is(err, sqlstore.ErrNotFound) {
-			problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
-			return
-		} else if err != nil {
-			s.internal(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, movementJSON(m))
+		writeOne(s, w, m, err, movementJSON)
 	}
 }
