@@ -13,6 +13,23 @@ import (
 	"github.com/onceguard/onceguard/lock/memlock"
 )
 
+// withUser gives a test a migrated, empty database of d with one user,
+// u1 "alice", and an empty account.
+func withUser(t *testing.T, d database) (*sqlstore.Store, int64) {
+	t.Helper()
+	db := d.open(t)
+	fresh(t, db)
+	if err := sqlstore.Migrate(context.Background(), db, d.dialect); err != nil {
+		t.Fatal(err)
+	}
+	s := sqlstore.Open(db, d.dialect)
+	now := time.Now().UnixMicro()
+	if err := s.CreateUser(context.Background(), "u1", "alice", "h", "CNY", now); err != nil {
+		t.Fatal(err)
+	}
+	return s, now
+}
+
 // Money moves exactly once and never below zero, whatever races: 30
 // withdrawals of 10.00 against 100.00 succeed ten times; the same key
 // twice debits once; settling twice credits or refunds once; the ledger
@@ -20,17 +37,8 @@ import (
 func TestMoney(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
-			db := d.open(t)
-			fresh(t, db)
+			s, now := withUser(t, d)
 			ctx := context.Background()
-			if err := sqlstore.Migrate(ctx, db, d.dialect); err != nil {
-				t.Fatal(err)
-			}
-			s := sqlstore.Open(db, d.dialect)
-			now := time.Now().UnixMicro()
-			if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
-				t.Fatal(err)
-			}
 			if err := s.CreateUser(ctx, "u2", "alice", "h", "CNY", now); !errors.Is(err, sqlstore.ErrUsernameTaken) {
 				t.Errorf("CreateUser(taken) = %v; want ErrUsernameTaken", err)
 			}
@@ -119,17 +127,8 @@ func TestMoney(t *testing.T) {
 func TestStaleFenceRefused(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
-			db := d.open(t)
-			fresh(t, db)
+			s, now := withUser(t, d)
 			ctx := context.Background()
-			if err := sqlstore.Migrate(ctx, db, d.dialect); err != nil {
-				t.Fatal(err)
-			}
-			s := sqlstore.Open(db, d.dialect)
-			now := time.Now().UnixMicro()
-			if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
-				t.Fatal(err)
-			}
 			_, _, _ = s.CreateDeposit(ctx, sqlstore.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: now})
 			if err := s.SettleDeposit(ctx, "d1", true, now); err != nil {
 				t.Fatal(err)
