@@ -71,7 +71,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // serveConfig is the service's configuration (shared/api.md, "Process").
 type serveConfig struct {
 	addr, db, dataDir, redis, pspURL, requireToken, currency, maxAmount string
-	tokenTTL, keyTTL, repeatWindow                                      time.Duration
+	tokenTTL, keyTTL, repeatWindow, reconcileEvery                      time.Duration
 }
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -94,6 +94,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.DurationVar(&c.tokenTTL, "token-ttl", dur("ONCEGUARD_TOKEN_TTL", "5m"), "submit token lifetime [ONCEGUARD_TOKEN_TTL]")
 	fs.DurationVar(&c.keyTTL, "key-ttl", dur("ONCEGUARD_KEY_TTL", "24h"), "Idempotency-Key retention [ONCEGUARD_KEY_TTL]")
 	fs.DurationVar(&c.repeatWindow, "repeat-window", dur("ONCEGUARD_REPEAT_WINDOW", "10s"), "repeat-submit window, 0 off [ONCEGUARD_REPEAT_WINDOW]")
+	fs.DurationVar(&c.reconcileEvery, "reconcile-interval", dur("ONCEGUARD_RECONCILE_INTERVAL", "5s"), "how often pending deposits and withdrawals are settled with the provider [ONCEGUARD_RECONCILE_INTERVAL]")
 	fs.StringVar(&c.maxAmount, "max-amount", env("ONCEGUARD_MAX_AMOUNT", "1000000.00"), "largest amount [ONCEGUARD_MAX_AMOUNT]")
 	fs.StringVar(&c.requireToken, "require-submit-token", env("ONCEGUARD_REQUIRE_SUBMIT_TOKEN", "withdrawal"), "purposes that need submit tokens, comma-separated [ONCEGUARD_REQUIRE_SUBMIT_TOKEN]")
 	fs.StringVar(&c.currency, "currency", env("ONCEGUARD_CURRENCY", "CNY"), "currency [ONCEGUARD_CURRENCY]")
@@ -146,7 +147,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	// The reconciler settles what a provider timeout left pending.
-	tick := time.NewTicker(5 * time.Second)
+	if c.reconcileEvery <= 0 {
+		return fmt.Errorf("--reconcile-interval %v: want a positive duration", c.reconcileEvery)
+	}
+	tick := time.NewTicker(c.reconcileEvery)
 	defer tick.Stop()
 	for {
 		select {
