@@ -33,6 +33,7 @@ import (
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/internal/web"
 )
 
 const version = "0.1.0-dev"
@@ -135,7 +136,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	handler := httpapi.New(httpapi.Config{
 		Store: store, Keys: keys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
 		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
-		Ping: db.PingContext,
+		Ping: db.PingContext, Web: web.Handler(),
 	})
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {

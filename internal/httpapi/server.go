@@ -36,6 +36,7 @@ type Config struct {
 	TokenTTL     time.Duration
 	SessionTTL   time.Duration
 	Ping         func(context.Context) error // database liveness, for /readyz
+	Web          http.Handler                // serves every path outside /api/, /healthz, /readyz, /metrics (nil: 404)
 }
 
 // SessionCookie is the name of the session cookie.
@@ -91,6 +92,10 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	methods, ok := s.routes[r.URL.Path]
 	if !ok {
 		methods, ok = s.match(r)
+	}
+	if !ok && s.cfg.Web != nil && !strings.HasPrefix(r.URL.Path, "/api/") {
+		s.cfg.Web.ServeHTTP(w, r)
+		return
 	}
 	if !ok {
 		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
