@@ -21,9 +21,15 @@
 // closes, acquires take the lock on both backends, so leases granted by
 // the secondary during the outage are respected. But no lock can be the
 // last line of defence. What keeps data correct is the resource: fencing
-// tokens (compared within one backend; across the switch, the resource's
-// own version column: see package lock), unique constraints and
-// conditional updates in the database.
+// tokens, unique constraints and conditional updates in the database.
+//
+// Fences compare across the switch when both backends grant
+// max(last + 1, clock µs): memlock and sqllock always do, redislock with
+// Options.ClockFences (redlock passes it to its nodes). Without it a
+// resource that accepted a database fence would refuse Redis's counter
+// fences as stale long after Redis is back. The clocks of the two servers
+// may differ by their skew: right after a switch a writer may be refused
+// as stale for up to that long (refused, never let through twice).
 package fallback
 
 import (

@@ -77,6 +77,17 @@ type Options struct {
 	// MaxBatch caps the calls in one pipeline. Default: 256.
 	MaxBatch int
 
+	// ClockFences makes every fence max(last + 1, the server's time in
+	// µs), the rule of the memlock and sqllock backends, instead of one
+	// more than the last (seeded from the clock once per FenceRetention).
+	// Set it when fences from this backend are compared with fences from
+	// another one: behind package fallback, the database grants
+	// clock-based fences while Redis is away, and a resource that accepted
+	// one would refuse every later counter-based fence as stale. It costs
+	// a script per try instead of two plain commands (about a quarter of
+	// the try throughput); the round trips stay the same.
+	ClockFences bool
+
 	// Locker configures the Locker that New returns.
 	Locker *lock.Options
 }
@@ -87,6 +98,7 @@ type Options struct {
 type Backend struct {
 	prefix string
 	fence  string // FenceRetention in ms
+	clock  bool   // ClockFences
 	batch  *batcher
 	subs   *subscriber
 }
@@ -127,6 +139,7 @@ func NewBackend(rdb redis.UniversalClient, opts *Options) *Backend {
 	return &Backend{
 		prefix: o.Prefix,
 		fence:  strconv.FormatInt(max(o.FenceRetention.Milliseconds(), 1), 10),
+		clock:  o.ClockFences,
 		batch:  &batcher{rdb: rdb, maxBatch: o.MaxBatch, maxInflight: o.MaxInflight, timeout: o.Timeout},
 		subs:   &subscriber{rdb: rdb},
 	}
@@ -181,10 +194,11 @@ func (b *Backend) run(ctx context.Context, s *script, keys []string, args ...any
 // failed SET only skips a number. When the INCR creates the fence key, one
 // more script seeds it from the server's clock (once per key per
 // FenceRetention). A blocked waiter runs the acquire script, which also
-// manages the queue and sets the fence to max(last + 1, server µs).
+// manages the queue and sets the fence to max(last + 1, server µs); with
+// ClockFences, tries run that script too.
 func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
 	keys, _ := b.keys(r.Key)
-	if r.Wait {
+	if r.Wait || b.clock {
 		return b.acquireScript(ctx, r, keys)
 	}
 	set := redis.NewStatusCmd(ctx, "set", keys[0], r.Owner, "nx", "px", r.TTL.Milliseconds())
@@ -219,7 +233,10 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 }
 
 func (b *Backend) acquireScript(ctx context.Context, r lock.Request, keys []string) (lock.Grant, error) {
-	wait := max(r.WaitTTL.Milliseconds(), 1)
+	wait := int64(0) // a try: never joins the queue
+	if r.Wait {
+		wait = max(r.WaitTTL.Milliseconds(), 1)
+	}
 	res, err := b.run(ctx, scriptAcquire, keys, r.Owner, r.TTL.Milliseconds(), b.fence, wait)
 	if err != nil {
 		return lock.Grant{}, wrap("acquire", r.Key, err)

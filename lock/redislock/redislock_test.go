@@ -70,6 +70,55 @@ func TestConformanceWithoutPipelining(t *testing.T) {
 	})
 }
 
+func TestConformanceClockFences(t *testing.T) {
+	rdb := sharedRedis(t)
+	locktest.Run(t, func(*testing.T) lock.Backend {
+		return redislock.NewBackend(rdb, &redislock.Options{ClockFences: true})
+	})
+}
+
+// With ClockFences every fence is at least the server's clock, however
+// often the key was taken, so a database-granted (clock) fence in between
+// never makes later Redis fences look stale. Counter fences fall behind
+// the clock after the first acquire: that is why the option exists.
+func TestClockFences(t *testing.T) {
+	rdb := sharedRedis(t)
+	ctx := context.Background()
+	for _, clock := range []bool{false, true} {
+		l := redislock.New(rdb, &redislock.Options{ClockFences: clock})
+		key := fmt.Sprintf("clockfences/%v/%d", clock, time.Now().UnixNano())
+		var last, before int64
+		for i := range 200 {
+			if i == 199 {
+				// The server's clock just before the last acquire: 199 round
+				// trips after the first one, far more than 199 µs.
+				tm, err := rdb.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				before = tm.UnixMicro()
+			}
+			lease, err := l.TryAcquire(ctx, key, time.Second)
+			if err != nil {
+				t.Fatalf("clock=%v: TryAcquire #%d = %v", clock, i, err)
+			}
+			if lease.Fence() <= last {
+				t.Fatalf("clock=%v: fence %d after %d; want increasing", clock, lease.Fence(), last)
+			}
+			last = lease.Fence()
+			if err := lease.Release(ctx); err != nil {
+				t.Fatalf("Release = %v", err)
+			}
+		}
+		if clock && last < before {
+			t.Errorf("clock fences: last fence %d is behind the server clock %d before it was granted", last, before)
+		}
+		if !clock && last >= before {
+			t.Errorf("counter fences: last fence %d reached the server clock %d; the counter mode should lag it", last, before)
+		}
+	}
+}
+
 func TestConformanceCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node Redis Cluster")
