@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -93,7 +94,12 @@ func FuzzMiddleware(f *testing.F) {
 	store := &memstore.Store{}
 	h := idempotency.Middleware(idempotency.Config{
 		Store: store, Windows: store, Window: 1e9,
-		Principal: func(r *http.Request) (string, bool) { u := r.Header.Get("X-User"); return u, u != "" },
+		Principal: func(r *http.Request) (string, error) {
+			if u := r.Header.Get("X-User"); u != "" {
+				return u, nil
+			}
+			return "", errors.New("no user")
+		},
 	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	f.Fuzz(func(t *testing.T, key, body, user, method string) {
 		if !utf8.ValidString(method) || method == "" || strings.ContainsAny(method, " \t\r\n()<>@,;:\\\"/[]?={}") {

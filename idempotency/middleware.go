@@ -40,9 +40,12 @@ type Config struct {
 	Windows WindowStore
 	Window  time.Duration
 
-	// Principal returns who is asking; false answers 401 unauthenticated.
-	// Keys are scoped to it. Default: everyone is "".
-	Principal func(r *http.Request) (string, bool)
+	// Principal returns who is asking; keys are scoped to it. An error
+	// that is a *Problem is answered as it is (say, 503 when the session
+	// store is down: a caller must not be told to sign in again because a
+	// database was busy), any other 401 unauthenticated. Default: everyone
+	// is "".
+	Principal func(r *http.Request) (string, error)
 
 	// Fingerprint returns the request's fingerprint from its body. An
 	// error that is a *Problem is answered as it is, any other 400
@@ -150,9 +153,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	principal := ""
 	if cfg.Principal != nil {
-		var ok bool
-		if principal, ok = cfg.Principal(r); !ok {
-			m.fail(w, r, "", probAuth)
+		var err error
+		if principal, err = cfg.Principal(r); err != nil {
+			p := probAuth
+			errors.As(err, &p)
+			m.fail(w, r, "", p)
 			return
 		}
 	}

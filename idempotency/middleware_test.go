@@ -72,9 +72,15 @@ func newEnv(t *testing.T, mod func(*idempotency.Config)) *env {
 	e.tokens = token.New(e.store, nil)
 	cfg := idempotency.Config{
 		Store: e.store, Tokens: e.tokens, Purpose: "withdrawal",
-		Principal: func(r *http.Request) (string, bool) {
-			u := r.Header.Get("X-User")
-			return u, u != ""
+		Principal: func(r *http.Request) (string, error) {
+			switch u := r.Header.Get("X-User"); u {
+			case "":
+				return "", errors.New("no session")
+			case "session-store-down":
+				return "", &idempotency.Problem{Status: 503, Code: "store_unavailable", Title: "Service unavailable"}
+			default:
+				return u, nil
+			}
 		},
 		OnEvent: func(_ *http.Request, ev string) {
 			v, _ := e.events.LoadOrStore(ev, new(atomic.Int32))
@@ -208,6 +214,7 @@ func TestOrderOfChecks(t *testing.T) {
 	}{
 		{"too large before auth and key", "", "\x00", big, 413, "body_too_large"},
 		{"auth before key", "", "\x00", `{}`, 401, "unauthenticated"},
+		{"a session store error is its problem, not 401", "session-store-down", "k", `{}`, 503, "store_unavailable"},
 		{"key before body", "alice", "\x00", `not json`, 400, "idempotency_key_missing"},
 		{"body", "alice", "k", `{"a":1,"a":2}`, 400, "invalid_json"},
 		{"body not json", "alice", "k", `{`, 400, "invalid_json"},
@@ -277,7 +284,7 @@ func TestRepeatWindow(t *testing.T) {
 	})
 	e.handler = idempotency.Middleware(idempotency.Config{
 		Store: e.store, Windows: e.store, Window: 10 * time.Second,
-		Principal: func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true },
+		Principal: func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil },
 	})(e.bank)
 	const n = 50
 	var wg sync.WaitGroup
@@ -481,7 +488,7 @@ func TestRecoveredKeyPassesItsOwnWindow(t *testing.T) {
 	first := true
 	h := idempotency.Middleware(idempotency.Config{
 		Store: store, Windows: store, Window: time.Minute, Lease: 30 * time.Second, Now: clock,
-		Principal: func(r *http.Request) (string, bool) { return "alice", true },
+		Principal: func(r *http.Request) (string, error) { return "alice", nil },
 	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		f := first

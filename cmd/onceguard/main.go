@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -73,6 +74,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 type serveConfig struct {
 	addr, db, dataDir, redis, pspURL, requireToken, currency, maxAmount string
 	tokenTTL, keyTTL, repeatWindow, reconcileEvery                      time.Duration
+	dbConns                                                             int
 }
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -89,8 +91,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	var c serveConfig
 	fs.StringVar(&c.addr, "addr", env("ONCEGUARD_ADDR", "127.0.0.1:8080"), "listen address [ONCEGUARD_ADDR]")
 	fs.StringVar(&c.db, "db", env("ONCEGUARD_DB", ""), "database URL: sqlite:///path, postgres://..., mysql://user:pass@tcp(host:port)/db (default: SQLite under --data-dir) [ONCEGUARD_DB]")
+	fs.IntVar(&c.dbConns, "db-conns", envInt(getenv, "ONCEGUARD_DB_CONNS", 20), "largest number of open connections to PostgreSQL or MySQL [ONCEGUARD_DB_CONNS]")
 	fs.StringVar(&c.dataDir, "data-dir", env("ONCEGUARD_DATA_DIR", "./data"), "data directory [ONCEGUARD_DATA_DIR]")
-	fs.StringVar(&c.redis, "redis", env("ONCEGUARD_REDIS", ""), "Redis URL, or several comma-separated for independent nodes (not used yet) [ONCEGUARD_REDIS]")
+	fs.StringVar(&c.redis, "redis", env("ONCEGUARD_REDIS", ""), "Redis URL (redis://host:port/0) for locks and the repeat window, or several comma-separated independent nodes (a quorum); the database is the fallback [ONCEGUARD_REDIS]")
 	fs.StringVar(&c.pspURL, "psp", env("ONCEGUARD_PSP", ""), "external payment provider URL (default: simulated in process) [ONCEGUARD_PSP]")
 	fs.DurationVar(&c.tokenTTL, "token-ttl", dur("ONCEGUARD_TOKEN_TTL", "5m"), "submit token lifetime [ONCEGUARD_TOKEN_TTL]")
 	fs.DurationVar(&c.keyTTL, "key-ttl", dur("ONCEGUARD_KEY_TTL", "24h"), "Idempotency-Key retention [ONCEGUARD_KEY_TTL]")
@@ -101,6 +104,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&c.currency, "currency", env("ONCEGUARD_CURRENCY", "CNY"), "currency [ONCEGUARD_CURRENCY]")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if c.dbConns < 1 {
+		return fmt.Errorf("--db-conns %d: want at least 1", c.dbConns)
 	}
 	maxAmount, err := money.Parse(c.maxAmount)
 	if err != nil || maxAmount <= 0 {
@@ -132,19 +138,31 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 			require[p] = true
 		}
 	}
+	coord, err := newCoordination(db, dialect, c.redis, keys)
+	if err != nil {
+		return err
+	}
+	defer coord.close()
+	comps := coord.components()
+	comps = append(comps, httpapi.Component{Name: "provider", Check: func(ctx context.Context) string {
+		if _, err := provider.Lookup(ctx, "readyz-probe"); err != nil && !errors.Is(err, psp.ErrNotFound) {
+			return "unreachable"
+		}
+		return "ok"
+	}})
 	store := sqlstore.Open(db, dialect)
 	handler := httpapi.New(httpapi.Config{
 		Store: store, Keys: keys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
 		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
-		Ping: db.PingContext, Web: web.Handler(),
+		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, Windows: coord.windows, Components: comps,
 	})
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
-	fmt.Fprintf(stdout, "onceguard %s: listening on http://%s; database %s (keys, submit tokens and the repeat window too); payment provider %s\n",
-		version, ln.Addr(), where, pspWhere)
+	fmt.Fprintf(stdout, "onceguard %s: listening on http://%s; database %s (keys and submit tokens too); %s; payment provider %s\n",
+		version, ln.Addr(), where, coord.describe, pspWhere)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	// The reconciler settles what a provider timeout left pending.
@@ -198,6 +216,13 @@ func openDB(c serveConfig) (*sql.DB, sqlstore.Dialect, string, error) {
 	if err != nil {
 		return nil, "", "", err
 	}
+	if dialect != sqlstore.SQLite {
+		// A storm must queue for connections here, not exhaust the server's
+		// (PostgreSQL's default max_connections is 100, for every instance).
+		db.SetMaxOpenConns(c.dbConns)
+		db.SetMaxIdleConns(c.dbConns)
+		db.SetConnMaxIdleTime(time.Minute)
+	}
 	return db, dialect, string(dialect) + " (" + redactURL(u) + ")", nil
 }
 
@@ -238,6 +263,13 @@ func servePSP(ctx context.Context, args []string, getenv func(string) string, st
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return srv.Shutdown(sctx)
+}
+
+func envInt(getenv func(string) string, name string, def int) int {
+	if n, err := strconv.Atoi(getenv(name)); err == nil {
+		return n
+	}
+	return def
 }
 
 func envOr(getenv func(string) string, name, def string) string {

@@ -45,7 +45,7 @@ func BenchmarkMiddlewareRedis(b *testing.B) {
 	store := redisstore.New(rdb, &redisstore.Options{Prefix: fmt.Sprintf("bench:%d:", time.Now().UnixNano())})
 	tokens := token.New(store, nil)
 	h := idempotency.Middleware(idempotency.Config{Store: store, Tokens: tokens, Purpose: "withdrawal",
-		Principal: func(*http.Request) (string, bool) { return "bench", true }})(http.HandlerFunc(
+		Principal: func(*http.Request) (string, error) { return "bench", nil }})(http.HandlerFunc(
 		func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	send := func(key string) {
 		r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"10.00"}`))

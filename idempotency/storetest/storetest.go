@@ -226,7 +226,7 @@ func storms(t *testing.T, s idempotency.FullStore) {
 	var runs atomic.Int32
 	h := idempotency.Middleware(idempotency.Config{
 		Store: s, Windows: s, Window: time.Minute,
-		Principal: func(r *http.Request) (string, bool) { return r.Header.Get("X-User"), true },
+		Principal: func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil },
 	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		time.Sleep(10 * time.Millisecond)

@@ -36,7 +36,19 @@ type Config struct {
 	TokenTTL     time.Duration
 	SessionTTL   time.Duration
 	Ping         func(context.Context) error // database liveness, for /readyz
-	Web          http.Handler                // serves every path outside /api/, /healthz, /readyz, /metrics (nil: 404)
+	Locks        *lock.Locker                // per-user and per-order locks (nil: in process)
+	Windows      idempotency.WindowStore     // the repeat-submit window (nil: Keys)
+	Components   []Component                 // more /readyz components (Redis, the provider)
+	Web          http.Handler                // serves / and /static/... (nil: 404)
+}
+
+// A Component is one part /readyz reports besides the database. Check
+// returns its status ("ok", or what is wrong); anything but "ok" makes the
+// service degraded, still ready: the database is the only part it cannot
+// serve without.
+type Component struct {
+	Name  string
+	Check func(context.Context) string
 }
 
 // SessionCookie is the name of the session cookie.
@@ -45,7 +57,7 @@ const SessionCookie = "onceguard_session"
 type server struct {
 	cfg    Config
 	tokens *token.Tokens
-	locks  *lock.Locker                       // per-order locks: in process for now
+	locks  *lock.Locker                       // per-user and per-order locks
 	routes map[string]map[string]http.Handler // path -> method -> handler
 }
 
@@ -54,7 +66,13 @@ type server struct {
 // withdrawals, the ledger, orders and their payment; other paths answer
 // 404 not_found.
 func New(cfg Config) http.Handler {
-	s := &server{cfg: cfg, tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: memlock.New(nil), routes: map[string]map[string]http.Handler{}}
+	if cfg.Locks == nil {
+		cfg.Locks = memlock.New(nil)
+	}
+	if cfg.Windows == nil {
+		cfg.Windows = cfg.Keys
+	}
+	s := &server{cfg: cfg, tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: cfg.Locks, routes: map[string]map[string]http.Handler{}}
 	s.handle("GET", "/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) }))
 	s.handle("GET", "/readyz", http.HandlerFunc(s.readyz))
 	s.handle("POST", "/api/v1/users", http.HandlerFunc(s.createUser))
@@ -93,7 +111,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		methods, ok = s.match(r)
 	}
-	if !ok && s.cfg.Web != nil && !strings.HasPrefix(r.URL.Path, "/api/") {
+	if !ok && s.cfg.Web != nil && (r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/static/")) {
 		s.cfg.Web.ServeHTTP(w, r)
 		return
 	}
@@ -149,12 +167,18 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func (s *server) internal(w http.ResponseWriter, err error) {
+	writeProblem(w, s.storeProblem(err))
+}
+
+// storeProblem is the answer to a store error: 503 store_unavailable with
+// Retry-After when the database could not answer (down, or out of
+// connections), else 500.
+func (s *server) storeProblem(err error) *idempotency.Problem {
 	if isUnavailable(err) {
-		w.Header().Set("Retry-After", "2")
-		problem(w, http.StatusServiceUnavailable, "store_unavailable", "Service unavailable", "the database is unreachable; retry later")
-		return
+		return &idempotency.Problem{Status: http.StatusServiceUnavailable, Code: "store_unavailable", Title: "Service unavailable",
+			Detail: "the database is unreachable; retry later", RetryAfter: 2}
 	}
-	problem(w, http.StatusInternalServerError, "internal", "Internal error", "something went wrong on our side")
+	return &idempotency.Problem{Status: http.StatusInternalServerError, Code: "internal", Title: "Internal error", Detail: "something went wrong on our side"}
 }
 
 // busy answers 503 busy: the resource's lock could not be had in time,
@@ -169,14 +193,28 @@ func isUnavailable(err error) bool {
 	return errors.Is(err, idempotency.ErrUnavailable) || sqldb.Unavailable(err)
 }
 
+// readyz reports each component: 503 unavailable without the database,
+// 200 degraded when another component is not ok (Redis unreachable and
+// locks on the database, the provider unreachable and settlements left to
+// the reconciler), else 200 ok.
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	comps := map[string]string{"database": "ok"}
+	status, code := "ok", http.StatusOK
 	if s.cfg.Ping != nil {
-		if err := s.cfg.Ping(r.Context()); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "components": map[string]string{"database": "unreachable"}})
-			return
+		if err := s.cfg.Ping(ctx); err != nil {
+			comps["database"] = "unreachable"
+			status, code = "unavailable", http.StatusServiceUnavailable
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "components": map[string]string{"database": "ok"}})
+	for _, c := range s.cfg.Components {
+		comps[c.Name] = c.Check(ctx)
+		if comps[c.Name] != "ok" && status == "ok" {
+			status = "degraded"
+		}
+	}
+	writeJSON(w, code, map[string]any{"status": status, "components": comps})
 }
 
 func newID(prefix string) string {
@@ -367,10 +405,13 @@ func (s *server) createSubmitToken(w http.ResponseWriter, r *http.Request, u sql
 func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (string, error), next http.Handler) http.Handler {
 	return idempotency.Middleware(idempotency.Config{
 		Store: s.cfg.Keys, Tokens: s.tokens, Purpose: purpose, RequireToken: s.cfg.RequireToken[purpose],
-		Windows: s.cfg.Keys, Window: s.window(purpose), TTL: s.cfg.KeyTTL, MaxBody: MaxBody,
-		Principal: func(r *http.Request) (string, bool) {
+		Windows: s.cfg.Windows, Window: s.window(purpose), TTL: s.cfg.KeyTTL, MaxBody: MaxBody,
+		Principal: func(r *http.Request) (string, error) {
 			u, err := s.user(r)
-			return u.ID, err == nil
+			if err != nil && !errors.Is(err, sqlstore.ErrNotFound) {
+				return "", s.storeProblem(err)
+			}
+			return u.ID, err
 		},
 		Fingerprint: fingerprint,
 	})(next)

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/redisstore"
+	"github.com/onceguard/onceguard/internal/httpapi"
+	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/fallback"
+	"github.com/onceguard/onceguard/lock/memlock"
+	"github.com/onceguard/onceguard/lock/redislock"
+	"github.com/onceguard/onceguard/lock/redlock"
+	"github.com/onceguard/onceguard/lock/sqllock"
+)
+
+// coordination is where the service's locks and repeat-submit window live
+// (shared/api.md, "Where state lives"):
+//
+//   - no --redis: locks in the database (PostgreSQL, MySQL: shared by every
+//     instance) or in process (SQLite, one process), the window in the
+//     database;
+//   - --redis: locks and the window in Redis (one node, or a quorum of
+//     independent nodes), falling back to the database at once when Redis
+//     does not answer and returning to it when it does.
+type coordination struct {
+	locks    *lock.Locker
+	windows  idempotency.WindowStore
+	breaker  *fallback.Backend // nil without --redis
+	clients  []*redis.Client
+	describe string
+}
+
+// Redis client settings for a service that must notice a dead or
+// black-holed Redis within a fraction of a second and fall back, rather
+// than hold requests for go-redis's default 3 s times 3 retries.
+const redisTimeout = 500 * time.Millisecond
+
+// newCoordination builds it; dbWindows is the database's window store.
+func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idempotency.WindowStore) (*coordination, error) {
+	var secondary lock.Backend
+	where := "in process"
+	switch dialect {
+	case sqlstore.Postgres, sqlstore.MySQL:
+		d := map[sqlstore.Dialect]sqllock.Dialect{sqlstore.Postgres: sqllock.Postgres, sqlstore.MySQL: sqllock.MySQL}[dialect]
+		b, err := sqllock.NewBackend(db, d, nil)
+		if err != nil {
+			return nil, err
+		}
+		secondary, where = b, "the database"
+	default:
+		secondary = &memlock.Backend{}
+	}
+	c := &coordination{windows: dbWindows}
+	var urls []string
+	for _, u := range strings.Split(redisURLs, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	if len(urls) == 0 {
+		c.locks = lock.New(secondary, nil)
+		c.describe = "locks " + where + ", repeat window in the database"
+		return c, nil
+	}
+	for _, u := range urls {
+		opt, err := redis.ParseURL(u)
+		if err != nil {
+			c.close()
+			return nil, fmt.Errorf("--redis %q: %w", redactURL(u), err)
+		}
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
+		opt.PoolTimeout = 2 * redisTimeout
+		opt.MaxRetries = -1 // a retry would double the time to fall back; the breaker retries later
+		c.clients = append(c.clients, redis.NewClient(opt))
+	}
+	ropts := &redislock.Options{ClockFences: true, Timeout: redisTimeout}
+	var primary lock.Backend
+	what := "Redis"
+	if len(c.clients) == 1 {
+		primary = redislock.NewBackend(c.clients[0], ropts)
+	} else {
+		clients := make([]redis.UniversalClient, len(c.clients))
+		for i, cl := range c.clients {
+			clients[i] = cl
+		}
+		b, err := redlock.NewBackend(clients, &redlock.Options{NodeTimeout: redisTimeout, Redis: ropts})
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		primary = b
+		what = fmt.Sprintf("a quorum of %d Redis nodes", len(c.clients))
+	}
+	c.breaker = fallback.NewBackend(primary, secondary, nil)
+	// The window is a courtesy check, not worth a quorum: the first node
+	// keeps it.
+	c.windows = &windowFallback{primary: redisstore.New(c.clients[0], nil), secondary: dbWindows, breaker: c.breaker}
+	c.locks = lock.New(c.breaker, nil)
+	c.describe = fmt.Sprintf("locks and repeat window in %s, falling back to %s", what, where)
+	return c, nil
+}
+
+// redisStatus pings every node: "ok", or "unreachable" when any does not
+// answer.
+func (c *coordination) redisStatus(ctx context.Context) string {
+	for _, cl := range c.clients {
+		pctx, cancel := context.WithTimeout(ctx, redisTimeout)
+		err := cl.Ping(pctx).Err()
+		cancel()
+		if err != nil {
+			return "unreachable"
+		}
+	}
+	return "ok"
+}
+
+// components are the parts /readyz reports for Redis: each node's
+// reachability and where the locks are.
+func (c *coordination) components() []httpapi.Component {
+	if c.breaker == nil {
+		return nil
+	}
+	return []httpapi.Component{{Name: "redis", Check: c.redisStatus}, {Name: "locks", Check: func(context.Context) string {
+		if c.breaker.Degraded() {
+			return "fallback to the database (breaker " + c.breaker.State().String() + ")"
+		}
+		return "ok"
+	}}}
+}
+
+func (c *coordination) close() {
+	for _, cl := range c.clients {
+		_ = cl.Close()
+	}
+}
+
+// windowFallback keeps the repeat-submit window in Redis and in the
+// database while Redis does not answer, following the lock breaker: while
+// it is open the database serves without trying Redis. An entry claimed on
+// one side is not seen on the other, so across a switch a repeat may get
+// through this check; it is a courtesy (429 instead of a second, refused
+// or replayed request), never what keeps money moving once.
+type windowFallback struct {
+	primary   idempotency.WindowStore
+	secondary idempotency.WindowStore // the database's
+	breaker   *fallback.Backend
+}
+
+func (w *windowFallback) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
+	if !w.breaker.Degraded() {
+		left, err := w.primary.ClaimWindow(ctx, id, owner, window, now)
+		if !errors.Is(err, idempotency.ErrUnavailable) || ctx.Err() != nil {
+			return left, err
+		}
+	}
+	return w.secondary.ClaimWindow(ctx, id, owner, window, now)
+}
+
+func (w *windowFallback) FreeWindow(ctx context.Context, id, owner string) error {
+	var errs []error
+	if !w.breaker.Degraded() {
+		if err := w.primary.FreeWindow(ctx, id, owner); err != nil && !errors.Is(err, idempotency.ErrUnavailable) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(append(errs, w.secondary.FreeWindow(ctx, id, owner))...)
+}
