@@ -134,3 +134,29 @@ func testRedisOutage(t *testing.T, base string, srv *redistest.Server) {
 	t.Logf("%d withdrawals, %d while Redis was down or coming back", len(ids), int64(len(ids))-killedAt)
 	stormBalance(t, alice, (10000_00 - money.Amount(len(ids))*1_00).String())
 }
+
+// --redis with several URLs: locks on a quorum of independent nodes. One
+// node down leaves a quorum: the locks stay on Redis (readyz degraded for
+// the lost node), and money still moves once per key.
+func TestServeRedisQuorum(t *testing.T) {
+	nodes := []*redistest.Server{redistest.StartServer(t), redistest.StartServer(t), redistest.StartServer(t)}
+	urls := nodes[0].URL() + "," + nodes[1].URL() + "," + nodes[2].URL()
+	base := startServe(t, "--redis", urls, "--require-submit-token", "")
+	alice := signUp(t, base, "alice")
+	alice.expect(alice.do("POST", "/api/v1/deposits", "d", `{"amount":"100"}`), 201, "")
+	alice.expect(alice.do("POST", "/api/v1/withdrawals", "w1", `{"amount":"1.00"}`), 201, "")
+	for i, n := range nodes {
+		if keys, err := n.Do("DBSIZE"); err != nil || keys.(int64) == 0 {
+			t.Errorf("node %d: DBSIZE = %v, %v; want the lock's keys on every node", i, keys, err)
+		}
+	}
+	nodes[2].Kill(t)
+	alice.expect(alice.do("POST", "/api/v1/withdrawals", "w2", `{"amount":"2.00"}`), 201, "")
+	alice.expect(alice.do("POST", "/api/v1/withdrawals", "w3", `{"amount":"3.00"}`), 201, "")
+	r := alice.do("GET", "/readyz", "", "")
+	c, _ := r.body["components"].(map[string]any)
+	if r.status != 200 || r.body["status"] != "degraded" || c["redis"] != "unreachable" || c["locks"] != "ok" {
+		t.Errorf("readyz with one node of three down = %d %s; want 200 degraded, redis unreachable, locks ok (a quorum is left)", r.status, r.raw)
+	}
+	stormBalance(t, alice, "94.00")
+}
