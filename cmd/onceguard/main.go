@@ -100,7 +100,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.DurationVar(&c.repeatWindow, "repeat-window", dur("ONCEGUARD_REPEAT_WINDOW", "10s"), "repeat-submit window, 0 off [ONCEGUARD_REPEAT_WINDOW]")
 	fs.DurationVar(&c.reconcileEvery, "reconcile-interval", dur("ONCEGUARD_RECONCILE_INTERVAL", "5s"), "how often pending deposits and withdrawals are settled with the provider [ONCEGUARD_RECONCILE_INTERVAL]")
 	fs.StringVar(&c.maxAmount, "max-amount", env("ONCEGUARD_MAX_AMOUNT", "1000000.00"), "largest amount [ONCEGUARD_MAX_AMOUNT]")
-	fs.StringVar(&c.requireToken, "require-submit-token", env("ONCEGUARD_REQUIRE_SUBMIT_TOKEN", "withdrawal"), "purposes that need submit tokens, comma-separated [ONCEGUARD_REQUIRE_SUBMIT_TOKEN]")
+	fs.StringVar(&c.requireToken, "require-submit-token", env("ONCEGUARD_REQUIRE_SUBMIT_TOKEN", "withdrawal"), "purposes that need submit tokens, comma-separated, or none [ONCEGUARD_REQUIRE_SUBMIT_TOKEN]")
 	fs.StringVar(&c.currency, "currency", env("ONCEGUARD_CURRENCY", "CNY"), "currency [ONCEGUARD_CURRENCY]")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -134,7 +134,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	require := map[string]bool{}
 	for _, p := range strings.Split(c.requireToken, ",") {
-		if p = strings.TrimSpace(p); p != "" {
+		if p = strings.TrimSpace(p); p != "" && p != "none" {
 			require[p] = true
 		}
 	}
