@@ -2,6 +2,7 @@
 //
 //	onceguard [serve] [flags]   the service (the default command)
 //	onceguard psp [--addr A]    the simulated payment provider over HTTP
+//	onceguard storm [--target U] a duplicate storm against a running service
 //	onceguard version           print the version
 //
 // Every flag can also be set from the environment; see README.md.
@@ -62,11 +63,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return serve(ctx, args, getenv, stdout, stderr)
 	case "psp":
 		return servePSP(ctx, args, getenv, stdout, stderr)
+	case "storm":
+		return runStorm(ctx, args, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "onceguard", version)
 		return nil
 	default:
-		return fmt.Errorf("unknown command %q (want serve, psp or version)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, psp, storm or version)", cmd)
 	}
 }
 
