@@ -24,6 +24,7 @@ type Lease struct {
 	key    string
 	owner  string
 	fence  int64
+	start  time.Time // when the acquire that granted it was sent
 
 	mu       sync.Mutex // guards the fields below
 	ttl      time.Duration
@@ -46,7 +47,7 @@ type Lease struct {
 }
 
 func newLease(l *Locker, key, owner string, ttl time.Duration, fence int64, start time.Time) *Lease {
-	ls := &Lease{locker: l, key: key, owner: owner, fence: fence, ttl: ttl, deadline: start.Add(validity(ttl))}
+	ls := &Lease{locker: l, key: key, owner: owner, fence: fence, start: start, ttl: ttl, deadline: start.Add(validity(ttl))}
 	if l.opts.AutoRenew {
 		ls.watch()
 		ls.stopRenew = make(chan struct{})
@@ -190,6 +191,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 	} else {
 		ls.endLocked(lostError(ls.key, err))
 	}
+	ls.locker.observe(Event{Op: OpRelease, Key: ls.key, Duration: time.Since(ls.start), Err: err})
 	return err
 }
 
@@ -273,6 +275,9 @@ func (ls *Lease) endLocked(cause error) {
 		return
 	}
 	ls.ended, ls.cause = true, cause
+	if cause != ErrReleased {
+		ls.locker.observe(Event{Op: OpLost, Key: ls.key, Duration: time.Since(ls.start), Err: cause})
+	}
 	if ls.expiry != nil {
 		ls.expiry.Stop()
 	}

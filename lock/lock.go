@@ -35,6 +35,55 @@ type Options struct {
 	// the caller's cancellation so that a cancelled request never leaves
 	// the lock held until its TTL. Default: 5s.
 	ReleaseTimeout time.Duration
+
+	// Observe, if set, is told of every acquire, release and lost lease,
+	// for metrics and logs. It runs synchronously, on the caller's
+	// goroutine or the lease's (sometimes with the lease's mutex held):
+	// keep it fast, and do not call the Locker or the Lease from it.
+	Observe func(Event)
+}
+
+// Op is what an Event reports.
+type Op int
+
+// Lock operations.
+const (
+	OpAcquire Op = iota + 1 // TryAcquire or Acquire returned
+	OpRelease               // Release returned
+	OpLost                  // a lease ended without Release: expired, or renewal found it gone
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpAcquire:
+		return "acquire"
+	case OpRelease:
+		return "release"
+	case OpLost:
+		return "lost"
+	}
+	return fmt.Sprintf("Op(%d)", int(o))
+}
+
+// An Event is one lock operation (Options.Observe).
+type Event struct {
+	Op  Op
+	Key string // high cardinality: fit for a log line, never a metric label
+	// Wait: the acquire was a blocking Acquire (false: TryAcquire).
+	Wait bool
+	// Duration: for OpAcquire the time to the answer (the wait), for
+	// OpRelease and OpLost how long the lease had been held.
+	Duration time.Duration
+	// Err is the result: nil for a lease granted or released, an error
+	// matching ErrNotAcquired, ErrUnavailable, ... otherwise; for OpLost
+	// the cause (matching ErrLost).
+	Err error
+}
+
+func (l *Locker) observe(e Event) {
+	if l.opts.Observe != nil {
+		l.opts.Observe(e)
+	}
 }
 
 func (o *Options) withDefaults() Options {
@@ -93,10 +142,12 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	g, err := l.backend.Acquire(ctx, Request{Key: key, Owner: owner, TTL: ttl})
 	if err != nil {
 		if ctx.Err() != nil && !errors.Is(err, ErrNotAcquired) {
-			return nil, errors.Join(ErrNotAcquired, ctx.Err(), err)
+			err = errors.Join(ErrNotAcquired, ctx.Err(), err)
 		}
+		l.observe(Event{Op: OpAcquire, Key: key, Duration: time.Since(start), Err: err})
 		return nil, err
 	}
+	l.observe(Event{Op: OpAcquire, Key: key, Duration: time.Since(start)})
 	return newLease(l, key, owner, ttl, g.Fence, start), nil
 }
 
@@ -108,6 +159,16 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 // for MaxWait) and the waiter has left the queue. Backend errors are
 // returned at once.
 func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*Lease, error) {
+	if l.opts.Observe == nil {
+		return l.acquire(ctx, key, ttl)
+	}
+	start := time.Now()
+	lease, err := l.acquire(ctx, key, ttl)
+	l.observe(Event{Op: OpAcquire, Key: key, Wait: true, Duration: time.Since(start), Err: err})
+	return lease, err
+}
+
+func (l *Locker) acquire(ctx context.Context, key string, ttl time.Duration) (*Lease, error) {
 	ttl, err := check(key, ttl)
 	if err != nil {
 		return nil, err

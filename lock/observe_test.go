@@ -1,0 +1,76 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/memlock"
+)
+
+// Observe sees every acquire (with its wait and result), every release
+// (with how long the lease was held) and a lease lost to its TTL.
+func TestObserve(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		events []lock.Event
+	)
+	l := memlock.New(&lock.Options{Observe: func(e lock.Event) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}})
+	ctx := context.Background()
+	a, err := l.TryAcquire(ctx, "k", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(ctx, "k", time.Second); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("second TryAcquire = %v; want ErrNotAcquired", err)
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_ = a.Release(ctx)
+	}()
+	b, err := l.Acquire(ctx, "k", 30*time.Millisecond) // waits for the release
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(60 * time.Millisecond)
+	if err := b.Release(ctx); !errors.Is(err, lock.ErrExpired) {
+		t.Fatalf("Release after the TTL = %v; want ErrExpired", err)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	want := []struct {
+		op   lock.Op
+		wait bool
+		err  error
+	}{
+		{lock.OpAcquire, false, nil},
+		{lock.OpAcquire, false, lock.ErrNotAcquired},
+		{lock.OpRelease, false, nil},
+		{lock.OpAcquire, true, nil},
+		{lock.OpLost, false, lock.ErrLost},
+		{lock.OpRelease, false, lock.ErrExpired},
+	}
+	if len(events) != len(want) {
+		t.Fatalf("events = %+v; want %d", events, len(want))
+	}
+	for i, w := range want {
+		e := events[i]
+		if e.Op != w.op || e.Wait != w.wait || e.Key != "k" || (w.err == nil) != (e.Err == nil) || (w.err != nil && !errors.Is(e.Err, w.err)) {
+			t.Errorf("event %d = %+v (%v); want %v wait=%v err %v", i, e, e.Op, w.op, w.wait, w.err)
+		}
+	}
+	if d := events[3].Duration; d < 10*time.Millisecond {
+		t.Errorf("the blocking acquire waited %v; want about the 20ms until the release", d)
+	}
+	if d := events[2].Duration; d < 10*time.Millisecond {
+		t.Errorf("the first lease was held %v; want about 20ms", d)
+	}
+}
