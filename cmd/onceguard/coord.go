@@ -45,7 +45,10 @@ type coordination struct {
 const redisTimeout = 500 * time.Millisecond
 
 // newCoordination builds it; dbWindows is the database's window store.
-func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idempotency.WindowStore) (*coordination, error) {
+// Leases are renewed automatically (lopts.AutoRenew is set), so the TTL
+// only bounds how long a crashed holder blocks others.
+func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idempotency.WindowStore, lopts lock.Options) (*coordination, error) {
+	lopts.AutoRenew = true
 	var secondary lock.Backend
 	where := "in process"
 	switch dialect {
@@ -67,7 +70,7 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 		}
 	}
 	if len(urls) == 0 {
-		c.locks = lock.New(secondary, nil)
+		c.locks = lock.New(secondary, &lopts)
 		c.describe = "locks " + where + ", repeat window in the database"
 		return c, nil
 	}
@@ -104,7 +107,7 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 	// The window is a courtesy check, not worth a quorum: the first node
 	// keeps it.
 	c.windows = &windowFallback{primary: redisstore.New(c.clients[0], nil), secondary: dbWindows, breaker: c.breaker}
-	c.locks = lock.New(c.breaker, nil)
+	c.locks = lock.New(c.breaker, &lopts)
 	c.describe = fmt.Sprintf("locks and repeat window in %s, falling back to %s", what, where)
 	return c, nil
 }

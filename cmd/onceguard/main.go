@@ -36,6 +36,7 @@ import (
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/internal/web"
+	"github.com/onceguard/onceguard/lock"
 )
 
 const version = "0.1.0-dev"
@@ -76,7 +77,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // serveConfig is the service's configuration (shared/api.md, "Process").
 type serveConfig struct {
 	addr, db, dataDir, redis, pspURL, requireToken, currency, maxAmount string
-	tokenTTL, keyTTL, repeatWindow, reconcileEvery                      time.Duration
+	tokenTTL, keyTTL, keyLease, lockTTL, repeatWindow, reconcileEvery   time.Duration
 	dbConns                                                             int
 }
 
@@ -100,6 +101,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&c.pspURL, "psp", env("ONCEGUARD_PSP", ""), "external payment provider URL (default: simulated in process) [ONCEGUARD_PSP]")
 	fs.DurationVar(&c.tokenTTL, "token-ttl", dur("ONCEGUARD_TOKEN_TTL", "5m"), "submit token lifetime [ONCEGUARD_TOKEN_TTL]")
 	fs.DurationVar(&c.keyTTL, "key-ttl", dur("ONCEGUARD_KEY_TTL", "24h"), "Idempotency-Key retention [ONCEGUARD_KEY_TTL]")
+	fs.DurationVar(&c.keyLease, "key-lease", dur("ONCEGUARD_KEY_LEASE", "30s"), "how long a key whose request is in flight answers 409; a crashed instance's keys run again after it [ONCEGUARD_KEY_LEASE]")
+	fs.DurationVar(&c.lockTTL, "lock-ttl", dur("ONCEGUARD_LOCK_TTL", "10s"), "TTL of the per-user and per-order locks, renewed while held: how long a crashed holder blocks others [ONCEGUARD_LOCK_TTL]")
 	fs.DurationVar(&c.repeatWindow, "repeat-window", dur("ONCEGUARD_REPEAT_WINDOW", "10s"), "repeat-submit window, 0 off [ONCEGUARD_REPEAT_WINDOW]")
 	fs.DurationVar(&c.reconcileEvery, "reconcile-interval", dur("ONCEGUARD_RECONCILE_INTERVAL", "5s"), "how often pending deposits and withdrawals are settled with the provider [ONCEGUARD_RECONCILE_INTERVAL]")
 	fs.StringVar(&c.maxAmount, "max-amount", env("ONCEGUARD_MAX_AMOUNT", "1000000.00"), "largest amount [ONCEGUARD_MAX_AMOUNT]")
@@ -107,6 +110,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&c.currency, "currency", env("ONCEGUARD_CURRENCY", "CNY"), "currency [ONCEGUARD_CURRENCY]")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if c.lockTTL < 100*time.Millisecond {
+		return fmt.Errorf("--lock-ttl %v: want at least 100ms", c.lockTTL)
 	}
 	if c.dbConns < 1 {
 		return fmt.Errorf("--db-conns %d: want at least 1", c.dbConns)
@@ -141,7 +147,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 			require[p] = true
 		}
 	}
-	coord, err := newCoordination(db, dialect, c.redis, keys)
+	coord, err := newCoordination(db, dialect, c.redis, keys, lock.Options{})
 	if err != nil {
 		return err
 	}
@@ -156,7 +162,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	store := sqlstore.Open(db, dialect)
 	handler := httpapi.New(httpapi.Config{
 		Store: store, Keys: keys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
-		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
+		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
 		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, Windows: coord.windows, Components: comps,
 	})
 	ln, err := net.Listen("tcp", c.addr)

@@ -33,10 +33,12 @@ type Config struct {
 	RequireToken map[string]bool // purposes whose routes take only submit tokens
 	Window       time.Duration   // repeat-submit window (0: off)
 	KeyTTL       time.Duration
+	KeyLease     time.Duration // how long an in-flight key is protected (0: the middleware's 30s)
 	TokenTTL     time.Duration
 	SessionTTL   time.Duration
 	Ping         func(context.Context) error // database liveness, for /readyz
-	Locks        *lock.Locker                // per-user and per-order locks (nil: in process)
+	Locks        *lock.Locker                // per-user and per-order locks (nil: in process); renewed automatically
+	LockTTL      time.Duration               // their TTL: how long a crashed holder blocks the account or order (0: 10s)
 	Windows      idempotency.WindowStore     // the repeat-submit window (nil: Keys)
 	Components   []Component                 // more /readyz components (Redis, the provider)
 	Web          http.Handler                // serves / and /static/... (nil: 404)
@@ -67,7 +69,10 @@ type server struct {
 // 404 not_found.
 func New(cfg Config) http.Handler {
 	if cfg.Locks == nil {
-		cfg.Locks = memlock.New(nil)
+		cfg.Locks = memlock.New(&lock.Options{AutoRenew: true})
+	}
+	if cfg.LockTTL <= 0 {
+		cfg.LockTTL = 10 * time.Second
 	}
 	if cfg.Windows == nil {
 		cfg.Windows = cfg.Keys
@@ -405,7 +410,7 @@ func (s *server) createSubmitToken(w http.ResponseWriter, r *http.Request, u sql
 func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (string, error), next http.Handler) http.Handler {
 	return idempotency.Middleware(idempotency.Config{
 		Store: s.cfg.Keys, Tokens: s.tokens, Purpose: purpose, RequireToken: s.cfg.RequireToken[purpose],
-		Windows: s.cfg.Windows, Window: s.window(purpose), TTL: s.cfg.KeyTTL, MaxBody: MaxBody,
+		Windows: s.cfg.Windows, Window: s.window(purpose), TTL: s.cfg.KeyTTL, Lease: s.cfg.KeyLease, MaxBody: MaxBody,
 		Principal: func(r *http.Request) (string, error) {
 			u, err := s.user(r)
 			if err != nil && !errors.Is(err, sqlstore.ErrNotFound) {
@@ -483,7 +488,7 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 	// The user's lock serialises their withdrawals; its fence goes into the
 	// transaction, where the account refuses a writer whose lock ran out.
 	wait, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	lease, err := s.locks.Acquire(wait, "user:"+call.Scope.Principal, 30*time.Second)
+	lease, err := s.locks.Acquire(wait, "user:"+call.Scope.Principal, s.cfg.LockTTL)
 	cancel()
 	if err != nil {
 		s.busy(w)
@@ -638,7 +643,7 @@ func writeOne[T any](s *server, w http.ResponseWriter, item T, err error, toJSON
 func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 	call, _ := idempotency.FromContext(r.Context())
 	orderID := r.PathValue("id")
-	lease, err := s.locks.TryAcquire(r.Context(), "order:"+orderID, 30*time.Second)
+	lease, err := s.locks.TryAcquire(r.Context(), "order:"+orderID, s.cfg.LockTTL)
 	if errors.Is(err, lock.ErrNotAcquired) {
 		call.Forget() // transient: a retry with this key must run again, not replay this
 		w.Header().Set("Retry-After", "1")
