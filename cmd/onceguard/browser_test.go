@@ -1,0 +1,716 @@
+package main
+
+// The web page at / in a real browser: Debian's chromium, headless, driven
+// through chromedp. The tests skip when no browser is installed, except in
+// CI (CI set), where they fail: .ci/run installs chromium.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/fetch"
+	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/onceguard/onceguard/internal/psp"
+)
+
+var updateScreenshot = flag.Bool("update-screenshot", false, "write docs/screenshot.png from TestBrowserWithdrawOnce")
+
+// Phone-sized: every test runs the page as a phone shows it.
+const phoneWidth, phoneHeight = 390, 844
+
+// browserPath finds Chromium or Chrome: ONCEGUARD_TEST_BROWSER, else the
+// usual names on PATH.
+func browserPath() string {
+	if p := os.Getenv("ONCEGUARD_TEST_BROWSER"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// gatedPSP is the simulated payment provider over HTTP, with a gate that
+// holds payouts while it is closed: a withdrawal then stays in flight for
+// as long as the test wants.
+type gatedPSP struct {
+	sim     *psp.Sim
+	arrived chan struct{} // one value for each payout that reached the closed gate
+	mu      sync.Mutex
+	gate    chan struct{} // nil: open
+}
+
+func (g *gatedPSP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && r.URL.Path == "/v1/operations" {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		g.mu.Lock()
+		gate := g.gate
+		g.mu.Unlock()
+		if gate != nil && bytes.Contains(body, []byte(`"payout"`)) {
+			select {
+			case g.arrived <- struct{}{}:
+			default:
+			}
+			select {
+			case <-gate:
+			case <-r.Context().Done():
+			}
+		}
+	}
+	psp.Handler(g.sim).ServeHTTP(w, r)
+}
+
+func (g *gatedPSP) hold() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.gate == nil {
+		g.gate = make(chan struct{})
+	}
+	for len(g.arrived) > 0 { // forget payouts of an earlier hold
+		<-g.arrived
+	}
+}
+
+func (g *gatedPSP) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.gate != nil {
+		close(g.gate)
+		g.gate = nil
+	}
+}
+
+// startServeGated runs the service with a gated provider.
+func startServeGated(t *testing.T) (string, *gatedPSP) {
+	g := &gatedPSP{sim: &psp.Sim{}, arrived: make(chan struct{}, 16)}
+	srv := httptest.NewServer(g)
+	t.Cleanup(srv.Close)
+	base := startServe(t, "--psp", srv.URL)
+	t.Cleanup(g.release) // before the service stops: it waits for its requests
+	return base, g
+}
+
+// browser is one tab of a headless Chromium on the page, with what the
+// tab did recorded: the POSTs it sent and its unexpected console messages.
+type browser struct {
+	t    *testing.T
+	ctx  context.Context
+	base string
+	dir  string // screenshots
+
+	mu       sync.Mutex
+	posts    map[string][]string // path -> the Idempotency-Key of each POST, in order
+	problems []string            // console messages that must not be
+}
+
+// needBrowser returns the browser to run, or skips the test when there is
+// none; in CI (CI set) it fails instead, so CI never skips these tests.
+func needBrowser(t *testing.T) string {
+	t.Helper()
+	path := browserPath()
+	if path == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no Chromium or Chrome found, and CI is set: the browser tests must run in CI (.ci/run installs Debian's chromium)")
+		}
+		t.Skip("no Chromium or Chrome found: install Debian's chromium (apt-get install chromium) or set ONCEGUARD_TEST_BROWSER to run the browser tests")
+	}
+	return path
+}
+
+// newBrowser starts a headless browser on path, opens the page at base in
+// a phone-sized tab, and checks its console when the test ends.
+func newBrowser(t *testing.T, path, base string) *browser {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox,
+		chromedp.WindowSize(phoneWidth, phoneHeight))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancelTab(); cancelAlloc() })
+	// The first Do starts the browser, bound to ctx: no timeout on it.
+	if err := chromedp.Do(ctx); err != nil {
+		if os.Getenv("CI") == "" {
+			t.Skipf("the browser %s did not start: %v", path, err)
+		}
+		t.Fatalf("the browser %s did not start: %v", path, err)
+	}
+	b := &browser{t: t, base: base, dir: t.ArtifactDir(), posts: map[string][]string{}}
+	tctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	t.Cleanup(cancel)
+	b.ctx = tctx
+	// Listen sees the tab's events in order, before any later reply.
+	if err := chromedp.Listen(ctx, b.record); err != nil {
+		t.Fatal(err)
+	}
+	b.do(chromedp.EmulateViewport(phoneWidth, phoneHeight), chromedp.Navigate(base+"/"))
+	t.Cleanup(b.checkConsole)
+	return b
+}
+
+// record runs in the tab's event loop: it must return fast.
+func (b *browser) record(ev any) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch ev := ev.(type) {
+	case *network.EventRequestWillBeSent:
+		if ev.Request.Method == http.MethodPost {
+			path := strings.TrimPrefix(ev.Request.URL, b.base)
+			key, _ := ev.Request.Headers["Idempotency-Key"].(string)
+			b.posts[path] = append(b.posts[path], key)
+		}
+	case *runtime.EventExceptionThrown:
+		d := ev.ExceptionDetails
+		text := d.Text
+		if d.Exception != nil {
+			text += " " + d.Exception.Description
+		}
+		b.problems = append(b.problems, "exception: "+text)
+	case *runtime.EventConsoleAPICalled:
+		// The page writes nothing to the console; anything is a finding.
+		var args []string
+		for _, a := range ev.Args {
+			args = append(args, string(a.Value)+a.Description)
+		}
+		b.problems = append(b.problems, fmt.Sprintf("console.%s: %s", ev.Type, strings.Join(args, " ")))
+	case *log.EventEntryAdded:
+		e := ev.Entry
+		if e.Level != log.EntryLevelError && e.Level != log.EntryLevelWarning {
+			return
+		}
+		// The browser logs each API answer with an error status (a 409, a
+		// 429, a 422: the contract's answers the page shows in words) and
+		// the network failure the test injects; nothing else may appear.
+		if e.Source == log.EntrySourceNetwork && strings.HasPrefix(e.URL, b.base+"/api/v1/") {
+			return
+		}
+		b.problems = append(b.problems, fmt.Sprintf("log %s %s: %s (%s)", e.Source, e.Level, e.Text, e.URL))
+	}
+}
+
+func (b *browser) checkConsole() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, p := range b.problems {
+		b.t.Errorf("browser console: %s; want no errors or warnings", p)
+	}
+}
+
+// postKeys returns the Idempotency-Keys of the POSTs the page sent to path.
+func (b *browser) postKeys(path string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.posts[path])
+}
+
+func (b *browser) do(actions ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	if err := chromedp.Do(b.ctx, actions...); err != nil {
+		b.shot("failure")
+		b.t.Fatalf("browser: %v", err)
+	}
+}
+
+func eval[T any](b *browser, js string) T {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[T](js))
+	if err != nil {
+		b.t.Fatalf("evaluate %s: %v", js, err)
+	}
+	return v
+}
+
+// waitFor polls js (a boolean expression) until it is true; on a timeout
+// it fails with what describe (an expression) says.
+func (b *browser) waitFor(js, describe string) {
+	b.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if eval[bool](b, "!!("+js+")") {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.shot("failure")
+			b.t.Fatalf("waited 15s for %s; page says %q", js, eval[string](b, describe))
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func q(sel string) string { return "document.querySelector(" + jsString(sel) + ")" }
+
+func jsString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// waitText waits until sel's text contains want.
+func (b *browser) waitText(sel, want string) {
+	b.t.Helper()
+	b.waitFor(q(sel)+" && "+q(sel)+".textContent.includes("+jsString(want)+")", "("+q(sel)+"||{}).textContent")
+}
+
+// waitState waits until the form's data-state is state (the page's own
+// account of its button: minting, ready, busy, quiet, retry, idle).
+func (b *browser) waitState(form, state string) {
+	b.t.Helper()
+	b.waitFor(q("#"+form)+".dataset.state === "+jsString(state), q("#"+form)+".dataset.state + ': ' + "+q("#"+form+" .msg")+".textContent")
+}
+
+func (b *browser) fill(sel, text string) {
+	b.t.Helper()
+	// Empty it in the page (SetValue cannot set ""), then type as a user.
+	if !eval[bool](b, "(() => { const e = "+q(sel)+"; e.value = ''; return e.value === ''; })()") {
+		b.t.Fatalf("could not empty %s", sel)
+	}
+	b.do(chromedp.SendKeys(chromedp.CSS(sel), text))
+}
+
+// clicks sends n mouse clicks to the middle of sel, gap apart; double
+// makes every second one a double click's.
+func (b *browser) clicks(sel string, n int, gap time.Duration, double bool) {
+	b.t.Helper()
+	b.do(chromedp.ScrollIntoView(chromedp.CSS(sel)))
+	pt := eval[struct {
+		X float64 `json:"x"`
+		Y float64 `json:"y"`
+	}](b, "(() => { const r = "+q(sel)+".getBoundingClientRect(); return {x: r.left + r.width/2, y: r.top + r.height/2}; })()")
+	b.do(chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		for i := range n {
+			if i > 0 && gap > 0 {
+				time.Sleep(gap)
+			}
+			count := int64(1)
+			if double && i%2 == 1 {
+				count = 2
+			}
+			for _, typ := range []input.DispatchMouseEventType{input.DispatchMouseEventTypeMousePressed, input.DispatchMouseEventTypeMouseReleased} {
+				if _, err := cdp.Call(ctx, t, input.DispatchMouseEvent, input.DispatchMouseEventParams{
+					Type: typ, X: pt.X, Y: pt.Y, Button: input.MouseButtonLeft, Buttons: 1, ClickCount: count,
+				}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}))
+}
+
+// holdEnter presses Enter in sel and holds it: one keydown, then repeats
+// of it marked autoRepeat, then the keyup.
+func (b *browser) holdEnter(sel string, repeats int) {
+	b.t.Helper()
+	b.do(chromedp.Focus(chromedp.CSS(sel)), chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		key := func(typ input.DispatchKeyEventType, repeat bool) error {
+			p := input.DispatchKeyEventParams{Type: typ, Key: "Enter", Code: "Enter", WindowsVirtualKeyCode: 13, NativeVirtualKeyCode: 13, AutoRepeat: &repeat}
+			if typ == input.DispatchKeyEventTypeKeyDown {
+				p.Text, p.UnmodifiedText = "\r", "\r"
+			}
+			_, err := cdp.Call(ctx, t, input.DispatchKeyEvent, p)
+			return err
+		}
+		for i := range repeats + 1 {
+			if err := key(input.DispatchKeyEventTypeKeyDown, i > 0); err != nil {
+				return err
+			}
+		}
+		return key(input.DispatchKeyEventTypeKeyUp, false)
+	}))
+}
+
+// shot saves a full-page screenshot as a test artifact.
+func (b *browser) shot(name string) []byte {
+	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		b.t.Logf("screenshot %s: %v", name, err)
+		return nil
+	}
+	path := filepath.Join(b.dir, name+".png")
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		b.t.Logf("screenshot %s: %v", name, err)
+	}
+	return png
+}
+
+func (b *browser) signUp(name string) {
+	b.t.Helper()
+	b.waitFor(`!document.getElementById('auth').hidden`, `document.body.innerText`)
+	b.fill("#username", name)
+	b.fill("#password", "correct horse")
+	b.do(chromedp.Click(chromedp.CSS("#signup")))
+	b.waitText("#who-name", name)
+}
+
+// submitOK fills one amount form, submits it with one click and waits for
+// its success in words.
+func (b *browser) submitOK(form, amount, want string) {
+	b.t.Helper()
+	b.waitState(form, "ready")
+	b.fill("#"+form+" input[name=amount]", amount)
+	b.do(chromedp.Click(chromedp.CSS("#" + form + " button[type=submit]")))
+	b.waitText("#"+form+" .msg", want)
+}
+
+// apiSignIn opens a session of the page's user through the API, to check
+// the page's work on the server's side.
+func apiSignIn(t *testing.T, base, name string) *client {
+	c := &client{t: t, base: base}
+	a := c.do("POST", "/api/v1/sessions", "", fmt.Sprintf(`{"username":%q,"password":"correct horse"}`, name))
+	c.expect(a, 201, "")
+	c.token, _ = a.body["token"].(string)
+	return c
+}
+
+func (c *client) items(path string) []map[string]any {
+	c.t.Helper()
+	a := c.do("GET", path, "", "")
+	c.expect(a, 200, "")
+	var out []map[string]any
+	list, _ := a.body["items"].([]any)
+	for _, it := range list {
+		m, _ := it.(map[string]any)
+		out = append(out, m)
+	}
+	return out
+}
+
+func (c *client) balance() string {
+	c.t.Helper()
+	b, _ := c.do("GET", "/api/v1/account", "", "").body["balance"].(string)
+	return b
+}
+
+func amounts(items []map[string]any) []string {
+	var out []string
+	for _, it := range items {
+		a, _ := it["amount"].(string)
+		out = append(out, a)
+	}
+	return out
+}
+
+// A double click, a burst of ten clicks and a held Enter key on withdraw:
+// each sends one request and makes one withdrawal, the balance debited
+// once; a request in flight shows the disabled button; a repeat inside the
+// window is a 429 shown in words; so is a refusal for lack of money.
+func TestBrowserWithdrawOnce(t *testing.T) {
+	path := needBrowser(t)
+	base, gate := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.shot("01-signed-out")
+	b.signUp("alice")
+	api := apiSignIn(t, base, "alice")
+
+	b.submitOK("deposit-form", "100", "Done. Deposit of 100.00 CNY: it went through.")
+	b.waitText("#balance", "100.00 CNY")
+	b.shot("02-deposited")
+
+	const wd = "/api/v1/withdrawals"
+	for i, tc := range []struct {
+		name, amount string
+		press        func()
+	}{
+		{"double click", "10", func() { b.clicks("#withdraw-form button[type=submit]", 2, 60*time.Millisecond, true) }},
+		{"burst of 10 clicks", "20", func() { b.clicks("#withdraw-form button[type=submit]", 10, 80*time.Millisecond, false) }},
+		{"held Enter", "30", func() { b.holdEnter("#withdraw-amount", 10) }},
+	} {
+		b.waitState("withdraw-form", "ready")
+		b.fill("#withdraw-amount", tc.amount)
+		tc.press()
+		b.waitText("#withdraw-form .msg", fmt.Sprintf("Done. Withdrawal of %s.00 CNY", tc.amount))
+		b.waitState("withdraw-form", "ready") // the quiet moment is over: a late click would go out now
+		time.Sleep(100 * time.Millisecond)
+		if keys := b.postKeys(wd); len(keys) != i+1 || !strings.HasPrefix(keys[i], "st_") {
+			t.Errorf("%s: the page sent %d withdrawals in all, keys %q; want %d, each with its own submit token", tc.name, len(keys), keys, i+1)
+		}
+	}
+
+	// In flight: the provider holds the payout; the button is disabled and
+	// says so, and more clicks send nothing.
+	gate.hold()
+	b.fill("#withdraw-amount", "5")
+	b.clicks("#withdraw-form button[type=submit]", 1, 0, false)
+	b.waitState("withdraw-form", "busy")
+	b.clicks("#withdraw-form button[type=submit]", 5, 0, false)
+	type button struct {
+		Disabled bool   `json:"disabled"`
+		Text     string `json:"text"`
+		Busy     string `json:"busy"`
+		ReadOnly bool   `json:"readOnly"`
+	}
+	got := eval[button](b, `(() => { const f = document.getElementById('withdraw-form'), btn = f.querySelector('button[type=submit]');
+		return {disabled: btn.disabled, text: btn.textContent, busy: f.getAttribute('aria-busy'), readOnly: f.elements.amount.readOnly}; })()`)
+	if want := (button{true, "Sending…", "true", true}); got != want {
+		t.Errorf("withdraw form in flight = %+v; want %+v", got, want)
+	}
+	b.shot("03-in-flight")
+	gate.release()
+	b.waitText("#withdraw-form .msg", "Done. Withdrawal of 5.00 CNY")
+	if n := len(b.postKeys(wd)); n != 4 {
+		t.Errorf("after the clicks in flight the page sent %d withdrawals in all; want 4", n)
+	}
+
+	// The same withdrawal again, inside the repeat window, under the form's
+	// new key: the service refuses it (429) and the page says so in words.
+	b.waitState("withdraw-form", "ready")
+	b.fill("#withdraw-amount", "5")
+	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.waitText("#withdraw-form .msg", "Not sent again: this is the same withdrawal you submitted a moment ago")
+	b.waitFor(`/wait \d+ seconds? and submit again/.test(`+q("#withdraw-form .msg")+`.textContent)`, q("#withdraw-form .msg")+".textContent")
+	b.shot("04-duplicate-429")
+	b.do(chromedp.EmulateViewport(1280, 860))
+	b.waitText("#balance", "35.00 CNY")
+	b.waitState("withdraw-form", "ready")
+	desktop := b.shot("04-duplicate-429-desktop")
+	b.do(chromedp.EmulateViewport(phoneWidth, phoneHeight))
+	if *updateScreenshot && desktop != nil {
+		if err := os.MkdirAll(filepath.Join("..", "..", "docs"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join("..", "..", "docs", "screenshot.png"), desktop, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if keys := b.postKeys(wd); len(keys) != 5 || keys[4] == keys[3] {
+		t.Errorf("the repeat: keys %q; want a 5th POST under a new key", keys)
+	}
+
+	b.submitOK("withdraw-form", "1000", "Not enough money: your balance does not cover 1000 CNY. Nothing was changed.")
+	b.shot("05-insufficient-funds")
+
+	// The server's side: four withdrawals, each debited once.
+	if got, want := amounts(api.items(wd)), []string{"5.00", "30.00", "20.00", "10.00"}; !slices.Equal(got, want) {
+		t.Errorf("withdrawals = %v; want %v (one per intent)", got, want)
+	}
+	if got := api.balance(); got != "35.00" {
+		t.Errorf("balance = %s; want 35.00 (100 - 10 - 20 - 30 - 5, each once)", got)
+	}
+	if n, total := gate.sim.Moved(psp.Payout); n != 4 || total.String() != "65.00" {
+		t.Errorf("provider payouts = %d, %s; want 4, 65.00", n, total)
+	}
+	if n := len(api.items("/api/v1/ledger")); n != 5 {
+		t.Errorf("ledger has %d entries; want 5 (a deposit, four withdrawals)", n)
+	}
+	b.waitText("#balance", "35.00 CNY")
+	b.waitFor(`document.querySelectorAll('#withdrawals tbody tr').length === 4`, `document.querySelector('#withdrawals').innerText`)
+	if w := eval[int](b, `document.documentElement.scrollWidth - window.innerWidth`); w > 0 {
+		t.Errorf("the page is %dpx wider than a %dpx phone screen; want no sideways scrolling", w, phoneWidth)
+	}
+	b.shot("06-phone")
+}
+
+// A network error keeps the key: the page's first withdrawal reaches the
+// service but its answer is lost; Retry resends the same key, hears "still
+// in progress" while the first runs, and then the first one's result,
+// replayed. One withdrawal, one debit.
+func TestBrowserRetryKeepsKey(t *testing.T) {
+	path := needBrowser(t)
+	base, gate := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("bob")
+	api := apiSignIn(t, base, "bob")
+	b.submitOK("deposit-form", "50", "Done. Deposit of 50.00 CNY")
+
+	// The browser's first POST of a withdrawal never leaves it: the test
+	// sends that very request itself (same key, same body, bob's session)
+	// and fails the browser's copy as a reset connection once the service
+	// holds it in flight, so that the page sees a network error.
+	const wd = "/api/v1/withdrawals"
+	gate.hold()
+	paused := chromedp.Events(b.ctx, fetch.RequestPaused)
+	if _, err := chromedp.Call(b.ctx, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{{URLPattern: "*" + wd, RequestStage: fetch.RequestStageRequest}}}); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		status int
+		err    error
+	}
+	forwarded := make(chan result, 1)
+	go func() {
+		first := true
+		for ev, err := range paused {
+			if err != nil {
+				return
+			}
+			if !first || ev.Request.Method != http.MethodPost {
+				_, _ = chromedp.Call(b.ctx, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
+				continue
+			}
+			first = false
+			key, _ := ev.Request.Headers["Idempotency-Key"].(string)
+			var body []byte
+			for _, e := range ev.Request.PostDataEntries {
+				body = append(body, e.Bytes...)
+			}
+			go func() {
+				req, _ := http.NewRequest("POST", base+wd, bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", "Bearer "+api.token)
+				req.Header.Set("Idempotency-Key", key)
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					resp.Body.Close()
+					forwarded <- result{resp.StatusCode, nil}
+					return
+				}
+				forwarded <- result{0, err}
+			}()
+			select {
+			case <-gate.arrived: // the service holds the key in flight
+			case <-time.After(10 * time.Second):
+			}
+			_, _ = chromedp.Call(b.ctx, fetch.FailRequest, fetch.FailRequestParams{RequestID: ev.RequestID, ErrorReason: network.ErrorReasonConnectionReset})
+		}
+	}()
+
+	b.waitState("withdraw-form", "ready")
+	b.fill("#withdraw-amount", "7")
+	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.waitText("#withdraw-form .msg", "No answer from the service (a network problem), so it is not known whether this went through. Press “Retry”")
+	b.waitState("withdraw-form", "retry")
+	if got := eval[string](b, q("#withdraw-form button[type=submit]")+".textContent"); got != "Retry" {
+		t.Errorf("button after a network error = %q; want Retry", got)
+	}
+	if !eval[bool](b, q("#withdraw-amount")+".readOnly") {
+		t.Errorf("amount after a network error is editable; want it frozen until the retry is answered")
+	}
+	b.shot("01-network-error")
+
+	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.waitText("#withdraw-form .msg", "Still being processed: your earlier submission reached the service and has not finished yet.")
+	if !eval[bool](b, q("#withdraw-form button[type=submit]")+".disabled") {
+		t.Errorf("button while the service says in progress is enabled; want disabled")
+	}
+	b.shot("02-in-progress")
+
+	gate.release()
+	if r := <-forwarded; r.err != nil || r.status != 201 {
+		t.Fatalf("the forwarded first withdrawal = %d, %v; want 201", r.status, r.err)
+	}
+	b.waitText("#withdraw-form .msg", "Already submitted — here is the result of your earlier submission; nothing was done twice. Withdrawal of 7.00 CNY: it went through.")
+	b.shot("03-replayed")
+	if _, err := chromedp.Call(b.ctx, fetch.Disable, cdp.Empty{}); err != nil {
+		t.Fatal(err)
+	}
+
+	keys := b.postKeys(wd)
+	if len(keys) < 3 || len(slices.Compact(slices.Clone(keys))) != 1 {
+		t.Errorf("the page's POSTs carried keys %q; want the first try, the retry and at least one re-ask, all under one key", keys)
+	}
+	if got := amounts(api.items(wd)); !slices.Equal(got, []string{"7.00"}) {
+		t.Errorf("withdrawals = %v; want one of 7.00", got)
+	}
+	if got := api.balance(); got != "43.00" {
+		t.Errorf("balance = %s; want 43.00 (debited once)", got)
+	}
+	if n, _ := gate.sim.Moved(psp.Payout); n != 1 {
+		t.Errorf("provider payouts = %d; want 1", n)
+	}
+	b.waitText("#balance", "43.00 CNY")
+
+	// After the replay the form holds a new key: the next submission is a
+	// new request (here a repeat inside the window: 429).
+	b.waitState("withdraw-form", "ready")
+	b.fill("#withdraw-amount", "7")
+	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.waitText("#withdraw-form .msg", "Not sent again")
+	if keys := b.postKeys(wd); keys[len(keys)-1] == keys[0] {
+		t.Errorf("the submission after the replay reused the spent key %q; want a new one", keys[0])
+	}
+}
+
+// Keyboard only: sign in and deposit with Tab and Enter. Then orders and
+// their payment, a session ended elsewhere (401 shown as "expired"), and
+// sign-out; the session token is never readable by the page.
+func TestBrowserSessionAndOrders(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	signUp(t, base, "carol") // through the API
+	b := newBrowser(t, path, base)
+
+	b.waitFor(`document.activeElement && document.activeElement.id === 'username'`, `document.activeElement && document.activeElement.id`)
+	b.do(chromedp.KeyEvent("carol"), chromedp.KeyEvent("\t"), chromedp.KeyEvent("correct horse"), chromedp.KeyEvent("\r"))
+	b.waitText("#who-name", "carol")
+	b.waitState("deposit-form", "ready")
+	b.do(chromedp.Focus(chromedp.CSS("#deposit-amount")), chromedp.KeyEvent("80\r"))
+	b.waitText("#deposit-form .msg", "Done. Deposit of 80.00 CNY")
+	if got := eval[string](b, `document.cookie`); got != "" {
+		t.Errorf("document.cookie = %q; want the session cookie HttpOnly, out of the page's reach", got)
+	}
+
+	b.waitState("order-form", "ready")
+	b.fill("#order-amount", "30")
+	b.fill("#order-description", "tea")
+	b.do(chromedp.Click(chromedp.CSS("#order-form button[type=submit]")))
+	b.waitText("#order-form .msg", "Done. Order ON")
+	b.waitText("#orders tbody", "tea")
+	b.waitState("pay-form", "ready")
+	b.waitText("#pay-order", "30.00 CNY · tea")
+	b.do(chromedp.Click(chromedp.CSS("#pay-form button[type=submit]")))
+	b.waitText("#pay-form .msg", "Done. Order paid: 30.00 CNY was taken from your balance.")
+	b.waitText("#balance", "50.00 CNY")
+	b.waitText("#orders tbody", "paid")
+	b.waitState("pay-form", "idle") // nothing left to pay
+	b.waitText("#ledger tbody", "Order payment")
+	b.shot("01-order-paid")
+
+	// The same order again inside the window: 429 in words.
+	b.fill("#order-amount", "30")
+	b.fill("#order-description", "tea")
+	b.do(chromedp.Click(chromedp.CSS("#order-form button[type=submit]")))
+	b.waitText("#order-form .msg", "Not sent again: this is the same order you submitted a moment ago")
+
+	// The session ends elsewhere (its token is the HttpOnly cookie, which
+	// only the browser's own store shows): the page's next action says
+	// the session expired and shows the sign-in form.
+	cookies, err := chromedp.Call(b.ctx, network.GetCookies, network.GetCookiesParams{URLs: []string{base}})
+	if err != nil || len(cookies.Cookies) != 1 || !cookies.Cookies[0].HTTPOnly || cookies.Cookies[0].SameSite != network.CookieSameSiteStrict {
+		t.Fatalf("cookies = %+v, %v; want one HttpOnly SameSite=Strict session cookie", cookies, err)
+	}
+	token := cookies.Cookies[0].Value
+	if got := eval[string](b, `JSON.stringify(Object.assign({}, localStorage, sessionStorage))`); strings.Contains(got, token) {
+		t.Errorf("web storage %s holds the session token; want it only in the cookie", got)
+	}
+	other := &client{t: t, base: base, token: token}
+	other.expect(other.do("DELETE", "/api/v1/sessions/current", "", ""), 204, "")
+	b.fill("#deposit-amount", "1")
+	b.do(chromedp.Click(chromedp.CSS("#deposit-form button[type=submit]")))
+	b.waitText("#auth-msg", "Your session has expired. Sign in again; the last action was not carried out.")
+	b.shot("02-session-expired")
+
+	// Sign in again with the mouse, then sign out.
+	b.fill("#username", "carol")
+	b.fill("#password", "correct horse")
+	b.do(chromedp.Click(chromedp.CSS("#signin")))
+	b.waitText("#who-name", "carol")
+	b.waitText("#balance", "50.00 CNY")
+	b.do(chromedp.Click(chromedp.CSS("#signout")))
+	b.waitText("#auth-msg", "You are signed out.")
+	b.waitFor(`document.getElementById('app').hidden`, `document.body.innerText`)
+	if w := eval[int](b, `document.documentElement.scrollWidth - window.innerWidth`); w > 0 {
+		t.Errorf("the sign-in view is %dpx wider than a phone screen", w)
+	}
+	b.shot("03-signed-out")
+}
