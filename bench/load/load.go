@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// cellResult is one cell: one configuration at one client count in one
+// round (or one pgbench run).
+type cellResult struct {
+	ok     int           // 201s (pgbench: transactions) that started and ended in the window
+	window time.Duration // the measured window
+	lat    []time.Duration
+	cpu    cpuUse
+
+	sent         int            // requests over the whole cell, warm-up included
+	other        map[string]int // non-201 answers over the whole cell: "503 busy" -> count
+	otherSample  map[string]string
+	notSucceeded map[string]int // 201s whose status is not "succeeded"
+	transport    int            // requests without an answer
+	firstErr     string
+
+	err     string  // the cell did not run (or pgbench failed)
+	tps     float64 // pgbench's own "tps =" figure, a cross-check
+	failed  int     // pgbench: failed transactions
+	samples int     // pgbench: transactions in its log
+}
+
+func (r *cellResult) rate() float64 {
+	if r.window <= 0 {
+		return 0
+	}
+	return float64(r.ok) / r.window.Seconds()
+}
+
+func (r *cellResult) nonOK() int {
+	n := r.transport + r.failed
+	for _, c := range r.other {
+		n += c
+	}
+	for _, c := range r.notSucceeded {
+		n += c
+	}
+	return n
+}
+
+func (r *cellResult) progressLine() string {
+	if r.err != "" && r.ok == 0 {
+		return "ERROR " + r.err
+	}
+	s := fmt.Sprintf("%8.0f/s  p50 %-8s p99 %-8s cpu svc %s pg %s redis %s client %s",
+		r.rate(), fmtDur(percentile(r.lat, 0.50)), fmtDur(percentile(r.lat, 0.99)),
+		fmtCPU(r.cpu[cpuSvc]), fmtCPU(r.cpu[cpuPG]), fmtCPU(r.cpu[cpuRedis]), fmtCPU(r.cpu[cpuLoad]))
+	if r.tps > 0 {
+		s += fmt.Sprintf("  (pgbench's own tps %.0f)", r.tps)
+	}
+	if n := r.nonOK(); n > 0 {
+		s += fmt.Sprintf("  NOT OK %d: %s", n, r.nonOKSummary())
+	}
+	if r.err != "" {
+		s += "  ERROR " + r.err
+	}
+	return s
+}
+
+// nonOKSummary lists what was not a plain success, most frequent first.
+func (r *cellResult) nonOKSummary() string {
+	type kv struct {
+		k string
+		n int
+	}
+	var all []kv
+	for k, n := range r.other {
+		all = append(all, kv{k, n})
+	}
+	for k, n := range r.notSucceeded {
+		all = append(all, kv{"201 " + k, n})
+	}
+	if r.transport > 0 {
+		all = append(all, kv{"no answer", r.transport})
+	}
+	if r.failed > 0 {
+		all = append(all, kv{"failed tx", r.failed})
+	}
+	slices.SortFunc(all, func(a, b kv) int { return b.n - a.n })
+	var parts []string
+	for _, e := range all {
+		parts = append(parts, fmt.Sprintf("%s ×%d", e.k, e.n))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// runCell runs one cell against a service: every user is one client
+// looping POST /api/v1/withdrawals with a fresh key, warmup unmeasured,
+// then duration measured. Only requests that start and end in the window
+// count; latencies are those of the 201s among them.
+func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.Duration, probe cpuProbe) *cellResult {
+	res := &cellResult{window: duration, cpu: cpuUse{-1, -1, -1, -1}, other: map[string]int{}, otherSample: map[string]string{}, notSucceeded: map[string]int{}}
+	start := time.Now()
+	w0 := start.Add(warmup)
+	w1 := w0.Add(duration)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		if !sleepUntil(ctx, w0) {
+			return
+		}
+		b := probe.sample()
+		if sleepUntil(ctx, w1) {
+			res.cpu = cpuShare(b, probe.sample())
+		}
+	}()
+
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, u := range users {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var (
+				lat                     []time.Duration
+				ok, sent, transport     int
+				other                   = map[string]int{}
+				sample                  = map[string]string{}
+				notSucceeded            = map[string]int{}
+				firstErr                string
+				body                    []byte
+				succeeded, pendingBytes = []byte(`"status":"succeeded"`), []byte(`"status":"`)
+			)
+			for ctx.Err() == nil && time.Now().Before(w1) {
+				u.sent++
+				cents := 1 + (u.sent-1)%amountCycle // distinct bodies: no 429 from the repeat window
+				body = fmt.Appendf(body[:0], `{"amount":"%d.%02d"}`, cents/100, cents%100)
+				key := "ld-wd-" + strconv.FormatInt(u.sent, 10)
+				t0 := time.Now()
+				st, resp, err := a.do(ctx, http.MethodPost, "/api/v1/withdrawals", u.token, key, body)
+				t1 := time.Now()
+				sent++
+				in := !t0.Before(w0) && !t1.After(w1)
+				switch {
+				case err != nil:
+					if ctx.Err() != nil {
+						break // interrupted: not the service's fault
+					}
+					transport++
+					u.uncertain++
+					if firstErr == "" {
+						firstErr = err.Error()
+					}
+				case st == http.StatusCreated:
+					if bytes.Contains(resp, succeeded) {
+						u.balance -= cents
+						if in {
+							ok++
+							lat = append(lat, t1.Sub(t0))
+						}
+						break
+					}
+					status := "?"
+					if i := bytes.Index(resp, pendingBytes); i >= 0 {
+						rest := resp[i+len(pendingBytes):]
+						if j := bytes.IndexByte(rest, '"'); j >= 0 {
+							status = string(rest[:j])
+						}
+					}
+					if status != "failed" { // failed: refunded, the balance is back
+						u.uncertain++
+					}
+					notSucceeded[status]++
+				default:
+					var p struct{ Code, Detail string }
+					_ = json.Unmarshal(resp, &p)
+					k := fmt.Sprintf("%d %s", st, p.Code)
+					other[k]++
+					if _, seen := sample[k]; !seen {
+						sample[k] = truncate(string(resp), 300)
+					}
+					if st >= 500 {
+						u.uncertain++
+					}
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			res.ok += ok
+			res.sent += sent
+			res.transport += transport
+			res.lat = append(res.lat, lat...)
+			for k, n := range other {
+				res.other[k] += n
+				if _, seen := res.otherSample[k]; !seen {
+					res.otherSample[k] = sample[k]
+				}
+			}
+			for k, n := range notSucceeded {
+				res.notSucceeded[k] += n
+			}
+			if res.firstErr == "" {
+				res.firstErr = firstErr
+			}
+		}()
+	}
+	wg.Wait()
+	<-sampled
+	slices.Sort(res.lat)
+	return res
+}
+
+// sleepUntil sleeps until t; false when ctx ended first.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	tm := time.NewTimer(time.Until(t))
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted)-1) + 0.5)
+	return sorted[i]
+}
+
+func truncate(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}

@@ -1,0 +1,351 @@
+// Command load measures `onceguard serve` under load: withdrawals/s and
+// p50/p99 latency of POST /api/v1/withdrawals for the embedded default
+// (SQLite, in-process stores) and for PostgreSQL + Redis, at 16 and 64
+// concurrent clients, next to PostgreSQL's own ceiling for a comparable
+// one-row-update transaction measured with pgbench in the same run,
+// interleaved round by round. See ../README.md, "Service load".
+//
+//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-clients 16,64] [-only sqlite,postgres,pgbench] [-markdown]
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The three groups of a round: the two service configurations and the
+// ceiling.
+const (
+	groupSQLite   = "sqlite"
+	groupPostgres = "postgres"
+	groupPgbench  = "pgbench"
+)
+
+var groupLabels = map[string]string{
+	groupSQLite:   "embedded (SQLite)",
+	groupPostgres: "PostgreSQL + Redis",
+	groupPgbench:  "ceiling: pgbench",
+}
+
+type config struct {
+	duration, warmup time.Duration
+	rounds           int
+	clients          []int
+	groups           []string
+	pgDSN            string // admin DSN: the run creates and drops its databases through it
+	redisURL         string
+	pgbench          string
+	pgbenchJobs      int
+	bin, repo        string
+	dbConns          int
+	markdown, keep   bool
+}
+
+func main() {
+	var cfg config
+	var clients, only string
+	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured `time` per cell (configuration × clients × round)")
+	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured warm-up per cell, same clients")
+	flag.IntVar(&cfg.rounds, "rounds", 2, "rounds; each runs every configuration at every client count, the table shows medians")
+	flag.StringVar(&clients, "clients", "16,64", "comma-separated numbers of concurrent clients (each its own user)")
+	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, pgbench (default: all)")
+	flag.StringVar(&cfg.pgDSN, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL admin `DSN`; the run creates (and at exit drops) a fresh database for the service and one for pgbench through it")
+	flag.StringVar(&cfg.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis `URL` for the PostgreSQL configuration (shared: only the service's keys of this run's users are touched)")
+	flag.StringVar(&cfg.pgbench, "pgbench", "/usr/bin/pgbench", "pgbench `binary` for the ceiling (empty: no ceiling)")
+	flag.IntVar(&cfg.pgbenchJobs, "pgbench-jobs", runtime.NumCPU(), "pgbench -j (threads), at most the clients")
+	flag.StringVar(&cfg.bin, "bin", "", "onceguard `binary` to run (default: build ./cmd/onceguard of the repository into a temporary directory)")
+	flag.StringVar(&cfg.repo, "repo", "", "repository root (`dir`) to build from (default: found upwards from the working directory)")
+	flag.IntVar(&cfg.dbConns, "db-conns", 0, "pass --db-conns N to the PostgreSQL service (0: the service's default)")
+	flag.BoolVar(&cfg.markdown, "markdown", false, "print the table as Markdown")
+	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary directory (service logs, pgbench logs, SQLite file) and the databases")
+	flag.Parse()
+	for _, s := range strings.Split(clients, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "load: -clients: %q is not a positive number\n", s)
+			os.Exit(2)
+		}
+		if !slices.Contains(cfg.clients, n) {
+			cfg.clients = append(cfg.clients, n)
+		}
+	}
+	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres} {
+		if only == "" || slices.Contains(strings.Split(strings.ReplaceAll(only, " ", ""), ","), g) {
+			cfg.groups = append(cfg.groups, g)
+		}
+	}
+	if cfg.pgbench == "" {
+		cfg.groups = slices.DeleteFunc(cfg.groups, func(g string) bool { return g == groupPgbench })
+	}
+	if cfg.rounds < 1 || cfg.duration <= 0 || cfg.warmup < 0 || len(cfg.clients) == 0 || len(cfg.groups) == 0 || cfg.pgbenchJobs < 1 {
+		fmt.Fprintln(os.Stderr, "load: want -rounds >= 1, -duration > 0, -warmup >= 0, -pgbench-jobs >= 1, some -clients and some -only group")
+		os.Exit(2)
+	}
+	if err := run(cfg, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "load:", err)
+		os.Exit(1)
+	}
+}
+
+// cleanups run in reverse order at exit, also after an error.
+type cleanups []func()
+
+func (c *cleanups) add(f func()) { *c = append(*c, f) }
+func (c *cleanups) run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+}
+
+func run(cfg config, out, progress io.Writer) error {
+	began := time.Now()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+	context.AfterFunc(ctx, stop) // a second signal kills the run (children die with it)
+	var cl cleanups
+	defer cl.run()
+
+	var idb [4]byte
+	_, _ = rand.Read(idb[:])
+	runID := hex.EncodeToString(idb[:])
+	tmp, err := os.MkdirTemp("", "ogload-"+runID+"-")
+	if err != nil {
+		return err
+	}
+	cl.add(func() {
+		if cfg.keep {
+			fmt.Fprintf(progress, "kept %s\n", tmp)
+			return
+		}
+		_ = os.RemoveAll(tmp)
+	})
+	loadBefore := loadAvg()
+	has := func(g string) bool { return slices.Contains(cfg.groups, g) }
+	maxClients := slices.Max(cfg.clients)
+
+	// The service binary, built from the main module (its own go.mod, so
+	// with exactly the dependencies it ships with).
+	bin, binInfo := cfg.bin, ""
+	if has(groupSQLite) || has(groupPostgres) {
+		if bin == "" {
+			repo := cfg.repo
+			if repo == "" {
+				if repo, err = findRepo(); err != nil {
+					return err
+				}
+			}
+			bin = filepath.Join(tmp, "onceguard")
+			fmt.Fprintf(progress, "building %s/cmd/onceguard ...\n", repo)
+			build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/onceguard")
+			build.Dir = repo
+			if b, err := build.CombinedOutput(); err != nil {
+				return fmt.Errorf("go build ./cmd/onceguard in %s: %v\n%s", repo, err, b)
+			}
+			binInfo = "built from " + repo + gitDescribe(repo)
+		} else {
+			binInfo = bin
+		}
+	}
+
+	// PostgreSQL: fresh databases of this run.
+	var pg *pgAdmin
+	var serverLines []string
+	if has(groupPostgres) || has(groupPgbench) {
+		if pg, err = openPG(ctx, cfg.pgDSN); err != nil {
+			return err
+		}
+		cl.add(pg.close)
+		serverLines = append(serverLines, pg.describe(ctx))
+	}
+	var pgb *pgbenchCeiling
+	if has(groupPgbench) {
+		name := "ogload_" + runID + "_pgbench"
+		if err := pg.createDB(ctx, name); err != nil {
+			return err
+		}
+		cl.add(func() { pg.dropDB(name, cfg.keep, progress) })
+		if pgb, err = setupPgbench(ctx, cfg, pg, name, tmp, maxClients); err != nil {
+			return err
+		}
+		serverLines = append(serverLines, pgb.describe())
+	}
+
+	// The service configurations.
+	var services []*serviceConfig
+	baseArgs := []string{"serve", "--addr", "127.0.0.1:0", "--require-submit-token", ""}
+	if has(groupSQLite) {
+		dir := filepath.Join(tmp, "sqlite-data")
+		services = append(services, &serviceConfig{group: groupSQLite, bin: bin, runID: runID,
+			args: append(slices.Clone(baseArgs), "--data-dir", dir), logPath: filepath.Join(tmp, "service-sqlite.log")})
+	}
+	if has(groupPostgres) {
+		name := "ogload_" + runID
+		if err := pg.createDB(ctx, name); err != nil {
+			return err
+		}
+		cl.add(func() { pg.dropDB(name, cfg.keep, progress) })
+		args := append(slices.Clone(baseArgs), "--data-dir", filepath.Join(tmp, "pg-data"), "--db", withDatabase(cfg.pgDSN, name), "--redis", cfg.redisURL)
+		if cfg.dbConns > 0 {
+			args = append(args, "--db-conns", strconv.Itoa(cfg.dbConns))
+		}
+		rc, err := newRedisAdmin(cfg.redisURL)
+		if err != nil {
+			return err
+		}
+		cl.add(rc.close)
+		serverLines = append(serverLines, rc.describe(ctx))
+		s := &serviceConfig{group: groupPostgres, bin: bin, runID: runID, args: args, logPath: filepath.Join(tmp, "service-postgres.log"), redis: rc, pg: pg, dbName: name}
+		cl.add(func() { s.cleanupRedis(progress) })
+		services = append(services, s)
+	}
+	for _, s := range services {
+		cl.add(s.stopQuietly)
+	}
+
+	rep := newReport(cfg)
+	fmt.Fprintf(progress, "run %s: %d round(s), clients %v, %v measured + %v warm-up per cell, GOMAXPROCS=%d\n",
+		runID, cfg.rounds, cfg.clients, cfg.duration, cfg.warmup, runtime.GOMAXPROCS(0))
+	for round := range cfg.rounds {
+		// Rotate the groups, and the client counts, every round.
+		for i := range cfg.groups {
+			g := cfg.groups[(i+round)%len(cfg.groups)]
+			if ctx.Err() != nil {
+				break
+			}
+			order := make([]int, len(cfg.clients))
+			for j := range cfg.clients {
+				order[j] = cfg.clients[(j+round)%len(cfg.clients)]
+			}
+			if g == groupPgbench {
+				for _, n := range order {
+					if ctx.Err() != nil {
+						break
+					}
+					r := pgb.run(ctx, n, cfg.warmup, cfg.duration)
+					if ctx.Err() != nil {
+						break // interrupted: the cell is left out
+					}
+					rep.add(g, n, r)
+					fmt.Fprintf(progress, "round %d  %-20s %3d clients  %s\n", round+1, groupLabels[g], n, r.progressLine())
+				}
+				continue
+			}
+			var s *serviceConfig
+			for _, sc := range services {
+				if sc.group == g {
+					s = sc
+				}
+			}
+			if err := s.roundRun(ctx, round, order, maxClients, cfg, rep, progress); err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				return err
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		rep.interrupted = true
+		fmt.Fprintln(progress, "interrupted: the table shows the cells that ran")
+	}
+
+	fmt.Fprintf(out, "\nonceguard service load, %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(out, "%s/%s, %d CPUs, GOMAXPROCS=%d (load generator and service share them), %s\n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
+	if binInfo != "" {
+		fmt.Fprintf(out, "service: onceguard serve, %s; flags %s\n", binInfo, serviceFlagsNote(cfg))
+	}
+	for _, l := range serverLines {
+		fmt.Fprintln(out, l)
+	}
+	fmt.Fprintf(out, "load average (1/5/15 min) at start %s, at end %s\n", loadBefore, loadAvg())
+	fmt.Fprintf(out, "%d round(s) interleaved, %v measured + %v warm-up per cell; medians over rounds\n\n", cfg.rounds, cfg.duration, cfg.warmup)
+	rep.print(out, cfg.markdown)
+	fmt.Fprintln(out)
+	rep.printTargets(out)
+	rep.printNotes(out, services)
+	fmt.Fprintf(out, "\ntotal run time: %v\n", time.Since(began).Round(100*time.Millisecond))
+	return nil
+}
+
+func serviceFlagsNote(cfg config) string {
+	s := `--addr 127.0.0.1:0 --require-submit-token "" (repeat window default 10s); SQLite: --data-dir <tmp>; PostgreSQL: --db <fresh database> --redis ` + redactURL(cfg.redisURL)
+	if cfg.dbConns > 0 {
+		s += " --db-conns " + strconv.Itoa(cfg.dbConns)
+	}
+	return s
+}
+
+// findRepo walks up from the working directory to the main module's root.
+func findRepo() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.TrimSpace(line) == "module github.com/onceguard/onceguard" {
+					return dir, nil
+				}
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod of github.com/onceguard/onceguard above the working directory; pass -repo or -bin")
+		}
+		dir = parent
+	}
+}
+
+// gitDescribe is " at <commit>" (plus " with local changes"), or "".
+func gitDescribe(repo string) string {
+	out, err := exec.Command("git", "-C", repo, "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	s := " at " + strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "-C", repo, "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(st))) > 0 {
+		s += " with uncommitted changes"
+	}
+	return s
+}
+
+// withDatabase returns dsn (a postgres:// URL) naming database name.
+func withDatabase(dsn, name string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return dsn
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "***")
+	}
+	return u.String()
+}

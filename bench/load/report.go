@@ -1,0 +1,311 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// target: the service's withdrawals/s against pgbench's transactions/s at
+// the same number of clients.
+const target = 0.5
+
+type report struct {
+	cfg         config
+	cells       map[string][]*cellResult // "group/clients" -> one per round
+	interrupted bool
+}
+
+func newReport(cfg config) *report { return &report{cfg: cfg, cells: map[string][]*cellResult{}} }
+
+func cellKey(g string, n int) string { return fmt.Sprintf("%s/%d", g, n) }
+
+func (r *report) add(g string, n int, res *cellResult) {
+	r.cells[cellKey(g, n)] = append(r.cells[cellKey(g, n)], res)
+}
+
+// summary is the median over rounds of each metric of a cell, separately.
+type summary struct {
+	rounds   int
+	rate     float64
+	p50, p99 time.Duration
+	cpu      cpuUse
+	spread   float64
+	nonOK    int
+	merged   *cellResult // non-OK answers of all rounds together
+	errs     []string
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	} else {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+}
+
+func (r *report) summarize(g string, n int) (summary, bool) {
+	rs := r.cells[cellKey(g, n)]
+	s := summary{merged: &cellResult{other: map[string]int{}, otherSample: map[string]string{}, notSucceeded: map[string]int{}}}
+	var rates, p50, p99 []float64
+	var cpus [cpuN][]float64
+	na := [cpuN]bool{}
+	for _, c := range rs {
+		if c.err != "" {
+			s.errs = append(s.errs, c.err)
+		}
+		s.nonOK += c.nonOK()
+		s.merged.transport += c.transport
+		s.merged.failed += c.failed
+		for k, v := range c.other {
+			s.merged.other[k] += v
+			if _, ok := s.merged.otherSample[k]; !ok {
+				s.merged.otherSample[k] = c.otherSample[k]
+			}
+		}
+		for k, v := range c.notSucceeded {
+			s.merged.notSucceeded[k] += v
+		}
+		if s.merged.firstErr == "" {
+			s.merged.firstErr = c.firstErr
+		}
+		if c.ok == 0 && c.err != "" {
+			continue // the cell did not run
+		}
+		s.rounds++
+		rates = append(rates, c.rate())
+		p50 = append(p50, float64(percentile(c.lat, 0.50)))
+		p99 = append(p99, float64(percentile(c.lat, 0.99)))
+		for i, v := range c.cpu {
+			if v == cpuNA {
+				na[i] = true
+			} else if v >= 0 {
+				cpus[i] = append(cpus[i], v)
+			}
+		}
+	}
+	if len(rs) == 0 {
+		return s, false
+	}
+	for i := range s.cpu {
+		switch {
+		case na[i]:
+			s.cpu[i] = cpuNA
+		case len(cpus[i]) == 0:
+			s.cpu[i] = -1
+		default:
+			s.cpu[i] = median(cpus[i])
+		}
+	}
+	if s.rounds > 0 {
+		s.rate = median(rates)
+		s.p50, s.p99 = time.Duration(median(p50)), time.Duration(median(p99))
+		if s.rate > 0 {
+			s.spread = (slices.Max(rates) - slices.Min(rates)) / s.rate
+		}
+	}
+	return s, true
+}
+
+func (r *report) sortedClients() []int {
+	c := slices.Clone(r.cfg.clients)
+	slices.Sort(c)
+	return c
+}
+
+// tableGroups is the row order within a client count: the ceiling first.
+func (r *report) tableGroups() []string {
+	var gs []string
+	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres} {
+		if slices.Contains(r.cfg.groups, g) {
+			gs = append(gs, g)
+		}
+	}
+	return gs
+}
+
+func (r *report) print(out io.Writer, markdown bool) {
+	head := []string{"configuration", "clients", "withdrawals/s", "p50", "p99", "vs ceiling", "service cpu", "postgres cpu", "redis cpu", "client cpu", "spread", "not 201"}
+	right := []bool{false, true, true, true, true, true, true, true, true, true, true, false}
+	var rows [][]string
+	for _, n := range r.sortedClients() {
+		ceil, hasCeil := r.summarize(groupPgbench, n)
+		for _, g := range r.tableGroups() {
+			s, ok := r.summarize(g, n)
+			if !ok {
+				continue
+			}
+			rate, vs, nonOK := "-", "-", fmt.Sprint(s.nonOK)
+			if s.rounds > 0 {
+				rate = fmt.Sprintf("%.0f", s.rate)
+				if g == groupPgbench {
+					rate += " tx/s"
+				} else if hasCeil && ceil.rounds > 0 && ceil.rate > 0 {
+					vs = fmt.Sprintf("%.2f×", s.rate/ceil.rate)
+				}
+			} else {
+				rate = "error"
+			}
+			if s.nonOK > 0 {
+				nonOK += " (" + s.merged.nonOKSummary() + ")"
+			}
+			if g == groupPgbench {
+				nonOK = fmt.Sprintf("%d failed tx", s.merged.failed)
+				if s.merged.failed == 0 {
+					nonOK = "0"
+				}
+			}
+			rows = append(rows, []string{groupLabels[g], fmt.Sprint(n), rate, fmtDur(s.p50), fmtDur(s.p99), vs,
+				fmtCPU(s.cpu[cpuSvc]), fmtCPU(s.cpu[cpuPG]), fmtCPU(s.cpu[cpuRedis]), fmtCPU(s.cpu[cpuLoad]),
+				fmt.Sprintf("%.0f%%", 100*s.spread), nonOK})
+		}
+	}
+	if markdown {
+		fmt.Fprintln(out, "| "+strings.Join(head, " | ")+" |")
+		var seps []string
+		for _, rt := range right {
+			if rt {
+				seps = append(seps, "---:")
+			} else {
+				seps = append(seps, "---")
+			}
+		}
+		fmt.Fprintln(out, "| "+strings.Join(seps, " | ")+" |")
+		for _, row := range rows {
+			fmt.Fprintln(out, "| "+strings.Join(row, " | ")+" |")
+		}
+	} else {
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
+		for _, row := range rows {
+			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+		}
+		tw.Flush()
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, "withdrawals/s: 201 answers to POST /api/v1/withdrawals per second of the measured window (requests that started and ended in it);")
+	fmt.Fprintln(out, "ceiling rows: pgbench transactions/s of the one-row-update script, same window rule, from its per-transaction log;")
+	fmt.Fprintln(out, "p50/p99: latency of those; vs ceiling: withdrawals/s / pgbench tx/s at the same clients (SQLite rows: against PostgreSQL's ceiling);")
+	fmt.Fprintln(out, "cpu columns: CPU time over the window in % of one core: the service process; all postgres processes on the machine; Redis (INFO cpu);")
+	fmt.Fprintln(out, "the client (this process, or pgbench); '-' does not apply. spread: (max-min)/median of the rate over rounds;")
+	fmt.Fprintln(out, "not 201: every other answer over all rounds, warm-up included (pgbench: failed transactions).")
+}
+
+func (r *report) printTargets(out io.Writer) {
+	if !slices.Contains(r.cfg.groups, groupPgbench) {
+		return
+	}
+	fmt.Fprintf(out, "target: withdrawals/s at least %.0f%% of pgbench's tx/s at the same clients (medians; per round: that round's pair)\n", 100*target)
+	for _, n := range r.sortedClients() {
+		ceil, ok := r.summarize(groupPgbench, n)
+		if !ok || ceil.rounds == 0 || ceil.rate <= 0 {
+			continue
+		}
+		for _, g := range []string{groupPostgres, groupSQLite} {
+			s, ok := r.summarize(g, n)
+			if !ok || s.rounds == 0 {
+				continue
+			}
+			ratio := s.rate / ceil.rate
+			verdict := "PASS"
+			if ratio < target {
+				verdict = "FAIL"
+			}
+			var per []string
+			svc, pgb := r.cells[cellKey(g, n)], r.cells[cellKey(groupPgbench, n)]
+			for i := range min(len(svc), len(pgb)) {
+				if pgb[i].rate() > 0 {
+					per = append(per, fmt.Sprintf("%.2f", svc[i].rate()/pgb[i].rate()))
+				}
+			}
+			note := ""
+			if g == groupSQLite {
+				note = " (another database's ceiling: informational)"
+			}
+			fmt.Fprintf(out, "  %-20s %3d clients  %.2f× (%.0f/s vs %.0f tx/s, want ≥ %.2f×)  %s  per round: %s%s\n",
+				groupLabels[g], n, ratio, s.rate, ceil.rate, target, verdict, strings.Join(per, " "), note)
+		}
+	}
+}
+
+// printNotes lists everything that was not a plain success, with
+// evidence.
+func (r *report) printNotes(out io.Writer, services []*serviceConfig) {
+	var notes []string
+	for _, n := range r.sortedClients() {
+		for _, g := range r.tableGroups() {
+			s, ok := r.summarize(g, n)
+			if !ok {
+				continue
+			}
+			where := fmt.Sprintf("%s, %d clients", groupLabels[g], n)
+			for _, e := range s.errs {
+				notes = append(notes, where+": "+e)
+			}
+			if g == groupPgbench {
+				if s.merged.failed > 0 {
+					notes = append(notes, fmt.Sprintf("%s: %d failed transactions", where, s.merged.failed))
+				}
+				continue
+			}
+			keys := make([]string, 0, len(s.merged.other))
+			for k := range s.merged.other {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				notes = append(notes, fmt.Sprintf("%s: %d × %s, e.g. %s", where, s.merged.other[k], k, s.merged.otherSample[k]))
+			}
+			for k, v := range s.merged.notSucceeded {
+				notes = append(notes, fmt.Sprintf("%s: %d × 201 with status %q", where, v, k))
+			}
+			if s.merged.transport > 0 {
+				notes = append(notes, fmt.Sprintf("%s: %d requests without an answer, first: %s", where, s.merged.transport, s.merged.firstErr))
+			}
+		}
+	}
+	for _, svc := range services {
+		for _, n := range svc.notes {
+			notes = append(notes, groupLabels[svc.group]+": "+n)
+		}
+		if lines := svc.logLines(); len(lines) > 0 {
+			notes = append(notes, fmt.Sprintf("%s: the service wrote %d line(s) besides its start line; the first ones:", groupLabels[svc.group], len(lines)))
+			for _, l := range lines[:min(len(lines), 20)] {
+				notes = append(notes, "    "+truncate(l, 300))
+			}
+		}
+	}
+	var work []string
+	for _, svc := range services {
+		for _, n := range svc.workNotes {
+			work = append(work, groupLabels[svc.group]+", "+n)
+		}
+	}
+	if len(work) > 0 {
+		fmt.Fprintln(out, "\nthe service's database work (pg_stat_database of its database, read after each round's stop; pgbench: 1 commit, 1 row inserted, 1 updated per transaction):")
+		for _, w := range work {
+			fmt.Fprintln(out, "  "+w)
+		}
+	}
+	fmt.Fprintln(out)
+	if r.interrupted {
+		notes = append(notes, "the run was interrupted: cells and balance checks after the signal did not run")
+	}
+	if len(notes) == 0 {
+		fmt.Fprintln(out, "anomalies: none (every withdrawal answered 201 succeeded, every balance matched the answers, the service logged nothing and exited 0 on SIGTERM)")
+		return
+	}
+	fmt.Fprintln(out, "anomalies:")
+	for _, n := range notes {
+		fmt.Fprintln(out, "  "+n)
+	}
+}
