@@ -72,7 +72,8 @@ type Config struct {
 	WriteProblem func(w http.ResponseWriter, r *http.Request, p *Problem)
 	// OnEvent, if set, is told each request's outcome: "new", "recovered",
 	// "replayed", "in_progress", "mismatch", "key_missing", "key_invalid",
-	// "token_invalid", "token_required", "duplicate_submission",
+	// "token_invalid", "token_foreign" (another principal's token: the
+	// same 400 as invalid), "token_required", "duplicate_submission",
 	// "released" (5xx: key freed), "store_unavailable". Low cardinality:
 	// fit for a metric label.
 	OnEvent func(r *http.Request, event string)
@@ -297,6 +298,10 @@ func (m *middleware) release(r *http.Request, ctx context.Context, id, lease, wi
 }
 
 func (m *middleware) tokenError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, token.ErrForeign) {
+		m.fail(w, r, "token_foreign", probTokenInvalid) // the same answer: no hint that the token exists
+		return
+	}
 	if errors.Is(err, token.ErrInvalid) {
 		m.fail(w, r, "token_invalid", probTokenInvalid)
 		return

@@ -340,6 +340,9 @@ func TestSubmitTokens(t *testing.T) {
 	if w := e.do("alice", "/withdrawals", "st_forged", `{"amount":"1"}`); code(t, w) != "submit_token_invalid" {
 		t.Errorf("unknown token = %q; want submit_token_invalid", code(t, w))
 	}
+	if e.count("token_foreign") != 1 || e.count("token_invalid") != 2 {
+		t.Errorf("events token_foreign %d, token_invalid %d; want 1 (bob) and 2 (purpose, forged)", e.count("token_foreign"), e.count("token_invalid"))
+	}
 	// Bob's attempt did not burn it.
 	first := e.do("alice", "/withdrawals", is.Token, `{"amount":"1"}`)
 	if first.Code != 201 {

@@ -37,6 +37,20 @@ type coordination struct {
 	breaker  *fallback.Backend // nil without --redis
 	clients  []*redis.Client
 	describe string
+
+	secondaryName string // "database" or "memory"
+}
+
+// backend names the lock backend serving now, for metric labels.
+func (c *coordination) backend() string {
+	switch {
+	case c == nil:
+		return "unknown"
+	case c.breaker != nil && !c.breaker.Degraded():
+		return "redis"
+	default:
+		return c.secondaryName
+	}
 }
 
 // Redis client settings for a service that must notice a dead or
@@ -47,8 +61,9 @@ const redisTimeout = 500 * time.Millisecond
 // newCoordination builds it; dbWindows is the database's window store.
 // Leases are renewed automatically (lopts.AutoRenew is set), so the TTL
 // only bounds how long a crashed holder blocks others.
-func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idempotency.WindowStore, lopts lock.Options) (*coordination, error) {
+func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idempotency.WindowStore, lopts lock.Options, fopts *fallback.Options) (*coordination, error) {
 	lopts.AutoRenew = true
+	c := &coordination{}
 	var secondary lock.Backend
 	where := "in process"
 	switch dialect {
@@ -62,7 +77,8 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 	default:
 		secondary = &memlock.Backend{}
 	}
-	c := &coordination{windows: dbWindows}
+	c.secondaryName = map[bool]string{true: "database", false: "memory"}[where == "the database"]
+	c.windows = dbWindows
 	var urls []string
 	for _, u := range strings.Split(redisURLs, ",") {
 		if u = strings.TrimSpace(u); u != "" {
@@ -103,7 +119,7 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 		primary = b
 		what = fmt.Sprintf("a quorum of %d Redis nodes", len(c.clients))
 	}
-	c.breaker = fallback.NewBackend(primary, secondary, nil)
+	c.breaker = fallback.NewBackend(primary, secondary, fopts)
 	// The window is a courtesy check, not worth a quorum: the first node
 	// keeps it.
 	c.windows = &windowFallback{primary: redisstore.New(c.clients[0], nil), secondary: dbWindows, breaker: c.breaker}

@@ -27,21 +27,28 @@ import (
 
 	_ "github.com/go-sql-driver/mysql" // driver "mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // driver "pgx"
-	_ "modernc.org/sqlite"             // driver "sqlite"
+	"github.com/redis/go-redis/v9"
+	_ "modernc.org/sqlite" // driver "sqlite"
 
 	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/internal/web"
 	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/fallback"
 )
 
 const version = "0.1.0-dev"
 
 func main() {
+	// go-redis logs dial failures on its own; the service reports Redis
+	// being away through /readyz, the lock_fallback metrics and its own
+	// log lines, so those would only be noise (and not JSON).
+	redis.SetLogger(discardRedisLog{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
@@ -51,6 +58,10 @@ func main() {
 		os.Exit(2)
 	}
 }
+
+type discardRedisLog struct{}
+
+func (discardRedisLog) Printf(context.Context, string, ...any) {}
 
 // run is the whole program, with its environment passed in, so that tests
 // can run it in process.
@@ -79,6 +90,7 @@ type serveConfig struct {
 	addr, db, dataDir, redis, pspURL, requireToken, currency, maxAmount string
 	tokenTTL, keyTTL, keyLease, lockTTL, repeatWindow, reconcileEvery   time.Duration
 	dbConns                                                             int
+	logLevel, logFormat                                                 string
 }
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -108,7 +120,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&c.maxAmount, "max-amount", env("ONCEGUARD_MAX_AMOUNT", "1000000.00"), "largest amount [ONCEGUARD_MAX_AMOUNT]")
 	fs.StringVar(&c.requireToken, "require-submit-token", env("ONCEGUARD_REQUIRE_SUBMIT_TOKEN", "withdrawal"), "purposes that need submit tokens, comma-separated, or none [ONCEGUARD_REQUIRE_SUBMIT_TOKEN]")
 	fs.StringVar(&c.currency, "currency", env("ONCEGUARD_CURRENCY", "CNY"), "currency [ONCEGUARD_CURRENCY]")
+	fs.StringVar(&c.logLevel, "log-level", env("ONCEGUARD_LOG_LEVEL", "info"), "debug, info, warn or error [ONCEGUARD_LOG_LEVEL]")
+	fs.StringVar(&c.logFormat, "log-format", env("ONCEGUARD_LOG_FORMAT", "auto"), "json, text, or auto: text on a terminal, else JSON [ONCEGUARD_LOG_FORMAT]")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log, err := obs.NewLogger(stderr, c.logFormat, c.logLevel)
+	if err != nil {
 		return err
 	}
 	if c.lockTTL < 100*time.Millisecond {
@@ -141,13 +159,18 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if c.pspURL != "" {
 		provider, pspWhere = psp.NewClient(c.pspURL, nil), c.pspURL
 	}
+	metrics := obs.NewMetrics()
+	provider = obs.Provider{Provider: provider, Metrics: metrics}
 	require := map[string]bool{}
 	for _, p := range strings.Split(c.requireToken, ",") {
 		if p = strings.TrimSpace(p); p != "" && p != "none" {
 			require[p] = true
 		}
 	}
-	coord, err := newCoordination(db, dialect, c.redis, keys, lock.Options{})
+	var coord *coordination
+	coord, err = newCoordination(db, dialect, c.redis, keys,
+		lock.Options{Observe: metrics.LockObserver(func() string { return coord.backend() }, log)},
+		&fallback.Options{OnStateChange: metrics.FallbackObserver(log)})
 	if err != nil {
 		return err
 	}
@@ -160,10 +183,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return "ok"
 	}})
 	store := sqlstore.Open(db, dialect)
+	store.Observe = metrics.DBObserver()
 	handler := httpapi.New(httpapi.Config{
 		Store: store, Keys: keys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
 		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
 		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, Windows: coord.windows, Components: comps,
+		Metrics: metrics, Logger: log,
 	})
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
@@ -172,6 +197,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
 	fmt.Fprintf(stdout, "onceguard %s: listening on http://%s; database %s (keys and submit tokens too); %s; payment provider %s\n",
 		version, ln.Addr(), where, coord.describe, pspWhere)
+	log.Info("listening", "version", version, "addr", "http://"+ln.Addr().String(), "database", where, "coordination", coord.describe, "provider", pspWhere)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	// The reconciler settles what a provider timeout left pending.
@@ -185,8 +211,18 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		case err := <-errc:
 			return err
 		case <-tick.C:
-			_, _ = app.Reconcile(ctx, store, provider, 100)
+			res, err := app.Reconcile(ctx, store, provider, 100)
+			metrics.ReconcilerPend.Set(float64(res.StillPending))
+			metrics.ReconcilerSettle.WithLabelValues("succeeded").Add(float64(res.Succeeded))
+			metrics.ReconcilerSettle.WithLabelValues("failed").Add(float64(res.Failed))
+			metrics.ReconcilerSettle.WithLabelValues("still_pending").Add(float64(res.StillPending))
+			if err != nil && ctx.Err() == nil {
+				log.Warn("reconciler pass failed", "error", err.Error())
+			} else if res.Checked > 0 {
+				log.Info("reconciler pass", "checked", res.Checked, "succeeded", res.Succeeded, "failed", res.Failed, "still_pending", res.StillPending)
+			}
 		case <-ctx.Done():
+			log.Info("shutting down: finishing in-flight requests")
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			return srv.Shutdown(sctx) // finishes in-flight requests

@@ -7,15 +7,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/internal/auth"
 	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
@@ -42,6 +46,8 @@ type Config struct {
 	LockTTL      time.Duration               // their TTL: how long a crashed holder blocks the account or order (0: 10s)
 	Windows      idempotency.WindowStore     // the repeat-submit window (nil: Keys)
 	Components   []Component                 // more /readyz components (Redis, the provider)
+	Metrics      *obs.Metrics                // served at /metrics and updated (nil: none)
+	Logger       *slog.Logger                // request and audit lines (nil: none)
 	Web          http.Handler                // serves / and /static/... (nil: 404)
 }
 
@@ -59,6 +65,7 @@ const SessionCookie = "onceguard_session"
 
 type server struct {
 	cfg    Config
+	log    *slog.Logger
 	tokens *token.Tokens
 	locks  *lock.Locker                       // per-user and per-order locks
 	routes map[string]map[string]http.Handler // path -> method -> handler
@@ -78,9 +85,15 @@ func New(cfg Config) http.Handler {
 	if cfg.Windows == nil {
 		cfg.Windows = cfg.Keys
 	}
-	s := &server{cfg: cfg, tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: cfg.Locks, routes: map[string]map[string]http.Handler{}}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &server{cfg: cfg, log: cfg.Logger, tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: cfg.Locks, routes: map[string]map[string]http.Handler{}}
 	s.handle("GET", "/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) }))
 	s.handle("GET", "/readyz", http.HandlerFunc(s.readyz))
+	if cfg.Metrics != nil {
+		s.handle("GET", "/metrics", cfg.Metrics.Handler())
+	}
 	s.handle("POST", "/api/v1/users", http.HandlerFunc(s.createUser))
 	s.handle("POST", "/api/v1/sessions", http.HandlerFunc(s.createSession))
 	s.handle("DELETE", "/api/v1/sessions/current", s.authed(s.deleteSession))
@@ -110,37 +123,117 @@ func (s *server) handle(method, path string, h http.Handler) {
 // ServeHTTP routes by exact path, answering unknown paths 404 and wrong
 // methods 405, both as problems.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	id := obs.RequestID(r)
+	w.Header().Set("X-Request-Id", id)
+	info := &requestInfo{keyHash: obs.Hash(r.Header.Get("Idempotency-Key"))}
+	log := s.log.With("request_id", id)
+	r = r.WithContext(context.WithValue(obs.WithLogger(r.Context(), log), requestInfoKey{}, info))
+	sw := &statusWriter{ResponseWriter: w}
+	route := s.route(sw, r)
+	status := sw.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	method := r.Method
+	switch method {
+	case "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS":
+	default:
+		method = "other"
+	}
+	if m := s.cfg.Metrics; m != nil {
+		m.HTTPRequests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
+		m.HTTPDuration.WithLabelValues(route, method).Observe(obs.Since(start))
+	}
+	attrs := []any{"method", method, "route", route, "status", status, "duration_ms", float64(time.Since(start).Microseconds()) / 1000}
+	if info.userID != "" {
+		attrs = append(attrs, "user_id", info.userID)
+	}
+	if info.keyHash != "" {
+		attrs = append(attrs, "key_hash", info.keyHash)
+	}
+	if info.outcome != "" {
+		attrs = append(attrs, "idempotency", info.outcome)
+	}
+	level := slog.LevelInfo
+	if status >= 500 {
+		level = slog.LevelWarn
+	}
+	log.Log(r.Context(), level, "request", attrs...)
+}
+
+// requestInfo is what a request's handlers learn for its log line.
+type requestInfo struct {
+	userID, keyHash, outcome string
+}
+
+type requestInfoKey struct{}
+
+func info(r *http.Request) *requestInfo {
+	if i, ok := r.Context().Value(requestInfoKey{}).(*requestInfo); ok {
+		return i
+	}
+	return &requestInfo{}
+}
+
+// statusWriter remembers the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// route routes by exact path, answering unknown paths 404 and wrong
+// methods 405, both as problems, and returns the route's pattern (a
+// metric label: "web" for the page, "unmatched" for 404s).
+func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 	if strings.HasPrefix(r.URL.Path, "/api/") {
 		w.Header().Set("Cache-Control", "no-store")
 	}
-	methods, ok := s.routes[r.URL.Path]
+	pattern := r.URL.Path
+	methods, ok := s.routes[pattern]
 	if !ok {
-		methods, ok = s.match(r)
+		methods, pattern, ok = s.match(r)
 	}
 	if !ok && s.cfg.Web != nil && (r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/static/")) {
 		s.cfg.Web.ServeHTTP(w, r)
-		return
+		return "web"
 	}
 	if !ok {
 		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
-		return
+		return "unmatched"
 	}
 	h, ok := methods[r.Method]
 	if ok && !csrfSafe(r) {
 		problem(w, http.StatusForbidden, "csrf_rejected", "Cross-site request refused",
 			"a request authenticated by the session cookie must come from this origin and send application/json; or use Authorization: Bearer")
-		return
+		return pattern
 	}
 	if !ok {
 		allow := make([]string, 0, len(methods))
 		for m := range methods {
 			allow = append(allow, m)
 		}
+		sort.Strings(allow)
 		w.Header().Set("Allow", strings.Join(allow, ", "))
 		problem(w, http.StatusMethodNotAllowed, "method_not_allowed", "Method not allowed", r.Method+" is not allowed here")
-		return
+		return pattern
 	}
 	h.ServeHTTP(w, r)
+	return pattern
 }
 
 // csrfSafe tells whether a request may act on its session cookie. A
@@ -180,14 +273,14 @@ func csrfSafe(r *http.Request) bool {
 
 // match resolves the paths with an id: /api/v1/{orders,deposits,
 // withdrawals}/{id} and /api/v1/orders/{id}/payment.
-func (s *server) match(r *http.Request) (map[string]http.Handler, bool) {
+func (s *server) match(r *http.Request) (map[string]http.Handler, string, bool) {
 	rest, ok := strings.CutPrefix(r.URL.Path, "/api/v1/")
 	if !ok {
-		return nil, false
+		return nil, "", false
 	}
 	parts := strings.Split(rest, "/")
 	if len(parts) < 2 || len(parts) > 3 || parts[1] == "" {
-		return nil, false
+		return nil, "", false
 	}
 	pattern := "/api/v1/" + parts[0] + "/{id}"
 	if len(parts) == 3 {
@@ -197,7 +290,7 @@ func (s *server) match(r *http.Request) (map[string]http.Handler, bool) {
 	if ok {
 		r.SetPathValue("id", parts[1])
 	}
-	return m, ok
+	return m, pattern, ok
 }
 
 func problem(w http.ResponseWriter, status int, code, title, detail string) {
@@ -291,7 +384,11 @@ func (s *server) user(r *http.Request) (sqlstore.User, error) {
 	if tok == "" {
 		return sqlstore.User{}, sqlstore.ErrNotFound
 	}
-	return s.cfg.Store.SessionUser(r.Context(), auth.HashToken(tok), time.Now().UnixMicro())
+	u, err := s.cfg.Store.SessionUser(r.Context(), auth.HashToken(tok), time.Now().UnixMicro())
+	if err == nil {
+		info(r).userID = u.ID
+	}
+	return u, err
 }
 
 func (s *server) authed(next func(http.ResponseWriter, *http.Request, sqlstore.User)) http.Handler {
@@ -374,6 +471,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		hash = dummyHash // spend the same time on unknown users
 	}
 	if perr := auth.CheckPassword(hash, pass); perr != nil || err != nil {
+		obs.Logger(r.Context(), s.log).Warn("sign-in refused", "username", name)
 		problem(w, http.StatusUnauthorized, "invalid_credentials", "Invalid credentials", "wrong username or password")
 		return
 	}
@@ -441,6 +539,9 @@ func (s *server) createSubmitToken(w http.ResponseWriter, r *http.Request, u sql
 		s.internal(w, err)
 		return
 	}
+	if m := s.cfg.Metrics; m != nil {
+		m.Tokens.WithLabelValues("issued").Inc()
+	}
 	writeJSON(w, http.StatusCreated, map[string]string{"token": is.Token, "purpose": is.Purpose, "expires_at": is.ExpiresAt.UTC().Format(time.RFC3339)})
 }
 
@@ -460,7 +561,44 @@ func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (
 			return u.ID, err
 		},
 		Fingerprint: fingerprint,
+		OnEvent:     s.keyEvent,
 	})(next)
+}
+
+// keyEvent counts and logs what the Idempotency-Key check decided.
+func (s *server) keyEvent(r *http.Request, ev string) {
+	info(r).outcome = ev
+	m := s.cfg.Metrics
+	if m == nil {
+		return
+	}
+	m.Idempotency.WithLabelValues(ev).Inc()
+	switch ev {
+	case "duplicate_submission":
+		pattern := r.URL.Path
+		if _, ok := s.routes[pattern]; !ok {
+			_, pattern, _ = s.match(r)
+		}
+		m.RepeatRejections.WithLabelValues(pattern).Inc()
+	case "token_invalid":
+		m.Tokens.WithLabelValues("invalid").Inc()
+	case "token_foreign":
+		m.Tokens.WithLabelValues("foreign").Inc()
+	case "new", "recovered":
+		if strings.HasPrefix(r.Header.Get("Idempotency-Key"), token.Prefix) {
+			m.Tokens.WithLabelValues("consumed").Inc()
+		}
+	}
+}
+
+// audit writes the one line per money movement (who, what, amount, key
+// hash, outcome) and counts it.
+func (s *server) audit(r *http.Request, kind, id string, amount money.Amount, outcome string) {
+	if m := s.cfg.Metrics; m != nil {
+		m.Money.WithLabelValues(kind, outcome).Inc()
+	}
+	obs.Logger(r.Context(), s.log).Info("money", "audit", true, "kind", kind, "id", id, "user_id", info(r).userID,
+		"amount", amount.String(), "currency", s.cfg.Currency, "key_hash", info(r).keyHash, "outcome", outcome)
 }
 
 // amountFingerprint: bodies {"amount"} compare by value: "7", "7.00" and
@@ -519,6 +657,7 @@ func (s *server) deposit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.settle(r.Context(), psp.Charge, &m)
+	s.audit(r, "deposit", m.ID, a, m.Status)
 	writeJSON(w, http.StatusCreated, movementJSON(m))
 }
 
@@ -532,15 +671,18 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 	lease, err := s.locks.Acquire(wait, "user:"+call.Scope.Principal, s.cfg.LockTTL)
 	cancel()
 	if err != nil {
+		s.audit(r, "withdrawal", "", a, "busy")
 		s.busy(w)
 		return
 	}
 	defer lease.Release(r.Context())
 	m, _, err := s.cfg.Store.Withdraw(r.Context(), sqlstore.Movement{ID: newID("wd_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()}, lease.Fence())
 	if errors.Is(err, sqlstore.ErrStaleFence) {
+		s.audit(r, "withdrawal", "", a, "stale_fence")
 		s.busy(w)
 		return
 	} else if errors.Is(err, sqlstore.ErrInsufficientFunds) {
+		s.audit(r, "withdrawal", "", a, "insufficient_funds")
 		problem(w, http.StatusUnprocessableEntity, "insufficient_funds", "Insufficient funds", "the balance does not cover this withdrawal; nothing changed")
 		return
 	} else if err != nil {
@@ -548,6 +690,7 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.settle(r.Context(), psp.Payout, &m)
+	s.audit(r, "withdrawal", m.ID, a, m.Status)
 	writeJSON(w, http.StatusCreated, movementJSON(m))
 }
 
@@ -686,6 +829,7 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 	orderID := r.PathValue("id")
 	lease, err := s.locks.TryAcquire(r.Context(), "order:"+orderID, s.cfg.LockTTL)
 	if errors.Is(err, lock.ErrNotAcquired) {
+		s.audit(r, "payment", "", 0, "in_progress")
 		call.Forget() // transient: a retry with this key must run again, not replay this
 		w.Header().Set("Retry-After", "1")
 		problem(w, http.StatusConflict, "payment_in_progress", "Payment in progress", "another payment of this order is being processed; retry shortly")
@@ -698,16 +842,20 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 	p, _, err := s.cfg.Store.PayOrder(r.Context(), sqlstore.Payment{ID: newID("pay_"), OrderID: orderID, UserID: call.Scope.Principal, Key: call.Key, CreatedAt: time.Now().UnixMicro()}, lease.Fence())
 	switch {
 	case errors.Is(err, sqlstore.ErrStaleFence):
+		s.audit(r, "payment", "", p.Amount, "stale_fence")
 		s.busy(w)
 	case errors.Is(err, sqlstore.ErrNotFound):
 		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
 	case errors.Is(err, sqlstore.ErrAlreadyPaid):
+		s.audit(r, "payment", "", p.Amount, "already_paid")
 		problem(w, http.StatusConflict, "order_already_paid", "Order already paid", "this order has been paid")
 	case errors.Is(err, sqlstore.ErrInsufficientFunds):
+		s.audit(r, "payment", "", p.Amount, "insufficient_funds")
 		problem(w, http.StatusUnprocessableEntity, "insufficient_funds", "Insufficient funds", "the balance does not cover this payment; nothing changed")
 	case err != nil:
 		s.internal(w, err)
 	default:
+		s.audit(r, "payment", p.ID, p.Amount, "paid")
 		writeJSON(w, http.StatusCreated, map[string]any{"order_id": p.OrderID, "payment_id": p.ID, "status": "paid", "amount": p.Amount})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/sqldb"
@@ -26,6 +27,16 @@ var (
 type Store struct {
 	db *sql.DB
 	d  Dialect
+
+	// Observe, if set, is told how long each operation took (op is a
+	// fixed name: "withdraw", "session_user", ...). Set it before use.
+	Observe func(op string, d time.Duration)
+}
+
+func (s *Store) timed(op string, start time.Time) {
+	if s.Observe != nil {
+		s.Observe(op, time.Since(start))
+	}
 }
 
 // Open returns a Store on db (migrated with Migrate).
@@ -51,6 +62,7 @@ func duplicate(err error) bool {
 
 // CreateUser adds a user with an empty account.
 func (s *Store) CreateUser(ctx context.Context, id, username, passwordHash, currency string, now int64) error {
+	defer s.timed("create_user", time.Now())
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -90,6 +102,7 @@ type Movement struct {
 // (ErrStaleFence): a holder whose lock ran out cannot write after the next
 // holder did.
 func (s *Store) Withdraw(ctx context.Context, m Movement, fence int64) (got Movement, created bool, err error) {
+	defer s.timed("withdraw", time.Now())
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return m, false, err
@@ -175,6 +188,7 @@ func (s *Store) ledger(ctx context.Context, tx *sql.Tx, userID, kind string, amo
 // CreateDeposit records a pending deposit (no money yet); a second one
 // under the same key returns the first, with created false.
 func (s *Store) CreateDeposit(ctx context.Context, m Movement) (Movement, bool, error) {
+	defer s.timed("create_deposit", time.Now())
 	m.Status = "pending"
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO deposits (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
 		m.ID, m.UserID, m.Key, int64(m.Amount), m.Status, m.CreatedAt)
@@ -206,6 +220,7 @@ func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool,
 // credit is set, credits its amount with a ledger entry of kind, all in one
 // transaction. Only the call that moves the row from pending credits.
 func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit bool, kind string, now int64) error {
+	defer s.timed("settle", time.Now())
 	status := "failed"
 	if succeeded {
 		status = "succeeded"
@@ -266,6 +281,7 @@ func (s *Store) Balance(ctx context.Context, userID string) (balance, ledgerSum 
 // Pending returns up to limit movements of table ("deposits" or
 // "withdrawals") still pending, oldest first: the reconciler's backlog.
 func (s *Store) Pending(ctx context.Context, table string, limit int) ([]Movement, error) {
+	defer s.timed("pending", time.Now())
 	if table != "deposits" && table != "withdrawals" {
 		return nil, fmt.Errorf("sqlstore: no movements in %q", table)
 	}
@@ -300,6 +316,7 @@ type LedgerEntry struct {
 
 // Ledger returns a user's journal, newest first, at most limit entries.
 func (s *Store) Ledger(ctx context.Context, userID string, limit int) ([]LedgerEntry, error) {
+	defer s.timed("ledger", time.Now())
 	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, kind, amount, balance_after, ref, created_at FROM ledger WHERE user_id = ? ORDER BY id DESC LIMIT ?`), userID, limit)
 	if err != nil {
 		return nil, err
@@ -320,6 +337,7 @@ func (s *Store) Ledger(ctx context.Context, userID string, limit int) ([]LedgerE
 
 // Account returns a user's balance and currency.
 func (s *Store) Account(ctx context.Context, userID string) (balance money.Amount, currency string, err error) {
+	defer s.timed("account", time.Now())
 	var b int64
 	err = s.db.QueryRowContext(ctx, s.q(`SELECT balance, currency FROM accounts WHERE user_id = ?`), userID).Scan(&b, &currency)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -341,6 +359,7 @@ type Order struct {
 // CreateOrder stores an order; a second one under the same key returns the
 // first, with created false.
 func (s *Store) CreateOrder(ctx context.Context, o Order) (Order, bool, error) {
+	defer s.timed("create_order", time.Now())
 	o.Status = "created"
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO orders (id, order_no, user_id, idempotency_key, amount, description, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
 		o.ID, o.OrderNo, o.UserID, o.Key, int64(o.Amount), o.Description, o.Status, o.CreatedAt)
@@ -358,6 +377,7 @@ func (s *Store) CreateOrder(ctx context.Context, o Order) (Order, bool, error) {
 
 // OrderByID returns a user's order; another user's is ErrNotFound.
 func (s *Store) OrderByID(ctx context.Context, userID, id string) (Order, error) {
+	defer s.timed("order", time.Now())
 	o := Order{ID: id, UserID: userID}
 	var amount int64
 	err := s.db.QueryRowContext(ctx, s.q(`SELECT order_no, idempotency_key, amount, description, status, created_at FROM orders WHERE id = ? AND user_id = ?`), id, userID).
@@ -371,6 +391,7 @@ func (s *Store) OrderByID(ctx context.Context, userID, id string) (Order, error)
 
 // Orders returns a user's orders, newest first.
 func (s *Store) Orders(ctx context.Context, userID string, limit int) ([]Order, error) {
+	defer s.timed("orders", time.Now())
 	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, order_no, idempotency_key, amount, description, status, created_at FROM orders WHERE user_id = ? ORDER BY created_at DESC, id DESC LIMIT ?`), userID, limit)
 	if err != nil {
 		return nil, err
@@ -408,6 +429,7 @@ type Payment struct {
 // fence is the fencing token of the caller's lock on the order (0: none);
 // the order refuses an older one than it accepted (ErrStaleFence).
 func (s *Store) PayOrder(ctx context.Context, p Payment, fence int64) (Payment, bool, error) {
+	defer s.timed("pay_order", time.Now())
 	o, err := s.OrderByID(ctx, p.UserID, p.OrderID)
 	if err != nil {
 		return p, false, err
@@ -455,6 +477,7 @@ func (s *Store) PayOrder(ctx context.Context, p Payment, fence int64) (Payment, 
 
 // Movements returns a user's deposits or withdrawals, newest first.
 func (s *Store) Movements(ctx context.Context, table, userID string, limit int) ([]Movement, error) {
+	defer s.timed("movements", time.Now())
 	if table != "deposits" && table != "withdrawals" {
 		return nil, fmt.Errorf("sqlstore: no movements in %q", table)
 	}
@@ -480,6 +503,7 @@ func (s *Store) Movements(ctx context.Context, table, userID string, limit int) 
 // MovementByID returns a user's deposit or withdrawal; another user's is
 // ErrNotFound.
 func (s *Store) MovementByID(ctx context.Context, table, userID, id string) (Movement, error) {
+	defer s.timed("movement", time.Now())
 	if table != "deposits" && table != "withdrawals" {
 		return Movement{}, fmt.Errorf("sqlstore: no movements in %q", table)
 	}

@@ -1,0 +1,92 @@
+// Package obs is the service's observability: Prometheus metrics and
+// structured logs. The library packages know nothing of it: they take
+// hooks (lock.Options.Observe, idempotency.Config.OnEvent,
+// fallback.Options.OnStateChange), which the service wires here.
+//
+// Every label has a small, fixed set of values: a route pattern, a status
+// code, an outcome. Never a user id, a key or a token.
+package obs
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are the service's metrics, registered on their own registry.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	HTTPRequests     *prometheus.CounterVec   // route, method, code
+	HTTPDuration     *prometheus.HistogramVec // route, method
+	Idempotency      *prometheus.CounterVec   // outcome
+	Tokens           *prometheus.CounterVec   // outcome: issued, consumed, invalid, foreign
+	RepeatRejections *prometheus.CounterVec   // route
+	LockAcquires     *prometheus.CounterVec   // backend, result: acquired, busy, unavailable, error
+	LockWait         *prometheus.HistogramVec // backend
+	LockHold         *prometheus.HistogramVec // backend
+	LockLost         *prometheus.CounterVec   // backend
+	FallbackDegraded prometheus.Gauge         // 1 while locks are on the database because Redis does not answer
+	FallbackSwitches *prometheus.CounterVec   // to: database, redis
+	DB               *prometheus.HistogramVec // op
+	Provider         *prometheus.HistogramVec // op, result
+	ReconcilerPend   prometheus.Gauge         // movements left pending after the last pass
+	ReconcilerSettle *prometheus.CounterVec   // result: succeeded, failed, still_pending
+	Money            *prometheus.CounterVec   // kind, outcome
+}
+
+// Latency buckets from 0.5 ms to 10 s: lock waits and database calls are
+// sub-millisecond to seconds.
+var buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+
+// NewMetrics creates and registers the metrics, with the Go runtime and
+// process collectors.
+func NewMetrics() *Metrics {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "onceguard", Name: name, Help: help}, labels)
+		r.MustRegister(c)
+		return c
+	}
+	hist := func(name, help string, labels ...string) *prometheus.HistogramVec {
+		h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "onceguard", Name: name, Help: help, Buckets: buckets}, labels)
+		r.MustRegister(h)
+		return h
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "onceguard", Name: name, Help: help})
+		r.MustRegister(g)
+		return g
+	}
+	return &Metrics{
+		Registry:         r,
+		HTTPRequests:     counter("http_requests_total", "HTTP requests by route pattern, method and status code.", "route", "method", "code"),
+		HTTPDuration:     hist("http_request_duration_seconds", "HTTP request latency by route pattern and method.", "route", "method"),
+		Idempotency:      counter("idempotency_outcomes_total", "Keyed requests by what the Idempotency-Key check decided.", "outcome"),
+		Tokens:           counter("submit_tokens_total", "Submit tokens issued, consumed, and refused (invalid, foreign).", "outcome"),
+		RepeatRejections: counter("repeat_window_rejections_total", "Requests refused 429 duplicate_submission by the repeat-submit window.", "route"),
+		LockAcquires:     counter("lock_acquires_total", "Lock acquires by the backend that answered and the result.", "backend", "result"),
+		LockWait:         hist("lock_wait_seconds", "Time to a lock acquire's answer.", "backend"),
+		LockHold:         hist("lock_hold_seconds", "How long leases were held, to release or loss.", "backend"),
+		LockLost:         counter("lock_lost_total", "Leases that ended without release: expired, or found gone by renewal.", "backend"),
+		FallbackDegraded: gauge("lock_fallback_degraded", "1 while locks are on the database because Redis does not answer."),
+		FallbackSwitches: counter("lock_fallback_switches_total", "Lock breaker switches, by where locks went.", "to"),
+		DB:               hist("db_duration_seconds", "Database calls by operation.", "op"),
+		Provider:         hist("provider_duration_seconds", "Payment provider calls by operation and result.", "op", "result"),
+		ReconcilerPend:   gauge("reconciler_pending", "Movements still pending after the reconciler's last pass."),
+		ReconcilerSettle: counter("reconciler_settled_total", "Pending movements the reconciler looked at, by result.", "result"),
+		Money:            counter("money_movements_total", "Money movement requests by kind and outcome.", "kind", "outcome"),
+	}
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
+}
+
+// Since is seconds since start, for Observe.
+func Since(start time.Time) float64 { return time.Since(start).Seconds() }
