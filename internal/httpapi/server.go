@@ -667,18 +667,13 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 	a, _ := s.amount(body)
 	// The user's lock serialises their withdrawals; its fence goes into the
 	// transaction, where the account refuses a writer whose lock ran out.
-	wait, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	lease, err := s.locks.Acquire(wait, "user:"+call.Scope.Principal, s.cfg.LockTTL)
-	cancel()
-	if err != nil {
+	var m sqlstore.Movement
+	err := s.underLock(r.Context(), "user:"+call.Scope.Principal, true, func(fence int64) (err error) {
+		m, _, err = s.cfg.Store.Withdraw(r.Context(), sqlstore.Movement{ID: newID("wd_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()}, fence)
+		return err
+	})
+	if errors.Is(err, errLock) || errors.Is(err, sqlstore.ErrStaleFence) {
 		s.audit(r, "withdrawal", "", a, "busy")
-		s.busy(w)
-		return
-	}
-	defer lease.Release(r.Context())
-	m, _, err := s.cfg.Store.Withdraw(r.Context(), sqlstore.Movement{ID: newID("wd_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()}, lease.Fence())
-	if errors.Is(err, sqlstore.ErrStaleFence) {
-		s.audit(r, "withdrawal", "", a, "stale_fence")
 		s.busy(w)
 		return
 	} else if errors.Is(err, sqlstore.ErrInsufficientFunds) {
@@ -692,6 +687,42 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 	s.settle(r.Context(), psp.Payout, &m)
 	s.audit(r, "withdrawal", m.ID, a, m.Status)
 	writeJSON(w, http.StatusCreated, movementJSON(m))
+}
+
+// errLock wraps a failure to take a resource's lock.
+var errLock = errors.New("lock not had")
+
+// underLock runs write holding the lock on key (blocking up to 5 s when
+// wait, else one try), with the lease's fence, and releases it. A write
+// refused for a stale fence changed nothing: that happens when two
+// holders overlapped (a lock that expired under a paused holder, or the
+// switch between Redis and the database, where each side grants its own
+// lease) and the older one came second. It is retried under a new lease,
+// up to three attempts, so the switch does not fail requests. A lock not
+// had is errLock, joined with the locker's error.
+func (s *server) underLock(ctx context.Context, key string, wait bool, write func(fence int64) error) error {
+	for attempt := 1; ; attempt++ {
+		var (
+			lease *lock.Lease
+			err   error
+		)
+		if wait {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			lease, err = s.locks.Acquire(wctx, key, s.cfg.LockTTL)
+			cancel()
+		} else {
+			lease, err = s.locks.TryAcquire(ctx, key, s.cfg.LockTTL)
+		}
+		if err != nil {
+			return errors.Join(errLock, err)
+		}
+		err = write(lease.Fence())
+		_ = lease.Release(ctx)
+		if !errors.Is(err, sqlstore.ErrStaleFence) || attempt == 3 {
+			return err
+		}
+		obs.Logger(ctx, s.log).Info("stale fence: the write was refused and is retried under a new lease", "lock", key, "attempt", attempt)
+	}
 }
 
 // settle calls the provider for a pending movement under its own id and
@@ -827,22 +858,21 @@ func writeOne[T any](s *server, w http.ResponseWriter, item T, err error, toJSON
 func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 	call, _ := idempotency.FromContext(r.Context())
 	orderID := r.PathValue("id")
-	lease, err := s.locks.TryAcquire(r.Context(), "order:"+orderID, s.cfg.LockTTL)
+	var p sqlstore.Payment
+	err := s.underLock(r.Context(), "order:"+orderID, false, func(fence int64) (err error) {
+		p, _, err = s.cfg.Store.PayOrder(r.Context(), sqlstore.Payment{ID: newID("pay_"), OrderID: orderID, UserID: call.Scope.Principal, Key: call.Key, CreatedAt: time.Now().UnixMicro()}, fence)
+		return err
+	})
 	if errors.Is(err, lock.ErrNotAcquired) {
 		s.audit(r, "payment", "", 0, "in_progress")
 		call.Forget() // transient: a retry with this key must run again, not replay this
 		w.Header().Set("Retry-After", "1")
 		problem(w, http.StatusConflict, "payment_in_progress", "Payment in progress", "another payment of this order is being processed; retry shortly")
 		return
-	} else if err != nil {
-		s.internal(w, err)
-		return
 	}
-	defer lease.Release(r.Context())
-	p, _, err := s.cfg.Store.PayOrder(r.Context(), sqlstore.Payment{ID: newID("pay_"), OrderID: orderID, UserID: call.Scope.Principal, Key: call.Key, CreatedAt: time.Now().UnixMicro()}, lease.Fence())
 	switch {
-	case errors.Is(err, sqlstore.ErrStaleFence):
-		s.audit(r, "payment", "", p.Amount, "stale_fence")
+	case errors.Is(err, errLock), errors.Is(err, sqlstore.ErrStaleFence):
+		s.audit(r, "payment", "", p.Amount, "busy")
 		s.busy(w)
 	case errors.Is(err, sqlstore.ErrNotFound):
 		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
