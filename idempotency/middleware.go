@@ -218,7 +218,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.fail(w, r, "mismatch", probReused)
 		return
 	}
-	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fp, Recovered: res.Recovered}
+	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fp, Recovered: res.Recovered, replayHeaders: cfg.ReplayHeaders}
 	// From here the key is ours: every way out completes or frees it.
 	detached := context.WithoutCancel(ctx)
 
@@ -365,9 +365,25 @@ type Call struct {
 	Fingerprint string
 	Recovered   bool // this request took over a crashed holder's key
 
-	windowID  string
-	completed atomic.Bool
+	windowID      string
+	replayHeaders []string
+	completed     atomic.Bool
 	forgotten atomic.Bool
+}
+
+// Response is the Response Middleware would store for an answer with
+// this status, header and body: the header cut down to
+// Config.ReplayHeaders. A handler that completes the record itself
+// (CompleteTx) stores this and writes the same status, header and body,
+// so that a replay is byte for byte the first answer.
+func (c *Call) Response(status int, header http.Header, body []byte) Response {
+	resp := Response{Status: status, Header: make(http.Header), Body: body}
+	for _, h := range c.replayHeaders {
+		if v := header.Values(h); len(v) > 0 {
+			resp.Header[http.CanonicalHeaderKey(h)] = v
+		}
+	}
+	return resp
 }
 
 // MarkCompleted records that the handler completed the record itself.

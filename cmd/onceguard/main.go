@@ -185,7 +185,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	store := sqlstore.Open(db, dialect)
 	store.Observe = metrics.DBObserver()
 	handler := httpapi.New(httpapi.Config{
-		Store: store, Keys: keys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
+		Store: store, Keys: keys, Completer: keys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
 		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
 		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,

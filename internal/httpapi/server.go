@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -32,6 +33,7 @@ import (
 type Config struct {
 	Store        *sqlstore.Store
 	Keys         idempotency.FullStore // Idempotency-Key records, submit tokens, repeat window
+	Completer    Completer             // completes a key's record inside a settlement's transaction (nil: Middleware stores answers)
 	Provider     psp.Provider
 	Currency     string
 	MaxAmount    money.Amount
@@ -49,6 +51,12 @@ type Config struct {
 	Metrics      *obs.Metrics                // served at /metrics and updated (nil: none)
 	Logger       *slog.Logger                // request and audit lines (nil: none)
 	Web          http.Handler                // serves / and /static/... (nil: 404)
+}
+
+// Completer completes an Idempotency-Key record inside the caller's
+// transaction (idempotency/sqlstore.Store, on the service's database).
+type Completer interface {
+	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error
 }
 
 // A Component is one part /readyz reports besides the database. Check
@@ -302,7 +310,13 @@ func writeProblem(w http.ResponseWriter, p *idempotency.Problem) { idempotency.W
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(jsonBody(v))
+}
+
+// jsonBody is v as the service sends it: JSON and a newline.
+func jsonBody(v any) []byte {
+	b, _ := json.Marshal(v)
+	return append(b, '\n')
 }
 
 func (s *server) internal(w http.ResponseWriter, err error) {
@@ -656,9 +670,7 @@ func (s *server) deposit(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, err)
 		return
 	}
-	s.settle(r.Context(), psp.Charge, &m)
-	s.audit(r, "deposit", m.ID, a, m.Status)
-	writeJSON(w, http.StatusCreated, movementJSON(m))
+	s.settleAndAnswer(w, r, psp.Charge, m, call)
 }
 
 func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
@@ -684,9 +696,7 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, err)
 		return
 	}
-	s.settle(r.Context(), psp.Payout, &m)
-	s.audit(r, "withdrawal", m.ID, a, m.Status)
-	writeJSON(w, http.StatusCreated, movementJSON(m))
+	s.settleAndAnswer(w, r, psp.Payout, m, call)
 }
 
 // errLock wraps a failure to take a resource's lock.
@@ -725,26 +735,43 @@ func (s *server) underLock(ctx context.Context, key string, wait bool, write fun
 	}
 }
 
-// settle calls the provider for a pending movement under its own id and
-// settles it; an unknown outcome leaves it pending for the reconciler.
-func (s *server) settle(ctx context.Context, kind psp.Kind, m *sqlstore.Movement) {
-	if m.Status != "pending" {
-		return
+// settleAndAnswer answers a created (or found) movement: a pending one is
+// first sent to the provider under its own id and settled as it says.
+// With a Completer, the settlement and the key's stored answer commit in
+// one transaction (atomic phases): after a crash there is never a settled
+// movement whose key would run again, nor a stored answer the books do
+// not show. An unknown outcome (a timeout) leaves it pending for the
+// reconciler; Middleware then stores the pending answer as usual.
+func (s *server) settleAndAnswer(w http.ResponseWriter, r *http.Request, kind psp.Kind, m sqlstore.Movement, call *idempotency.Call) {
+	ctx := r.Context()
+	if m.Status == "pending" {
+		if op, err := s.cfg.Provider.Do(ctx, kind, m.ID, m.Amount); err == nil {
+			settled := m
+			settled.Status = string(op.Status)
+			body := jsonBody(movementJSON(settled))
+			resp := call.Response(http.StatusCreated, http.Header{"Content-Type": {"application/json"}}, body)
+			complete := func(tx *sql.Tx) error { return s.cfg.Completer.CompleteTx(ctx, tx, call.ID, call.Lease, resp) }
+			settle := s.cfg.Store.SettleWithdrawal
+			if kind == psp.Charge {
+				settle = s.cfg.Store.SettleDeposit
+			}
+			dctx, ok, now := context.WithoutCancel(ctx), op.Status == psp.Succeeded, time.Now().UnixMicro()
+			err := errors.New("no completer")
+			if s.cfg.Completer != nil {
+				if err = settle(dctx, m.ID, ok, now, complete); err == nil {
+					call.MarkCompleted()
+				}
+			}
+			if err != nil { // the lease was lost, say: settle alone
+				err = settle(dctx, m.ID, ok, now)
+			}
+			if err == nil {
+				m = settled
+			}
+		}
 	}
-	op, err := s.cfg.Provider.Do(ctx, kind, m.ID, m.Amount)
-	if err != nil {
-		return // unknown outcome: the reconciler asks later, under the same key
-	}
-	ok := op.Status == psp.Succeeded
-	now := time.Now().UnixMicro()
-	if kind == psp.Charge {
-		err = s.cfg.Store.SettleDeposit(context.WithoutCancel(ctx), m.ID, ok, now)
-	} else {
-		err = s.cfg.Store.SettleWithdrawal(context.WithoutCancel(ctx), m.ID, ok, now)
-	}
-	if err == nil {
-		m.Status = string(op.Status)
-	}
+	s.audit(r, map[psp.Kind]string{psp.Charge: "deposit", psp.Payout: "withdrawal"}[kind], m.ID, m.Amount, m.Status)
+	writeJSON(w, http.StatusCreated, movementJSON(m))
 }
 
 // --- orders and payments ---

@@ -202,24 +202,26 @@ func (s *Store) CreateDeposit(ctx context.Context, m Movement) (Movement, bool, 
 // SettleDeposit marks a pending deposit succeeded and credits it, or marks
 // it failed; a deposit already settled is left as it is (settling twice
 // never credits twice: the status update is conditional, and the ledger's
-// UNIQUE(kind, ref) would refuse a second entry anyway).
-func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, now int64) error {
+// UNIQUE(kind, ref) would refuse a second entry anyway). Each of also runs
+// in the same transaction, last (say, completing the request's
+// Idempotency-Key record); an error from one rolls everything back.
+func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, now int64, also ...func(*sql.Tx) error) error {
 	// A deposit's money arrives only with its success.
-	return s.settle(ctx, "deposits", id, succeeded, succeeded, "deposit", now)
+	return s.settle(ctx, "deposits", id, succeeded, succeeded, "deposit", now, also)
 }
 
 // SettleWithdrawal marks a pending withdrawal succeeded, or failed and
 // refunded (in the same transaction, with its ledger entry); a settled one
-// is left as it is.
-func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool, now int64) error {
+// is left as it is. also: as for SettleDeposit.
+func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool, now int64, also ...func(*sql.Tx) error) error {
 	// A withdrawal's money left at creation: only a failure brings it back.
-	return s.settle(ctx, "withdrawals", id, succeeded, !succeeded, "withdrawal_refund", now)
+	return s.settle(ctx, "withdrawals", id, succeeded, !succeeded, "withdrawal_refund", now, also)
 }
 
 // settle moves a pending row of table to its final status and, when
 // credit is set, credits its amount with a ledger entry of kind, all in one
 // transaction. Only the call that moves the row from pending credits.
-func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit bool, kind string, now int64) error {
+func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit bool, kind string, now int64, also []func(*sql.Tx) error) error {
 	defer s.timed("settle", time.Now())
 	status := "failed"
 	if succeeded {
@@ -242,15 +244,19 @@ func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit 
 	if err != nil {
 		return err
 	}
-	if n, _ := res.RowsAffected(); n == 0 || !credit {
-		return tx.Commit() // already settled, or nothing to credit
+	if n, _ := res.RowsAffected(); n > 0 && credit {
+		after, err := s.adjust(ctx, tx, userID, money.Amount(amount), now)
+		if err != nil {
+			return err
+		}
+		if err := s.ledger(ctx, tx, userID, kind, money.Amount(amount), after, id, now); err != nil {
+			return err
+		}
 	}
-	after, err := s.adjust(ctx, tx, userID, money.Amount(amount), now)
-	if err != nil {
-		return err
-	}
-	if err := s.ledger(ctx, tx, userID, kind, money.Amount(amount), after, id, now); err != nil {
-		return err
+	for _, f := range also {
+		if err := f(tx); err != nil {
+			return err
+		}
 	}
 	return tx.Commit()
 }
