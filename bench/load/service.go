@@ -356,6 +356,12 @@ func (s *serviceConfig) logLines() []string {
 		if strings.HasPrefix(l, "=== ") || strings.Contains(l, "listening on http://") || strings.TrimSpace(l) == "" {
 			continue
 		}
+		// The service's info lines (one per request, one audit line per
+		// withdrawal: its default logging, kept on while measuring) are
+		// expected; warnings, errors and anything not JSON are not.
+		if strings.HasPrefix(l, `{"time":`) && (strings.Contains(l, `"level":"INFO"`) || strings.Contains(l, `"level":"DEBUG"`)) {
+			continue
+		}
 		lines = append(lines, l)
 	}
 	return lines
