@@ -89,8 +89,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 type serveConfig struct {
 	addr, db, dataDir, redis, pspURL, requireToken, currency, maxAmount string
 	tokenTTL, keyTTL, keyLease, lockTTL, repeatWindow, reconcileEvery   time.Duration
-	dbConns                                                             int
-	logLevel, logFormat                                                 string
+	dbConns, rateBurst, loginAttempts                                   int
+	rateLimit                                                           float64
+	logLevel, logFormat, clientIPHeader                                 string
 }
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -120,6 +121,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&c.maxAmount, "max-amount", env("ONCEGUARD_MAX_AMOUNT", "1000000.00"), "largest amount [ONCEGUARD_MAX_AMOUNT]")
 	fs.StringVar(&c.requireToken, "require-submit-token", env("ONCEGUARD_REQUIRE_SUBMIT_TOKEN", "withdrawal"), "purposes that need submit tokens, comma-separated, or none [ONCEGUARD_REQUIRE_SUBMIT_TOKEN]")
 	fs.StringVar(&c.currency, "currency", env("ONCEGUARD_CURRENCY", "CNY"), "currency [ONCEGUARD_CURRENCY]")
+	fs.Float64Var(&c.rateLimit, "rate-limit", envFloat(getenv, "ONCEGUARD_RATE_LIMIT", 2000), "requests a second one client address may send (429 rate_limited over it), 0 off [ONCEGUARD_RATE_LIMIT]")
+	fs.IntVar(&c.rateBurst, "rate-burst", envInt(getenv, "ONCEGUARD_RATE_BURST", 4000), "requests one client address may send at once [ONCEGUARD_RATE_BURST]")
+	fs.IntVar(&c.loginAttempts, "login-attempts", envInt(getenv, "ONCEGUARD_LOGIN_ATTEMPTS", 5), "failed sign-ins per username and address in 15 min before 429 too_many_attempts (4x per address, 10x per username), -1 off [ONCEGUARD_LOGIN_ATTEMPTS]")
+	fs.StringVar(&c.clientIPHeader, "client-ip-header", env("ONCEGUARD_CLIENT_IP_HEADER", ""), "header a trusted proxy sets to the client's address (e.g. X-Real-IP), for the limits; default the connection's address [ONCEGUARD_CLIENT_IP_HEADER]")
 	fs.StringVar(&c.logLevel, "log-level", env("ONCEGUARD_LOG_LEVEL", "info"), "debug, info, warn or error [ONCEGUARD_LOG_LEVEL]")
 	fs.StringVar(&c.logFormat, "log-format", env("ONCEGUARD_LOG_FORMAT", "auto"), "json, text, or auto: text on a terminal, else JSON [ONCEGUARD_LOG_FORMAT]")
 	if err := fs.Parse(args); err != nil {
@@ -131,6 +136,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	if c.lockTTL < 100*time.Millisecond {
 		return fmt.Errorf("--lock-ttl %v: want at least 100ms", c.lockTTL)
+	}
+	if c.rateLimit < 0 || c.rateBurst < 1 {
+		return fmt.Errorf("--rate-limit %v, --rate-burst %d: want a rate >= 0 and a burst >= 1", c.rateLimit, c.rateBurst)
 	}
 	if c.dbConns < 1 {
 		return fmt.Errorf("--db-conns %d: want at least 1", c.dbConns)
@@ -189,12 +197,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
 		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,
+		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, ClientIPHeader: c.clientIPHeader,
 	})
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 32 << 10}
 	fmt.Fprintf(stdout, "onceguard %s: listening on http://%s; database %s (keys and submit tokens too); %s; payment provider %s\n",
 		version, ln.Addr(), where, coord.describe, pspWhere)
 	log.Info("listening", "version", version, "addr", "http://"+ln.Addr().String(), "database", where, "coordination", coord.describe, "provider", pspWhere)
@@ -308,6 +318,13 @@ func servePSP(ctx context.Context, args []string, getenv func(string) string, st
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return srv.Shutdown(sctx)
+}
+
+func envFloat(getenv func(string) string, name string, def float64) float64 {
+	if n, err := strconv.ParseFloat(getenv(name), 64); err == nil {
+		return n
+	}
+	return def
 }
 
 func envInt(getenv func(string) string, name string, def int) int {

@@ -50,7 +50,21 @@ type Config struct {
 	Components   []Component                 // more /readyz components (Redis, the provider)
 	Metrics      *obs.Metrics                // served at /metrics and updated (nil: none)
 	Logger       *slog.Logger                // request and audit lines (nil: none)
-	Web          http.Handler                // serves / and /static/... (nil: 404)
+
+	// RateLimit is the requests a second one client address may send
+	// (RateBurst at once); over it, 429 rate_limited. 0: no limit.
+	RateLimit float64
+	RateBurst int
+	// LoginAttempts is how many failed sign-ins one username may have from
+	// one address in 15 minutes before it gets 429 too_many_attempts until
+	// the window ends; an address gets 4 times as many over all usernames,
+	// a username 10 times as many over all addresses. 0: 5; negative: off.
+	LoginAttempts int
+	// ClientIPHeader names a header a trusted proxy in front sets to the
+	// client's address (its last value counts), for the limits. Default:
+	// the connection's remote address.
+	ClientIPHeader string
+	Web            http.Handler // serves / and /static/... (nil: 404)
 }
 
 // Completer completes an Idempotency-Key record inside the caller's
@@ -72,11 +86,14 @@ type Component struct {
 const SessionCookie = "onceguard_session"
 
 type server struct {
-	cfg    Config
-	log    *slog.Logger
-	tokens *token.Tokens
-	locks  *lock.Locker                       // per-user and per-order locks
-	routes map[string]map[string]http.Handler // path -> method -> handler
+	cfg Config
+	log *slog.Logger
+
+	rates                           *rates
+	loginPair, loginAddr, loginUser *failures
+	tokens                          *token.Tokens
+	locks                           *lock.Locker                       // per-user and per-order locks
+	routes                          map[string]map[string]http.Handler // path -> method -> handler
 }
 
 // New returns the service's HTTP handler (shared/api.md). This slice
@@ -96,7 +113,15 @@ func New(cfg Config) http.Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &server{cfg: cfg, log: cfg.Logger, tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: cfg.Locks, routes: map[string]map[string]http.Handler{}}
+	if cfg.LoginAttempts == 0 {
+		cfg.LoginAttempts = 5
+	}
+	s := &server{cfg: cfg, log: cfg.Logger, rates: newRates(cfg.RateLimit, cfg.RateBurst), tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: cfg.Locks, routes: map[string]map[string]http.Handler{}}
+	if n := cfg.LoginAttempts; n > 0 {
+		s.loginPair = newFailures(n, 15*time.Minute)
+		s.loginAddr = newFailures(4*n, 15*time.Minute)
+		s.loginUser = newFailures(10*n, 15*time.Minute)
+	}
 	s.handle("GET", "/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) }))
 	s.handle("GET", "/readyz", http.HandlerFunc(s.readyz))
 	if cfg.Metrics != nil {
@@ -216,13 +241,28 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 	if !ok {
 		methods, pattern, ok = s.match(r)
 	}
-	if !ok && s.cfg.Web != nil && (r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/static/")) {
+	web := !ok && s.cfg.Web != nil && (r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/static/"))
+	label := pattern
+	switch {
+	case web:
+		label = "web"
+	case !ok:
+		label = "unmatched"
+	}
+	if s.rates != nil && label != "/healthz" && label != "/readyz" && label != "/metrics" {
+		if wait := s.rates.take(s.clientAddr(r), time.Now()); wait > 0 {
+			writeProblem(w, &idempotency.Problem{Status: http.StatusTooManyRequests, Code: "rate_limited", Title: "Too many requests",
+				Detail: "this address sends more requests than the service takes; slow down", RetryAfter: retryAfter(wait)})
+			return label
+		}
+	}
+	if web {
 		s.cfg.Web.ServeHTTP(w, r)
-		return "web"
+		return label
 	}
 	if !ok {
 		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
-		return "unmatched"
+		return label
 	}
 	h, ok := methods[r.Method]
 	if ok && !csrfSafe(r) {
@@ -475,6 +515,15 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// Brute force: refused before the (slow) hash is even computed.
+	addr, now := s.clientAddr(r), time.Now()
+	pair := name + "\x00" + addr
+	if wait := max(s.loginPair.blocked(pair, now), s.loginAddr.blocked(addr, now), s.loginUser.blocked(name, now)); wait > 0 {
+		obs.Logger(r.Context(), s.log).Warn("sign-in refused: too many failed attempts", "username", name, "client", addr)
+		writeProblem(w, &idempotency.Problem{Status: http.StatusTooManyRequests, Code: "too_many_attempts", Title: "Too many sign-in attempts",
+			Detail: "too many failed sign-ins; wait before trying again", RetryAfter: retryAfter(wait)})
+		return
+	}
 	u, err := s.cfg.Store.UserByName(r.Context(), name)
 	if err != nil && !errors.Is(err, sqlstore.ErrNotFound) {
 		s.internal(w, err)
@@ -485,12 +534,17 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		hash = dummyHash // spend the same time on unknown users
 	}
 	if perr := auth.CheckPassword(hash, pass); perr != nil || err != nil {
-		obs.Logger(r.Context(), s.log).Warn("sign-in refused", "username", name)
+		s.loginPair.fail(pair, now)
+		s.loginAddr.fail(addr, now)
+		s.loginUser.fail(name, now)
+		obs.Logger(r.Context(), s.log).Warn("sign-in refused", "username", name, "client", addr)
 		problem(w, http.StatusUnauthorized, "invalid_credentials", "Invalid credentials", "wrong username or password")
 		return
 	}
+	s.loginPair.forget(pair)
+	// Always a new token, whatever the request carried: a session an
+	// attacker planted (fixation) never becomes authenticated.
 	tok, th := auth.NewSessionToken()
-	now := time.Now()
 	exp := now.Add(s.cfg.SessionTTL)
 	if err := s.cfg.Store.CreateSession(r.Context(), th, u.ID, exp.UnixMicro(), now.UnixMicro()); err != nil {
 		s.internal(w, err)

@@ -1,0 +1,177 @@
+package httpapi
+
+import (
+	"math"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// maxLimiterEntries bounds every limiter's memory: past it, expired
+// entries are swept, and if none expired the oldest-looking ones go (an
+// attacker who floods with fresh addresses resets counts, never memory).
+const maxLimiterEntries = 50_000
+
+// failures counts failed attempts per key in a fixed window: after max
+// failures a key is refused until its window ends.
+type failures struct {
+	max    int
+	window time.Duration
+
+	mu sync.Mutex
+	m  map[string]*failWindow
+}
+
+type failWindow struct {
+	n   int
+	end time.Time
+}
+
+func newFailures(max int, window time.Duration) *failures {
+	return &failures{max: max, window: window, m: map[string]*failWindow{}}
+}
+
+// blocked returns how long key is still refused (0: not refused).
+func (f *failures) blocked(key string, now time.Time) time.Duration {
+	if f == nil || f.max <= 0 {
+		return 0
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.m[key]
+	if !ok || !now.Before(w.end) {
+		return 0
+	}
+	if w.n >= f.max {
+		return w.end.Sub(now)
+	}
+	return 0
+}
+
+// fail counts one failure of key.
+func (f *failures) fail(key string, now time.Time) {
+	if f == nil || f.max <= 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.m[key]
+	if !ok || !now.Before(w.end) {
+		if len(f.m) >= maxLimiterEntries {
+			sweep(f.m, func(w *failWindow) bool { return !now.Before(w.end) })
+		}
+		w = &failWindow{end: now.Add(f.window)}
+		f.m[key] = w
+	}
+	w.n++
+}
+
+// forget clears key (a success).
+func (f *failures) forget(key string) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	delete(f.m, key)
+	f.mu.Unlock()
+}
+
+func (f *failures) size() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.m)
+}
+
+// sweep deletes the entries expired says are dead and, if the map is still
+// full, a quarter of the rest (Go's map order is random enough here).
+func sweep[V any](m map[string]V, expired func(V) bool) {
+	for k, v := range m {
+		if expired(v) {
+			delete(m, k)
+		}
+	}
+	for k := range m {
+		if len(m) < maxLimiterEntries*3/4 {
+			break
+		}
+		delete(m, k)
+	}
+}
+
+// rates is a token bucket per key: rate tokens a second, up to burst.
+type rates struct {
+	rate, burst float64
+
+	mu sync.Mutex
+	m  map[string]*bucket
+}
+
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+func newRates(rate float64, burst int) *rates {
+	if rate <= 0 {
+		return nil
+	}
+	return &rates{rate: rate, burst: float64(max(burst, 1)), m: map[string]*bucket{}}
+}
+
+// take spends a token of key; when there is none it returns how long until
+// there is one.
+func (r *rates) take(key string, now time.Time) time.Duration {
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, ok := r.m[key]
+	if !ok {
+		if len(r.m) >= maxLimiterEntries {
+			full := time.Duration(r.burst / r.rate * float64(time.Second))
+			sweep(r.m, func(b *bucket) bool { return now.Sub(b.last) >= full })
+		}
+		b = &bucket{tokens: r.burst, last: now}
+		r.m[key] = b
+	}
+	b.tokens = math.Min(r.burst, b.tokens+now.Sub(b.last).Seconds()*r.rate)
+	b.last = now
+	if b.tokens >= 1 {
+		b.tokens--
+		return 0
+	}
+	return time.Duration((1 - b.tokens) / r.rate * float64(time.Second))
+}
+
+// clientAddr is who is asking, for the limits: the configured header set
+// by a trusted proxy in front (its last address), else the connection's
+// remote host.
+func (s *server) clientAddr(r *http.Request) string {
+	if h := s.cfg.ClientIPHeader; h != "" {
+		if v := r.Header.Values(h); len(v) > 0 {
+			last := v[len(v)-1]
+			for i := len(last) - 1; i >= 0; i-- {
+				if last[i] == ',' {
+					last = last[i+1:]
+					break
+				}
+			}
+			if ip := net.ParseIP(strings.TrimSpace(last)); ip != nil {
+				return ip.String()
+			}
+		}
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// retryAfter is d in whole seconds, at least 1, for Retry-After.
+func retryAfter(d time.Duration) int {
+	return max(1, int(math.Ceil(d.Seconds())))
+}
