@@ -50,6 +50,14 @@ type waiter struct {
 	expires time.Time
 }
 
+// Len returns how many keys the Backend keeps an entry for: the held ones,
+// those with waiters, and expired ones not yet swept.
+func (b *Backend) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.locks)
+}
+
 // Acquire implements lock.Backend.
 func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
 	if err := ctx.Err(); err != nil {
