@@ -6,7 +6,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/redistest"
 )
@@ -154,18 +153,6 @@ func TestServeStorms(t *testing.T) {
 	for name, db := range databases(t) {
 		t.Run(name, func(t *testing.T) { stormSuite(t, []string{startServe(t, db(t)...)}) })
 	}
-}
-
-// Three instances on one PostgreSQL and one Redis, the storms spread
-// across them: the locks and the window they share live in Redis.
-func TestServeStormsThreeInstances(t *testing.T) {
-	dbURL := dbtest.FreshPostgres(t, "onceguard_e2e_three")
-	redisURL := stormRedis(t)
-	bases := make([]string, 3)
-	for i := range bases {
-		bases[i] = startServe(t, "--db", dbURL, "--redis", redisURL)
-	}
-	stormSuite(t, bases)
 }
 
 // stormRedis starts a Redis server of the test's own (the service tests
