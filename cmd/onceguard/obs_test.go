@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -10,26 +9,15 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 // After a small storm, /metrics counts what happened, and the logs carry a
 // request id on every request's lines and never a raw key, token or
 // password.
 func TestServeObservability(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	out, logs := &syncBuffer{}, &syncBuffer{}
-	done := make(chan error, 1)
-	args := []string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-format", "json", "--log-level", "debug"}
-	go func() { done <- run(ctx, args, func(string) string { return "" }, out, logs) }()
-	var base string
-	for deadline := time.Now().Add(20 * time.Second); base == ""; time.Sleep(10 * time.Millisecond) {
-		if i := strings.Index(out.String(), "http://"); i >= 0 {
-			base = strings.TrimSuffix(strings.Fields(out.String()[i:])[0], ";")
-		} else if time.Now().After(deadline) {
-			t.Fatalf("serve did not start: %q", out.String())
-		}
-	}
+	logs := &syncBuffer{}
+	base, stop := startServeLogs(t, logs, "--log-format", "json", "--log-level", "debug")
+	defer stop()
 
 	const password = "correct horse"
 	alice := signUp(t, base, "alice")
@@ -102,8 +90,7 @@ func TestServeObservability(t *testing.T) {
 		t.Errorf("withdrawal answers: %v 201, %v 409; want 1 + %v replays, and the %v in progress", created, conflicts, replays, inflight)
 	}
 
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("serve = %v", err)
 	}
 

@@ -18,21 +18,32 @@ import (
 // data directory and returns its base URL; the test's end stops it.
 func startServe(t *testing.T, extra ...string) string {
 	t.Helper()
+	base, stop := startServeLogs(t, io.Discard, extra...)
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("serve after cancel = %v; want nil", err)
+		}
+	})
+	return base
+}
+
+// startServeLogs is startServe with the service's log lines going to logs;
+// stop ends it and returns what serve returned.
+func startServeLogs(t *testing.T, logs io.Writer, extra ...string) (base string, stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &syncBuffer{}
 	done := make(chan error, 1)
 	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir()}, extra...)
-	go func() { done <- run(ctx, args, func(string) string { return "" }, out, io.Discard) }()
-	t.Cleanup(func() {
+	go func() { done <- run(ctx, args, func(string) string { return "" }, out, logs) }()
+	stop = sync.OnceValue(func() error {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve after cancel = %v; want nil", err)
-		}
+		return <-done
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if i := strings.Index(out.String(), "http://"); i >= 0 {
-			return strings.TrimSuffix(strings.Fields(out.String()[i:])[0], ";") // "listening on http://A;"
+			return strings.TrimSuffix(strings.Fields(out.String()[i:])[0], ";"), stop // "listening on http://A;"
 		}
 		select {
 		case err := <-done:
@@ -40,6 +51,7 @@ func startServe(t *testing.T, extra ...string) string {
 		default:
 		}
 		if time.Now().After(deadline) {
+			stop()
 			t.Fatalf("serve did not say where it listens: %q", out.String())
 		}
 		time.Sleep(10 * time.Millisecond)

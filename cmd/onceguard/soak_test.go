@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"net/http"
@@ -24,20 +23,8 @@ func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("soak: not in -short")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-level", "error"}, func(string) string { return "" }, out, os.Stderr)
-	}()
-	var base string
-	for deadline := time.Now().Add(20 * time.Second); base == ""; time.Sleep(10 * time.Millisecond) {
-		if i := strings.Index(out.String(), "http://"); i >= 0 {
-			base = strings.TrimSuffix(strings.Fields(out.String()[i:])[0], ";")
-		} else if time.Now().After(deadline) {
-			t.Fatalf("serve did not start: %q", out.String())
-		}
-	}
+	base, stop := startServeLogs(t, os.Stderr, "--log-level", "error")
+	defer stop()
 	tr := &http.Transport{MaxIdleConnsPerHost: 16}
 	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	const workers = 6
@@ -150,8 +137,7 @@ func TestSoak(t *testing.T) {
 	for _, c := range users {
 		stormBalance(t, c, fmt.Sprint(c.do("GET", "/api/v1/account", "", "").body["balance"]))
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("serve = %v", err)
 	}
 }
