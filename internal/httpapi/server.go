@@ -359,8 +359,10 @@ func jsonBody(v any) []byte {
 	return append(b, '\n')
 }
 
-func (s *server) internal(w http.ResponseWriter, err error) {
-	writeProblem(w, s.storeProblem(err))
+func (s *server) internal(w http.ResponseWriter, r *http.Request, err error) {
+	p := s.storeProblem(err)
+	obs.Logger(r.Context(), s.log).Error("request failed", "status", p.Status, "error", err.Error())
+	writeProblem(w, p)
 }
 
 // storeProblem is the answer to a store error: 503 store_unavailable with
@@ -452,7 +454,7 @@ func (s *server) authed(next func(http.ResponseWriter, *http.Request, sqlstore.U
 			problem(w, http.StatusUnauthorized, "unauthenticated", "Authentication required", "sign in first")
 			return
 		} else if err != nil {
-			s.internal(w, err)
+			s.internal(w, r, err)
 			return
 		}
 		next(w, r, u)
@@ -504,7 +506,7 @@ func (s *server) createUser(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusConflict, "username_taken", "Username taken", "choose another username")
 		return
 	} else if err != nil {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]string{"id": id, "username": name})
@@ -526,7 +528,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	u, err := s.cfg.Store.UserByName(r.Context(), name)
 	if err != nil && !errors.Is(err, sqlstore.ErrNotFound) {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	hash := u.PasswordHash
@@ -547,7 +549,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	tok, th := auth.NewSessionToken()
 	exp := now.Add(s.cfg.SessionTTL)
 	if err := s.cfg.Store.CreateSession(r.Context(), th, u.ID, exp.UnixMicro(), now.UnixMicro()); err != nil {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: tok, Path: "/", Expires: exp, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
@@ -558,7 +560,7 @@ var dummyHash = auth.HashPassword("timing equaliser, never a password")
 
 func (s *server) deleteSession(w http.ResponseWriter, r *http.Request, _ sqlstore.User) {
 	if err := s.cfg.Store.DeleteSession(r.Context(), auth.HashToken(sessionToken(r))); err != nil {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
@@ -568,7 +570,7 @@ func (s *server) deleteSession(w http.ResponseWriter, r *http.Request, _ sqlstor
 func (s *server) account(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 	bal, cur, err := s.cfg.Store.Account(r.Context(), u.ID)
 	if err != nil {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"user_id": u.ID, "username": u.Username, "balance": bal, "currency": cur})
@@ -576,7 +578,7 @@ func (s *server) account(w http.ResponseWriter, r *http.Request, u sqlstore.User
 
 func (s *server) ledger(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 	entries, err := s.cfg.Store.Ledger(r.Context(), u.ID, 1000)
-	writeList(s, w, entries, err, func(e sqlstore.LedgerEntry) map[string]any {
+	writeList(s, w, r, entries, err, func(e sqlstore.LedgerEntry) map[string]any {
 		return map[string]any{"id": fmt.Sprint(e.ID), "kind": e.Kind, "amount": e.Amount, "balance_after": e.BalanceAfter, "ref": e.Ref, "created_at": ts(e.CreatedAt)}
 	})
 }
@@ -604,7 +606,7 @@ func (s *server) createSubmitToken(w http.ResponseWriter, r *http.Request, u sql
 	}
 	is, err := s.tokens.Issue(r.Context(), u.ID, *req.Purpose)
 	if err != nil {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	if m := s.cfg.Metrics; m != nil {
@@ -721,7 +723,7 @@ func (s *server) deposit(w http.ResponseWriter, r *http.Request) {
 	a, _ := s.amount(body) // validated by the middleware
 	m, _, err := s.cfg.Store.CreateDeposit(r.Context(), sqlstore.Movement{ID: newID("dep_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()})
 	if err != nil {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	s.settleAndAnswer(w, r, psp.Charge, m, call)
@@ -747,7 +749,7 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusUnprocessableEntity, "insufficient_funds", "Insufficient funds", "the balance does not cover this withdrawal; nothing changed")
 		return
 	} else if err != nil {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	s.settleAndAnswer(w, r, psp.Payout, m, call)
@@ -890,7 +892,7 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	o, _, err := s.cfg.Store.CreateOrder(r.Context(), sqlstore.Order{ID: newID("ord_"), OrderNo: newID("ON"), UserID: call.Scope.Principal,
 		Key: call.Key, Description: desc, Amount: a, CreatedAt: time.Now().UnixMicro()})
 	if err != nil {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, orderJSON(o))
@@ -898,19 +900,19 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) listOrders(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 	orders, err := s.cfg.Store.Orders(r.Context(), u.ID, 1000)
-	writeList(s, w, orders, err, orderJSON)
+	writeList(s, w, r, orders, err, orderJSON)
 }
 
 func (s *server) getOrder(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 	o, err := s.cfg.Store.OrderByID(r.Context(), u.ID, r.PathValue("id"))
-	writeOne(s, w, o, err, orderJSON)
+	writeOne(s, w, r, o, err, orderJSON)
 }
 
 // writeList answers {"items": [...]} (newest first, as the store gives
 // them), or the store's error.
-func writeList[T any](s *server, w http.ResponseWriter, items []T, err error, toJSON func(T) map[string]any) {
+func writeList[T any](s *server, w http.ResponseWriter, r *http.Request, items []T, err error, toJSON func(T) map[string]any) {
 	if err != nil {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	out := make([]map[string]any, 0, len(items))
@@ -922,12 +924,12 @@ func writeList[T any](s *server, w http.ResponseWriter, items []T, err error, to
 
 // writeOne answers one resource; another user's, like a missing one, is
 // 404 not_found.
-func writeOne[T any](s *server, w http.ResponseWriter, item T, err error, toJSON func(T) map[string]any) {
+func writeOne[T any](s *server, w http.ResponseWriter, r *http.Request, item T, err error, toJSON func(T) map[string]any) {
 	if errors.Is(err, sqlstore.ErrNotFound) {
 		problem(w, http.StatusNotFound, "not_found", "Not found", "no such resource")
 		return
 	} else if err != nil {
-		s.internal(w, err)
+		s.internal(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, toJSON(item))
@@ -964,7 +966,7 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 		s.audit(r, "payment", "", p.Amount, "insufficient_funds")
 		problem(w, http.StatusUnprocessableEntity, "insufficient_funds", "Insufficient funds", "the balance does not cover this payment; nothing changed")
 	case err != nil:
-		s.internal(w, err)
+		s.internal(w, r, err)
 	default:
 		s.audit(r, "payment", p.ID, p.Amount, "paid")
 		writeJSON(w, http.StatusCreated, map[string]any{"order_id": p.OrderID, "payment_id": p.ID, "status": "paid", "amount": p.Amount})
@@ -974,13 +976,13 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 func (s *server) listMovements(table string) func(http.ResponseWriter, *http.Request, sqlstore.User) {
 	return func(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 		ms, err := s.cfg.Store.Movements(r.Context(), table, u.ID, 1000)
-		writeList(s, w, ms, err, movementJSON)
+		writeList(s, w, r, ms, err, movementJSON)
 	}
 }
 
 func (s *server) getMovement(table string) func(http.ResponseWriter, *http.Request, sqlstore.User) {
 	return func(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 		m, err := s.cfg.Store.MovementByID(r.Context(), table, u.ID, r.PathValue("id"))
-		writeOne(s, w, m, err, movementJSON)
+		writeOne(s, w, r, m, err, movementJSON)
 	}
 }

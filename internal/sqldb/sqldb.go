@@ -33,6 +33,7 @@ func Unavailable(err error) bool {
 		"invalid connection", "bad connection", "EOF", "database is locked", "SQLITE_BUSY",
 		"the database system is shutting down", "the database system is starting up",
 		"terminating connection", "server closed the connection", "failed to connect",
+		"conn closed", "conn busy", // pgx: the connection died under the statement or the commit
 		"Too many connections", "too many clients", "too many connections", // MySQL 1040, PostgreSQL 53300
 		"Lock wait timeout exceeded", "Deadlock found", "deadlock detected", // a retry may succeed
 		"could not serialize access",
