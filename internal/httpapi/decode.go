@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
+	"sync"
 
 	"github.com/onceguard/onceguard/idempotency"
 )
@@ -44,6 +46,24 @@ func Decode(body []byte, dst any) *idempotency.Problem {
 		}
 		return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_json", Title: "Invalid JSON", Detail: detail}
 	}
+	// encoding/json matches member names ignoring case (and with Unicode
+	// folding): {"amount":"1","AMOUNT":"999"} would decode as 999. Members
+	// must be named exactly; NUL is refused in every string (no database
+	// stores it the same way).
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(body, &members); err != nil || members == nil {
+		// Valid JSON (checked above), but not an object.
+		return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: "the body must be a JSON object"}
+	}
+	names := fieldNames(dst)
+	for name := range members {
+		if !names[name] {
+			return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: fmt.Sprintf("unknown member %q", name)}
+		}
+	}
+	if bytes.Contains(bytes.ToLower(body), []byte(`\u0000`)) {
+		return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: "strings must not contain NUL"}
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
@@ -63,4 +83,33 @@ func Decode(body []byte, dst any) *idempotency.Problem {
 // Missing is the 400 invalid_request for a required member that is absent.
 func Missing(member string) *idempotency.Problem {
 	return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: member + ": required"}
+}
+
+var fieldNameCache sync.Map // reflect.Type -> map[string]bool
+
+// fieldNames returns the JSON member names of the struct dst points to.
+func fieldNames(dst any) map[string]bool {
+	t := reflect.TypeOf(dst)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if v, ok := fieldNameCache.Load(t); ok {
+		return v.(map[string]bool)
+	}
+	names := map[string]bool{}
+	if t.Kind() == reflect.Struct {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" || !f.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			names[name] = true
+		}
+	}
+	fieldNameCache.Store(t, names)
+	return names
 }

@@ -298,8 +298,8 @@ func csrfSafe(r *http.Request) bool {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return true
 	}
-	if r.Header.Get("Authorization") != "" {
-		return true
+	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+		return true // the credential sessionToken uses; any other scheme falls back to the cookie
 	}
 	if _, err := r.Cookie(SessionCookie); err != nil {
 		return true
@@ -327,8 +327,8 @@ func (s *server) match(r *http.Request) (map[string]http.Handler, string, bool) 
 		return nil, "", false
 	}
 	parts := strings.Split(rest, "/")
-	if len(parts) < 2 || len(parts) > 3 || parts[1] == "" {
-		return nil, "", false
+	if len(parts) < 2 || len(parts) > 3 || !idRE.MatchString(parts[1]) {
+		return nil, "", false // ids are ours: anything else names nothing
 	}
 	pattern := "/api/v1/" + parts[0] + "/{id}"
 	if len(parts) == 3 {
@@ -461,7 +461,10 @@ func (s *server) authed(next func(http.ResponseWriter, *http.Request, sqlstore.U
 	})
 }
 
-var usernameRE = regexp.MustCompile(`^[a-z0-9_]{3,32}$`)
+var (
+	usernameRE = regexp.MustCompile(`^[a-z0-9_]{3,32}$`)
+	idRE       = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+)
 
 type credentials struct {
 	Username *string `json:"username"`
