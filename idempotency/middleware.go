@@ -263,9 +263,16 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				resp.Header[http.CanonicalHeaderKey(h)] = v
 			}
 		}
-		// The effect happened: send the answer even if storing it fails;
-		// the business tables' unique constraints refuse a second effect.
-		_ = cfg.Store.Complete(detached, id, res.Lease, resp, cfg.Now())
+		// A success happened: send it even if storing it fails; the
+		// business tables' unique constraints refuse a second effect and
+		// pin its outcome. A refusal (4xx) pins nothing: sent unstored,
+		// the key could run again after its lease and answer differently.
+		// Free the key and say 503 instead: the client retries.
+		if err := cfg.Store.Complete(detached, id, res.Lease, resp, cfg.Now()); err != nil && (rec.status < 200 || rec.status > 299) {
+			m.release(r, detached, id, res.Lease, windowID)
+			m.fail(w, r, "store_unavailable", probUnavailable)
+			return
+		}
 	}
 	for k, v := range rec.header {
 		w.Header()[k] = v
