@@ -13,7 +13,8 @@ import (
 // object members sorted by name (bytewise, on the decoded names),
 // duplicate names rejected, strings decoded and re-escaped one way,
 // numbers, true, false and null as written. It allocates only to sort the
-// members of large objects and to decode strings with escapes.
+// members of objects of more than 8 members, to decode strings with
+// escapes and for errors; dst grows as needed (Fingerprint pools it).
 func canon(dst, src []byte, depth int) ([]byte, []byte, error) {
 	if depth > maxDepth {
 		return dst, src, fmt.Errorf("%w: nested deeper than %d", ErrBody, maxDepth)
@@ -73,14 +74,18 @@ func canon(dst, src []byte, depth int) ([]byte, []byte, error) {
 
 type member struct {
 	name       []byte // decoded
-	start, end int    // the canonical value in the scratch buffer
+	start, end int    // the canonical value, in dst past the object's start
 }
 
+// canonObject canonicalises the object after its '{'. Its members' values
+// are canonicalised into dst past the object's start, then the sorted
+// object is appended after them and moved down over them: no buffer of its
+// own, so no allocation unless it has more than 8 members.
 func canonObject(dst, src []byte, depth int) ([]byte, []byte, error) {
 	var (
 		small   [8]member
 		members = small[:0]
-		scratch []byte // canonical values, members point into it
+		base    = len(dst)
 	)
 	src = skipSpace(src)
 	if len(src) > 0 && src[0] == '}' {
@@ -99,11 +104,11 @@ func canonObject(dst, src []byte, depth int) ([]byte, []byte, error) {
 		if len(src) == 0 || src[0] != ':' {
 			return dst, src, fmt.Errorf("%w: want : after a member name", ErrBody)
 		}
-		start := len(scratch)
-		if scratch, src, err = canon(scratch, src[1:], depth+1); err != nil {
+		start := len(dst)
+		if dst, src, err = canon(dst, src[1:], depth+1); err != nil {
 			return dst, src, err
 		}
-		members = append(members, member{name: name, start: start, end: len(scratch)})
+		members = append(members, member{name: name, start: start, end: len(dst)})
 		src = skipSpace(src)
 		if len(src) == 0 {
 			return dst, src, fmt.Errorf("%w: unterminated object", ErrBody)
@@ -118,6 +123,7 @@ func canonObject(dst, src []byte, depth int) ([]byte, []byte, error) {
 		src = src[1:]
 	}
 	slices.SortFunc(members, func(a, b member) int { return bytes.Compare(a.name, b.name) })
+	values := len(dst)
 	dst = append(dst, '{')
 	for i, m := range members {
 		if i > 0 {
@@ -128,9 +134,11 @@ func canonObject(dst, src []byte, depth int) ([]byte, []byte, error) {
 		}
 		dst = appendString(dst, m.name)
 		dst = append(dst, ':')
-		dst = append(dst, scratch[m.start:m.end]...)
+		dst = append(dst, dst[m.start:m.end]...) // lies before values: appending never overwrites it
 	}
-	return append(dst, '}'), src, nil
+	dst = append(dst, '}')
+	n := copy(dst[base:], dst[values:])
+	return dst[:base+n], src, nil
 }
 
 func skipSpace(b []byte) []byte {
@@ -163,7 +171,7 @@ func scanString(src []byte) ([]byte, []byte, error) {
 // scanEscaped is scanString's slow path: it decodes JSON escapes.
 func scanEscaped(src []byte) ([]byte, []byte, error) {
 	out := make([]byte, 0, len(src))
-	bad := fmt.Errorf("%w: bad string escape", ErrBody)
+	bad := func() error { return fmt.Errorf("%w: bad string escape", ErrBody) }
 	for i := 1; i < len(src); i++ {
 		c := src[i]
 		switch {
@@ -198,7 +206,7 @@ func scanEscaped(src []byte) ([]byte, []byte, error) {
 		case 'u':
 			r, ok := hex4(src[i+1:])
 			if !ok {
-				return nil, src, bad
+				return nil, src, bad()
 			}
 			i += 4
 			if utf16.IsSurrogate(r) {
@@ -207,13 +215,13 @@ func scanEscaped(src []byte) ([]byte, []byte, error) {
 					r2, ok = hex4(src[i+3:])
 				}
 				if r = utf16.DecodeRune(r, r2); !ok || r == utf8.RuneError {
-					return nil, src, bad
+					return nil, src, bad()
 				}
 				i += 6
 			}
 			out = utf8.AppendRune(out, r)
 		default:
-			return nil, src, bad
+			return nil, src, bad()
 		}
 	}
 	return nil, src, fmt.Errorf("%w: unterminated string", ErrBody)

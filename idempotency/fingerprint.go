@@ -21,23 +21,41 @@ var ErrBody = errors.New("idempotency: body is not valid JSON")
 // application to canonicalise them first (see Config.Fingerprint).
 func Fingerprint(body []byte) (string, error) {
 	buf := canonBufs.Get().(*[]byte)
-	defer canonBufs.Put(buf)
-	out := (*buf)[:0]
-	if rest := skipSpace(body); len(rest) > 0 {
-		var err error
-		if out, rest, err = canon(out, rest, 0); err != nil {
-			return "", err
-		}
-		if len(skipSpace(rest)) > 0 {
-			return "", fmt.Errorf("%w: data after the value", ErrBody)
-		}
+	out, err := appendCanonical((*buf)[:0], body)
+	var sum [sha256.Size]byte
+	if err == nil {
+		sum = sha256.Sum256(out)
 	}
-	*buf = out
-	sum := sha256.Sum256(out)
-	return hex.EncodeToString(sum[:]), nil
+	if cap(out) <= 128<<10 { // do not keep a huge one
+		*buf = out[:0]
+		canonBufs.Put(buf)
+	}
+	if err != nil {
+		return "", err
+	}
+	var hx [2 * sha256.Size]byte
+	hex.Encode(hx[:], sum[:])
+	return string(hx[:]), nil // the one allocation
+}
+
+// appendCanonical appends the canonical form of body to dst.
+func appendCanonical(dst, body []byte) ([]byte, error) {
+	rest := skipSpace(body)
+	if len(rest) == 0 {
+		return dst, nil
+	}
+	dst, rest, err := canon(dst, rest, 0)
+	if err != nil {
+		return dst, err
+	}
+	if len(skipSpace(rest)) > 0 {
+		return dst, fmt.Errorf("%w: data after the value", ErrBody)
+	}
+	return dst, nil
 }
 
 // maxDepth bounds nesting, so a hostile body cannot exhaust the stack.
 const maxDepth = 64
 
+// canonBufs recycles the buffers the canonical forms are built in.
 var canonBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}

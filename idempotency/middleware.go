@@ -113,14 +113,19 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 	if cfg.Fingerprint == nil {
 		cfg.Fingerprint = func(_ *http.Request, body []byte) (string, error) { return Fingerprint(body) }
 	}
+	replay := make([]string, len(cfg.ReplayHeaders))
+	for i, h := range cfg.ReplayHeaders {
+		replay[i] = http.CanonicalHeaderKey(h)
+	}
 	return func(next http.Handler) http.Handler {
-		return &middleware{cfg: cfg, next: next}
+		return &middleware{cfg: cfg, next: next, replayHeaders: replay}
 	}
 }
 
 type middleware struct {
-	cfg  Config
-	next http.Handler
+	cfg           Config
+	next          http.Handler
+	replayHeaders []string // cfg.ReplayHeaders, canonical
 }
 
 func (m *middleware) event(r *http.Request, ev string) {
@@ -141,7 +146,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 
 	// 1. Body size, then who is asking.
-	body, err := io.ReadAll(io.LimitReader(r.Body, cfg.MaxBody+1))
+	body, err := readBody(r, cfg.MaxBody)
 	if err != nil {
 		m.fail(w, r, "", &Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Unreadable body", Detail: "the request body could not be read"})
 		return
@@ -164,7 +169,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 2. The key's syntax.
-	key, err := ParseKey(r.Header.Values("Idempotency-Key"))
+	key, err := ParseKey(r.Header["Idempotency-Key"]) // canonical: as Values would look it up
 	if errors.Is(err, ErrKeyMissing) {
 		m.fail(w, r, "key_missing", probMissing)
 		return
@@ -218,7 +223,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.fail(w, r, "mismatch", probReused)
 		return
 	}
+	// One allocation carries the call, the handler's context and body.
 	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fp, Recovered: res.Recovered, replayHeaders: cfg.ReplayHeaders}
+	call.ctx = callCtx{Context: ctx, call: call}
 	// From here the key is ours: every way out completes or frees it.
 	detached := context.WithoutCancel(ctx)
 
@@ -257,10 +264,12 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m.serve(rec, r, body, call) || call.forgotten.Load() {
 		m.release(r, detached, id, res.Lease, windowID)
 	} else if !call.completed.Load() {
-		resp := Response{Status: rec.status, Header: make(http.Header), Body: rec.body.Bytes()}
-		for _, h := range cfg.ReplayHeaders {
-			if v := rec.header.Values(h); len(v) > 0 {
-				resp.Header[http.CanonicalHeaderKey(h)] = v
+		// The stored header is the recorder's too: a Store copies what it
+		// keeps (as it does the body, which is the recorder's buffer).
+		resp := Response{Status: rec.status, Header: rec.stored, Body: rec.body.Bytes()}
+		for _, h := range m.replayHeaders {
+			if v := rec.header[h]; len(v) > 0 {
+				resp.Header[h] = v
 			}
 		}
 		// A success happened: send it even if storing it fails; the
@@ -290,8 +299,9 @@ func (m *middleware) serve(rec *recorder, r *http.Request, body []byte, call *Ca
 			panic(v)
 		}
 	}()
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	m.next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), callKey{}, call)))
+	call.body.r.Reset(body)
+	r.Body = &call.body
+	m.next.ServeHTTP(rec, r.WithContext(&call.ctx))
 	return rec.status >= 500
 }
 
@@ -321,18 +331,22 @@ func replay(w http.ResponseWriter, resp *Response) {
 	for k, v := range resp.Header {
 		h[k] = v
 	}
-	h.Set("Idempotent-Replayed", "true")
-	h.Set("Cache-Control", "no-store")
+	v := []string{"true", "no-store"} // one allocation for both
+	h["Idempotent-Replayed"] = v[0:1:1]
+	h["Cache-Control"] = v[1:2:2]
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)
 }
 
 // recorders recycles answer buffers: a request's recorder is returned
 // after its answer was stored (copied) and written out.
-var recorders = sync.Pool{New: func() any { return &recorder{header: make(http.Header), status: http.StatusOK} }}
+var recorders = sync.Pool{New: func() any {
+	return &recorder{header: make(http.Header), stored: make(http.Header), status: http.StatusOK}
+}}
 
 func (r *recorder) recycle() {
 	clear(r.header)
+	clear(r.stored)
 	r.status, r.wroteHeader = http.StatusOK, false
 	if r.body.Cap() > 64<<10 {
 		r.body = bytes.Buffer{} // do not keep a huge one
@@ -344,6 +358,7 @@ func (r *recorder) recycle() {
 // recorder buffers the handler's answer.
 type recorder struct {
 	header      http.Header
+	stored      http.Header // the Response's header, cut to the replay headers
 	status      int
 	wroteHeader bool
 	body        bytes.Buffer
@@ -375,7 +390,9 @@ type Call struct {
 	windowID      string
 	replayHeaders []string
 	completed     atomic.Bool
-	forgotten atomic.Bool
+	forgotten     atomic.Bool
+	ctx           callCtx    // the handler's context
+	body          bodyReader // the handler's body
 }
 
 // Response is the Response Middleware would store for an answer with
@@ -403,6 +420,61 @@ func (c *Call) MarkCompleted() { c.completed.Store(true) }
 func (c *Call) Forget() { c.forgotten.Store(true) }
 
 type callKey struct{}
+
+// callCtx is the handler's context: the request's, with its Call. It is
+// what context.WithValue(ctx, callKey{}, call) would be, kept in the Call
+// so that it costs no allocation of its own.
+type callCtx struct {
+	context.Context
+	call *Call
+}
+
+func (c *callCtx) Value(key any) any {
+	if _, ok := key.(callKey); ok {
+		return c.call
+	}
+	return c.Context.Value(key)
+}
+
+// bodyReader is the handler's r.Body: the body Middleware read, with the
+// methods of io.NopCloser(bytes.NewReader(body)), kept in the Call.
+type bodyReader struct{ r bytes.Reader }
+
+func (b *bodyReader) Read(p []byte) (int, error)         { return b.r.Read(p) }
+func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w) }
+func (*bodyReader) Close() error                         { return nil }
+
+// readBody reads r's body, up to limit+1 bytes (more is 413), as
+// io.ReadAll(io.LimitReader(r.Body, limit+1)) would, but in one
+// allocation of the announced length when there is one (up to 64 KiB: a
+// client does not make it allocate more than it sends).
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return []byte{}, nil
+	}
+	limit = min(limit, math.MaxInt64-1)
+	size := int64(512)
+	if n := r.ContentLength; n >= 0 && n <= limit {
+		size = min(n, 64<<10) + 1 // + 1: room to read EOF without growing
+	}
+	b := make([]byte, 0, size)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // grow
+		}
+		n, err := r.Body.Read(b[len(b):min(int64(cap(b)), limit+1)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+		if int64(len(b)) > limit {
+			return b, nil
+		}
+	}
+}
 
 // FromContext returns the keyed request a handler runs in, if any.
 func FromContext(ctx context.Context) (*Call, bool) {

@@ -128,7 +128,9 @@ type Store interface {
 	// the existing record.
 	Begin(ctx context.Context, r BeginRequest) (BeginResult, error)
 	// Complete stores resp for the record if lease still holds it, else
-	// returns ErrLeaseLost.
+	// returns ErrLeaseLost. It copies what it keeps: resp's header and
+	// body are the caller's, who may reuse them once Complete returns
+	// (Middleware does).
 	Complete(ctx context.Context, id, lease string, resp Response, now time.Time) error
 	// Abandon deletes the record if lease still holds it and unbinds its
 	// token, so that a retry runs again.

@@ -4,14 +4,17 @@
 // single-process programs; it forgets everything on restart.
 //
 // Memory stays bounded: every write first drops what has expired, found
-// in O(log n) through a min-heap of deadlines.
+// in O(log n) through a min-heap of deadlines. A record is one allocation
+// (its lease id and a completed answer's body are the others), so a
+// request allocates little.
 package memstore
 
 import (
-	"container/heap"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	mrand "math/rand/v2"
+	"net/http"
 	"sync"
 	"time"
 
@@ -23,35 +26,156 @@ import (
 // must not be copied after first use. It is safe for concurrent use.
 type Store struct {
 	mu      sync.Mutex
-	records map[string]*idempotency.Record
+	records map[string]*entry
 	tokens  map[string]*tokenEntry
 	windows map[string]window
-	expiry  deadlines // when each record, token and window entry may go
+	expiry  deadlines      // when each record, token and window entry may go
+	leases  *mrand.ChaCha8 // lease ids, seeded from crypto/rand
 }
 
-// deadline says that the entry id of a kind may be dropped at at, if it
+// entry is a key's record, with its answer once completed: the fields of
+// an idempotency.Record, in one allocation with room for a small header.
+type entry struct {
+	fp         string
+	state      idempotency.State
+	lease      string
+	leaseUntil time.Time
+	expiresAt  time.Time
+	tokenHash  string
+
+	// Completed: the answer.
+	status int
+	body   []byte
+	noHdr  bool     // the header was nil
+	pairs  []string // the header's name, value pairs, each name's together
+	bare   []bare   // names without values (rare)
+	inline [4]string
+}
+
+type bare struct {
+	name  string
+	isNil bool
+}
+
+// record returns a copy of e as an idempotency.Record, with a copy of its
+// header (as http.Header.Clone makes it; the body is shared, read-only).
+func (e *entry) record(id string) *idempotency.Record {
+	c := &struct {
+		rec  idempotency.Record
+		resp idempotency.Response
+	}{rec: idempotency.Record{
+		ID: id, Fingerprint: e.fp, State: e.state, Lease: e.lease,
+		LeaseUntil: e.leaseUntil, ExpiresAt: e.expiresAt, TokenHash: e.tokenHash,
+	}}
+	if e.state == idempotency.Completed {
+		c.resp = idempotency.Response{Status: e.status, Header: e.header(), Body: e.body}
+		c.rec.Response = &c.resp
+	}
+	return &c.rec
+}
+
+func (e *entry) setHeader(h http.Header) {
+	if h == nil {
+		e.noHdr = true
+		return
+	}
+	n := 0
+	for _, v := range h {
+		n += 2 * len(v)
+	}
+	e.pairs = e.inline[:0]
+	if n > len(e.inline) {
+		e.pairs = make([]string, 0, n)
+	}
+	for k, vs := range h {
+		if len(vs) == 0 {
+			e.bare = append(e.bare, bare{name: k, isNil: vs == nil})
+		}
+		for _, v := range vs {
+			e.pairs = append(e.pairs, k, v)
+		}
+	}
+}
+
+func (e *entry) header() http.Header {
+	if e.noHdr {
+		return nil
+	}
+	names := len(e.bare)
+	for i := 0; i < len(e.pairs); i += 2 {
+		if i == 0 || e.pairs[i] != e.pairs[i-2] {
+			names++
+		}
+	}
+	h := make(http.Header, names)
+	values := make([]string, len(e.pairs)/2)
+	for i, j := 0, 0; i < len(e.pairs); {
+		name, start := e.pairs[i], j
+		for ; i < len(e.pairs) && e.pairs[i] == name; i, j = i+2, j+1 {
+			values[j] = e.pairs[i+1]
+		}
+		h[name] = values[start:j:j]
+	}
+	for _, b := range e.bare {
+		if b.isNil {
+			h[b.name] = nil
+		} else {
+			h[b.name] = []string{}
+		}
+	}
+	return h
+}
+
+// deadline says that the entry k of a kind may be dropped at at, if it
 // still has that deadline (a later write may have extended it).
 type deadline struct {
 	at   time.Time
-	kind byte // 'r' record, 't' token, 'w' window
-	id   string
+	k    string // the entry's id
+	kind byte   // 'r' record, 't' token, 'w' window
 }
 
+// deadlines is a min-heap on at.
 type deadlines []deadline
 
-func (d deadlines) Len() int           { return len(d) }
-func (d deadlines) Less(i, j int) bool { return d[i].at.Before(d[j].at) }
-func (d deadlines) Swap(i, j int)      { d[i], d[j] = d[j], d[i] }
-func (d *deadlines) Push(x any)        { *d = append(*d, x.(deadline)) }
-func (d *deadlines) Pop() any {
-	old := *d
-	x := old[len(old)-1]
-	*d = old[:len(old)-1]
+func (d *deadlines) push(x deadline) {
+	*d = append(*d, x)
+	h := *d
+	for i := len(h) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !h[i].at.Before(h[p].at) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+}
+
+func (d *deadlines) pop() deadline {
+	h := *d
+	x := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h = h[:n]
+	for i := 0; ; {
+		l, m := 2*i+1, i
+		if l < n && h[l].at.Before(h[m].at) {
+			m = l
+		}
+		if r := l + 1; r < n && h[r].at.Before(h[m].at) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	*d = h
 	return x
 }
 
-func (s *Store) expireAt(kind byte, id string, at time.Time) {
-	heap.Push(&s.expiry, deadline{at: at, kind: kind, id: id})
+func (s *Store) expireAt(kind byte, k string, at time.Time) {
+	s.expiry.push(deadline{at: at, k: k, kind: kind})
 }
 
 type tokenEntry struct {
@@ -68,24 +192,24 @@ var _ idempotency.FullStore = (*Store)(nil)
 
 func (s *Store) init(now time.Time) {
 	if s.records == nil {
-		s.records = make(map[string]*idempotency.Record)
+		s.records = make(map[string]*entry)
 		s.tokens = make(map[string]*tokenEntry)
 		s.windows = make(map[string]window)
 	}
 	for len(s.expiry) > 0 && !now.Before(s.expiry[0].at) {
-		d := heap.Pop(&s.expiry).(deadline)
+		d := s.expiry.pop()
 		switch d.kind {
 		case 'r':
-			if r := s.records[d.id]; r != nil && !now.Before(r.ExpiresAt) {
-				delete(s.records, d.id)
+			if r := s.records[d.k]; r != nil && !now.Before(r.expiresAt) {
+				delete(s.records, d.k)
 			}
 		case 't':
-			if t := s.tokens[d.id]; t != nil && !now.Before(t.keep) {
-				delete(s.tokens, d.id)
+			if t := s.tokens[d.k]; t != nil && !now.Before(t.keep) {
+				delete(s.tokens, d.k)
 			}
 		case 'w':
-			if w, ok := s.windows[d.id]; ok && !now.Before(w.expires) {
-				delete(s.windows, d.id)
+			if w, ok := s.windows[d.k]; ok && !now.Before(w.expires) {
+				delete(s.windows, d.k)
 			}
 		}
 	}
@@ -103,12 +227,13 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 	if err := ctx.Err(); err != nil {
 		return idempotency.BeginResult{}, err
 	}
+	k := r.ID
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.init(r.Now)
-	rec := s.records[r.ID]
-	if rec != nil && !r.Now.Before(rec.ExpiresAt) {
-		delete(s.records, r.ID)
+	rec := s.records[k]
+	if rec != nil && !r.Now.Before(rec.expiresAt) {
+		delete(s.records, k)
 		rec = nil
 	}
 	switch {
@@ -118,99 +243,107 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 				return idempotency.BeginResult{}, err
 			}
 		}
-		lease := newLease()
-		rec = &idempotency.Record{
-			ID: r.ID, Fingerprint: r.Fingerprint, State: idempotency.InFlight,
-			Lease: lease, LeaseUntil: r.Now.Add(r.Lease), ExpiresAt: r.Now.Add(r.TTL),
+		rec = &entry{
+			fp: r.Fingerprint, state: idempotency.InFlight,
+			lease: s.newLease(), leaseUntil: r.Now.Add(r.Lease), expiresAt: r.Now.Add(r.TTL),
 		}
 		if r.Token != nil {
-			rec.TokenHash = r.Token.Hash
+			rec.tokenHash = r.Token.Hash
 		}
-		s.records[r.ID] = rec
-		s.expireAt('r', r.ID, rec.ExpiresAt)
-		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, nil
-	case rec.Fingerprint != r.Fingerprint:
-		return idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: copyRecord(rec)}, nil
-	case rec.State == idempotency.Completed:
-		return idempotency.BeginResult{Outcome: idempotency.Replay, Record: copyRecord(rec)}, nil
-	case r.Now.Before(rec.LeaseUntil):
-		return idempotency.BeginResult{Outcome: idempotency.InProgress, Record: copyRecord(rec)}, nil
+		s.records[k] = rec
+		s.expireAt('r', k, rec.expiresAt)
+		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: rec.lease}, nil
+	case rec.fp != r.Fingerprint:
+		return idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: rec.record(r.ID)}, nil
+	case rec.state == idempotency.Completed:
+		return idempotency.BeginResult{Outcome: idempotency.Replay, Record: rec.record(r.ID)}, nil
+	case r.Now.Before(rec.leaseUntil):
+		return idempotency.BeginResult{Outcome: idempotency.InProgress, Record: rec.record(r.ID)}, nil
 	}
 	// In flight, but its holder stopped renewing (crashed): take it over.
-	rec.Lease, rec.LeaseUntil = newLease(), r.Now.Add(r.Lease)
-	return idempotency.BeginResult{Outcome: idempotency.Started, Lease: rec.Lease, Recovered: true}, nil
+	rec.lease, rec.leaseUntil = s.newLease(), r.Now.Add(r.Lease)
+	return idempotency.BeginResult{Outcome: idempotency.Started, Lease: rec.lease, Recovered: true}, nil
 }
 
-// Complete implements idempotency.Store.
+// Complete implements idempotency.Store. It keeps a copy of resp.
 func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency.Response, now time.Time) error {
+	k := id
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec := s.records[id]
-	if rec == nil || rec.State != idempotency.InFlight || rec.Lease != lease {
+	rec := s.records[k]
+	if rec == nil || rec.state != idempotency.InFlight || rec.lease != lease {
 		return idempotency.ErrLeaseLost
 	}
-	rec.State, rec.Lease = idempotency.Completed, ""
-	rec.Response = &idempotency.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: append([]byte(nil), resp.Body...)}
+	rec.state, rec.lease = idempotency.Completed, ""
+	rec.status, rec.body = resp.Status, append([]byte(nil), resp.Body...)
+	rec.setHeader(resp.Header)
 	return nil
 }
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, id, lease string) error {
+	k := id
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec := s.records[id]
-	if rec == nil || rec.State != idempotency.InFlight || rec.Lease != lease {
+	rec := s.records[k]
+	if rec == nil || rec.state != idempotency.InFlight || rec.lease != lease {
 		return idempotency.ErrLeaseLost
 	}
-	delete(s.records, id)
-	if t := s.tokens[rec.TokenHash]; rec.TokenHash != "" && t != nil {
-		t.rec.Scope = ""
-		t.keep = t.rec.ExpiresAt
+	delete(s.records, k)
+	if rec.tokenHash != "" {
+		if t := s.tokens[rec.tokenHash]; t != nil {
+			t.rec.Scope = ""
+			t.keep = t.rec.ExpiresAt
+		}
 	}
 	return nil
 }
 
 // ClaimWindow implements idempotency.WindowStore.
 func (s *Store) ClaimWindow(ctx context.Context, id, owner string, d time.Duration, now time.Time) (time.Duration, error) {
+	k := id
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.init(now)
-	if w, ok := s.windows[id]; ok && now.Before(w.expires) {
+	if w, ok := s.windows[k]; ok && now.Before(w.expires) {
 		if w.owner == owner {
 			return 0, nil
 		}
 		return w.expires.Sub(now), nil
 	}
-	s.windows[id] = window{owner: owner, expires: now.Add(d)}
-	s.expireAt('w', id, now.Add(d))
+	s.windows[k] = window{owner: owner, expires: now.Add(d)}
+	s.expireAt('w', k, now.Add(d))
 	return 0, nil
 }
 
 // FreeWindow implements idempotency.WindowStore.
 func (s *Store) FreeWindow(ctx context.Context, id, owner string) error {
+	k := id
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if w, ok := s.windows[id]; ok && w.owner == owner {
-		delete(s.windows, id)
+	if w, ok := s.windows[k]; ok && w.owner == owner {
+		delete(s.windows, k)
 	}
 	return nil
 }
 
 // PutToken implements token.Store.
 func (s *Store) PutToken(ctx context.Context, r token.Record) error {
+	k := r.Hash
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.init(time.Now())
-	s.tokens[r.Hash] = &tokenEntry{rec: r, keep: r.ExpiresAt}
-	s.expireAt('t', r.Hash, r.ExpiresAt)
+	s.tokens[k] = &tokenEntry{rec: r, keep: r.ExpiresAt}
+	s.expireAt('t', k, r.ExpiresAt)
 	return nil
 }
 
 // GetToken implements token.Store.
 func (s *Store) GetToken(ctx context.Context, hash string) (token.Record, error) {
+	k := hash
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.tokens[hash]
+	t := s.tokens[k]
 	if t == nil {
 		return token.Record{}, token.ErrUnknown
 	}
@@ -226,7 +359,8 @@ func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope str
 }
 
 func (s *Store) bind(hash, subject, purpose, scope string, now, keep time.Time) (bool, error) {
-	t := s.tokens[hash]
+	k := hash
+	t := s.tokens[k]
 	if t == nil {
 		return false, token.ErrUnknown
 	}
@@ -238,33 +372,34 @@ func (s *Store) bind(hash, subject, purpose, scope string, now, keep time.Time) 
 	}
 	t.rec.Scope = scope
 	t.keep = keep
-	s.expireAt('t', hash, keep)
+	s.expireAt('t', k, keep)
 	return true, nil
 }
 
 // UnbindToken implements token.Store.
 func (s *Store) UnbindToken(ctx context.Context, hash, scope string) error {
+	k := hash
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if t := s.tokens[hash]; t != nil && t.rec.Scope == scope {
+	if t := s.tokens[k]; t != nil && t.rec.Scope == scope {
 		t.rec.Scope = ""
 		t.keep = t.rec.ExpiresAt
 	}
 	return nil
 }
 
-func copyRecord(r *idempotency.Record) *idempotency.Record {
-	c := *r
-	if r.Response != nil {
-		resp := *r.Response
-		resp.Header = r.Response.Header.Clone()
-		c.Response = &resp
+// newLease returns a random lease id: 16 bytes of a ChaCha8 stream seeded
+// from crypto/rand (cryptographically strong, and without the allocation
+// crypto/rand.Read costs), in unpadded base64url. s.mu is held.
+func (s *Store) newLease() string {
+	if s.leases == nil {
+		var seed [32]byte
+		_, _ = rand.Read(seed[:])
+		s.leases = mrand.NewChaCha8(seed)
 	}
-	return &c
-}
-
-func newLease() string {
 	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return base64.RawURLEncoding.EncodeToString(b[:])
+	_, _ = s.leases.Read(b[:])
+	var out [22]byte // base64.RawURLEncoding.EncodedLen(16)
+	base64.RawURLEncoding.Encode(out[:], b[:])
+	return string(out[:])
 }

@@ -1,0 +1,322 @@
+package idempotency
+
+// The canonicaliser as it was before it was made allocation-free, kept as
+// the reference the current one must match byte for byte (and error for
+// error): fingerprints already stored must not change.
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// refCanon appends the canonical form of the JSON value at the start of src
+// to dst and returns it with the rest of src. Canonical: no whitespace,
+// object members sorted by name (bytewise, on the decoded names),
+// duplicate names rejected, strings decoded and re-escaped one way,
+// numbers, true, false and null as written. It allocates only to sort the
+// members of large objects and to decode strings with escapes.
+func refCanon(dst, src []byte, depth int) ([]byte, []byte, error) {
+	if depth > maxDepth {
+		return dst, src, fmt.Errorf("%w: nested deeper than %d", ErrBody, maxDepth)
+	}
+	src = refSkipSpace(src)
+	if len(src) == 0 {
+		return dst, src, fmt.Errorf("%w: unexpected end", ErrBody)
+	}
+	switch c := src[0]; {
+	case c == '{':
+		return refCanonObject(dst, src[1:], depth)
+	case c == '[':
+		dst = append(dst, '[')
+		src = refSkipSpace(src[1:])
+		if len(src) > 0 && src[0] == ']' {
+			return append(dst, ']'), src[1:], nil
+		}
+		for {
+			var err error
+			if dst, src, err = refCanon(dst, src, depth+1); err != nil {
+				return dst, src, err
+			}
+			src = refSkipSpace(src)
+			if len(src) == 0 {
+				return dst, src, fmt.Errorf("%w: unterminated array", ErrBody)
+			}
+			if src[0] == ']' {
+				return append(dst, ']'), src[1:], nil
+			}
+			if src[0] != ',' {
+				return dst, src, fmt.Errorf("%w: want , or ] in array", ErrBody)
+			}
+			dst = append(dst, ',')
+			src = src[1:]
+		}
+	case c == '"':
+		s, rest, err := refScanString(src)
+		if err != nil {
+			return dst, src, err
+		}
+		return refAppendString(dst, s), rest, nil
+	case c == '-' || (c >= '0' && c <= '9'):
+		n := refScanNumber(src)
+		if n == 0 {
+			return dst, src, fmt.Errorf("%w: bad number", ErrBody)
+		}
+		return append(dst, src[:n]...), src[n:], nil
+	default:
+		for _, lit := range [...]string{"true", "false", "null"} {
+			if bytes.HasPrefix(src, []byte(lit)) {
+				return append(dst, lit...), src[len(lit):], nil
+			}
+		}
+		return dst, src, fmt.Errorf("%w: unexpected %q", ErrBody, c)
+	}
+}
+
+type refMember struct {
+	name       []byte // decoded
+	start, end int    // the canonical value in the scratch buffer
+}
+
+func refCanonObject(dst, src []byte, depth int) ([]byte, []byte, error) {
+	var (
+		small   [8]refMember
+		members = small[:0]
+		scratch []byte // canonical values, members point into it
+	)
+	src = refSkipSpace(src)
+	if len(src) > 0 && src[0] == '}' {
+		return append(dst, '{', '}'), src[1:], nil
+	}
+	for {
+		src = refSkipSpace(src)
+		if len(src) == 0 || src[0] != '"' {
+			return dst, src, fmt.Errorf("%w: want a member name", ErrBody)
+		}
+		name, rest, err := refScanString(src)
+		if err != nil {
+			return dst, src, err
+		}
+		src = refSkipSpace(rest)
+		if len(src) == 0 || src[0] != ':' {
+			return dst, src, fmt.Errorf("%w: want : after a member name", ErrBody)
+		}
+		start := len(scratch)
+		if scratch, src, err = refCanon(scratch, src[1:], depth+1); err != nil {
+			return dst, src, err
+		}
+		members = append(members, refMember{name: name, start: start, end: len(scratch)})
+		src = refSkipSpace(src)
+		if len(src) == 0 {
+			return dst, src, fmt.Errorf("%w: unterminated object", ErrBody)
+		}
+		if src[0] == '}' {
+			src = src[1:]
+			break
+		}
+		if src[0] != ',' {
+			return dst, src, fmt.Errorf("%w: want , or } in object", ErrBody)
+		}
+		src = src[1:]
+	}
+	slices.SortFunc(members, func(a, b refMember) int { return bytes.Compare(a.name, b.name) })
+	dst = append(dst, '{')
+	for i, m := range members {
+		if i > 0 {
+			if bytes.Equal(members[i-1].name, m.name) {
+				return dst, src, fmt.Errorf("%w: member %q twice", ErrBody, m.name)
+			}
+			dst = append(dst, ',')
+		}
+		dst = refAppendString(dst, m.name)
+		dst = append(dst, ':')
+		dst = append(dst, scratch[m.start:m.end]...)
+	}
+	return append(dst, '}'), src, nil
+}
+
+func refSkipSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {
+		b = b[1:]
+	}
+	return b
+}
+
+// refScanString returns the decoded content of the JSON string at the start
+// of src (without copying when it has no escapes) and the rest.
+func refScanString(src []byte) ([]byte, []byte, error) {
+	i := 1
+	for ; i < len(src); i++ {
+		switch c := src[i]; {
+		case c == '"':
+			if !utf8.Valid(src[1:i]) {
+				return nil, src, fmt.Errorf("%w: invalid UTF-8 in a string", ErrBody)
+			}
+			return src[1:i], src[i+1:], nil
+		case c == '\\':
+			return refScanEscaped(src)
+		case c < 0x20:
+			return nil, src, fmt.Errorf("%w: control character in a string", ErrBody)
+		}
+	}
+	return nil, src, fmt.Errorf("%w: unterminated string", ErrBody)
+}
+
+// refScanEscaped is refScanString's slow path: it decodes JSON escapes.
+func refScanEscaped(src []byte) ([]byte, []byte, error) {
+	out := make([]byte, 0, len(src))
+	bad := fmt.Errorf("%w: bad string escape", ErrBody)
+	for i := 1; i < len(src); i++ {
+		c := src[i]
+		switch {
+		case c == '"':
+			if !utf8.Valid(out) {
+				return nil, src, fmt.Errorf("%w: invalid UTF-8 in a string", ErrBody)
+			}
+			return out, src[i+1:], nil
+		case c < 0x20:
+			return nil, src, fmt.Errorf("%w: control character in a string", ErrBody)
+		case c != '\\':
+			out = append(out, c)
+			continue
+		}
+		i++
+		if i >= len(src) {
+			break
+		}
+		switch src[i] {
+		case '"', '\\', '/':
+			out = append(out, src[i])
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, ok := refHex4(src[i+1:])
+			if !ok {
+				return nil, src, bad
+			}
+			i += 4
+			if utf16.IsSurrogate(r) {
+				r2, ok := rune(0), false
+				if i+2 < len(src) && src[i+1] == '\\' && src[i+2] == 'u' {
+					r2, ok = refHex4(src[i+3:])
+				}
+				if r = utf16.DecodeRune(r, r2); !ok || r == utf8.RuneError {
+					return nil, src, bad
+				}
+				i += 6
+			}
+			out = utf8.AppendRune(out, r)
+		default:
+			return nil, src, bad
+		}
+	}
+	return nil, src, fmt.Errorf("%w: unterminated string", ErrBody)
+}
+
+func refHex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
+
+// refAppendString appends s as a JSON string, escaping only what JSON requires.
+func refAppendString(dst, s []byte) []byte {
+	const hexd = "0123456789abcdef"
+	dst = append(dst, '"')
+	for _, c := range s {
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hexd[c>>4], hexd[c&0xf])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
+}
+
+// refScanNumber returns the length of the JSON number at the start of b, or 0.
+func refScanNumber(b []byte) int {
+	i := 0
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	default:
+		return 0
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		j := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == j {
+			return 0
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		j := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == j {
+			return 0
+		}
+	}
+	return i
+}
+
+// refFingerprint is Fingerprint as it was.
+func refFingerprint(body []byte) (string, error) {
+	out := []byte(nil)
+	if rest := refSkipSpace(body); len(rest) > 0 {
+		var err error
+		if out, rest, err = refCanon(out, rest, 0); err != nil {
+			return "", err
+		}
+		if len(refSkipSpace(rest)) > 0 {
+			return "", fmt.Errorf("%w: data after the value", ErrBody)
+		}
+	}
+	sum := sha256.Sum256(out)
+	return hex.EncodeToString(sum[:]), nil
+}

@@ -1,0 +1,111 @@
+package memstore
+
+import (
+	"fmt"
+	mrand "math/rand/v2"
+	"net/http"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/idempotency"
+)
+
+// A completed answer's header comes back as http.Header.Clone would copy
+// it, each time a fresh copy: nil stays nil, names without values keep
+// their nil or empty values, several values keep their order.
+func TestHeaderKept(t *testing.T) {
+	ctx, now := t.Context(), time.Now()
+	for i, h := range []http.Header{
+		nil,
+		{},
+		{"Content-Type": {"application/json"}},
+		{"Content-Type": {"a"}, "Location": {"/x"}},
+		{"A": {"1", "2", "3"}, "B": {"4"}, "C": nil, "D": {}, "E": {""}},
+		{"A": {"1"}, "B": {"2"}, "C": {"3"}, "D": {"4"}, "E": {"5"}, "F": {"6"}, "G": {"7"}, "H": {"8"}, "I": {"9"}},
+	} {
+		s := &Store{}
+		id := idempotency.RecordID(idempotency.Scope{}, fmt.Sprint(i))
+		req := idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}
+		res, _ := s.Begin(ctx, req)
+		in := h.Clone()
+		if err := s.Complete(ctx, id, res.Lease, idempotency.Response{Status: 201, Header: in, Body: []byte("b")}, now); err != nil {
+			t.Fatal(err)
+		}
+		for k := range in { // the caller's header is the caller's
+			if len(in[k]) > 0 {
+				in[k][0] = "changed"
+			}
+			in[k] = append(in[k], "added")
+		}
+		for range 2 {
+			got, err := s.Begin(ctx, req)
+			if err != nil || got.Outcome != idempotency.Replay {
+				t.Fatalf("Begin = %+v, %v", got, err)
+			}
+			g := got.Record.Response.Header
+			if !reflect.DeepEqual(g, h.Clone()) || (g == nil) != (h == nil) {
+				t.Errorf("header %#v came back as %#v", h, g)
+			}
+			for k, v := range g {
+				if (v == nil) != (h[k] == nil) {
+					t.Errorf("%s: %#v came back as %#v", k, h[k], v)
+				}
+				if len(v) > 0 {
+					v[0] = "changed by the caller" // must not change the store
+				}
+				_ = append(v, "appended") // nor must this
+			}
+		}
+		if got := got1(t, s, req).Record; got.ID != id || got.Fingerprint != "fp" || got.State != idempotency.Completed || got.Response.Status != 201 || string(got.Response.Body) != "b" {
+			t.Errorf("record %+v", got)
+		}
+	}
+}
+
+func got1(t *testing.T, s *Store, req idempotency.BeginRequest) idempotency.BeginResult {
+	res, err := s.Begin(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// The deadline heap pops in time order.
+func TestDeadlines(t *testing.T) {
+	var d deadlines
+	base := time.Now()
+	r := mrand.New(mrand.NewPCG(1, 2))
+	for range 1000 {
+		d.push(deadline{at: base.Add(time.Duration(r.IntN(500)) * time.Second)})
+	}
+	prev := base
+	for len(d) > 0 {
+		x := d.pop()
+		if x.at.Before(prev) {
+			t.Fatalf("popped %v after %v", x.at, prev)
+		}
+		prev = x.at
+	}
+}
+
+// Records, tokens and windows past their time are dropped by the next
+// write: memory stays bounded.
+func TestPruned(t *testing.T) {
+	s, ctx, now := &Store{}, t.Context(), time.Now()
+	for i := range 100 {
+		id := idempotency.RecordID(idempotency.Scope{}, fmt.Sprint(i))
+		res, _ := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Second, TTL: time.Minute, Now: now})
+		if i%2 == 0 {
+			_ = s.Complete(ctx, id, res.Lease, idempotency.Response{Status: 200}, now)
+		}
+		_, _ = s.ClaimWindow(ctx, id, "o", time.Minute, now)
+	}
+	if r, _, w := s.Len(); r != 100 || w != 100 {
+		t.Fatalf("Len = %d records, %d windows; want 100, 100", r, w)
+	}
+	_, _ = s.ClaimWindow(ctx, "x", "o", time.Minute, now.Add(2*time.Minute))
+	if r, _, w := s.Len(); r != 0 || w != 1 || len(s.expiry) != 1 {
+		t.Errorf("after the TTL: %d records, %d windows, %d deadlines; want 0, 1, 1", r, w, len(s.expiry))
+	}
+}
