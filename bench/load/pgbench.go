@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/onceguard/onceguard/bench/internal/child"
 )
 
 // pgbenchSchema mirrors the service's accounts and ledger tables (the
@@ -113,7 +115,7 @@ func (p *pgbenchCeiling) run(ctx context.Context, n int, warmup, duration time.D
 		"-T", strconv.Itoa(secs), "-f", p.script, "-l", "--log-prefix", prefix, p.conn)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := startChild(cmd); err != nil {
+	if err := child.Start(cmd); err != nil {
 		res.err = err.Error()
 		return res
 	}

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/onceguard/onceguard/bench/internal/child"
 )
 
 // user is one client of the load: its own account, signed in once.
@@ -110,7 +112,7 @@ func (s *serviceConfig) start(ctx context.Context, round int) error {
 		}
 	}
 	cmd.Stdout, cmd.Stderr = w, logf
-	if err := startChild(cmd); err != nil {
+	if err := child.Start(cmd); err != nil {
 		logf.Close()
 		return fmt.Errorf("start %s: %w", s.bin, err)
 	}

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package child
 
 import (
 	"os/exec"
@@ -19,12 +19,12 @@ type spawnRequest struct {
 	res chan error
 }
 
-// startChild starts cmd so that the kernel kills it (SIGKILL) when this
+// Start starts cmd so that the kernel kills it (SIGKILL) when this
 // process dies, even if its deferred cleanup never runs (a SIGKILL, a
 // panic in a worker goroutine). Linux sends the parent-death signal when
 // the thread that forked the child exits, so every child is forked from one
 // goroutine locked to its OS thread for the life of the process.
-func startChild(cmd *exec.Cmd) error {
+func Start(cmd *exec.Cmd) error {
 	spawnOnce.Do(func() {
 		spawnCh = make(chan spawnRequest)
 		go func() {
