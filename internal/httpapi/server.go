@@ -824,9 +824,17 @@ func (s *server) settleAndAnswer(w http.ResponseWriter, r *http.Request, kind ps
 			if err != nil { // the lease was lost, say: settle alone
 				err = settle(dctx, m.ID, ok, now)
 			}
-			if err == nil {
-				m = settled
+			if err != nil {
+				// Whether the settlement (and the stored answer) committed
+				// is unknown: a commit whose acknowledgement was lost. Not
+				// a 201 "pending" that a replay may contradict: 503, and
+				// the retry gets the recorded answer, or runs again (the
+				// movement's unique key and the provider's idempotency by
+				// its id keep that to one effect).
+				s.internal(w, r, err)
+				return
 			}
+			m = settled
 		}
 	}
 	s.audit(r, map[psp.Kind]string{psp.Charge: "deposit", psp.Payout: "withdrawal"}[kind], m.ID, m.Amount, m.Status)
