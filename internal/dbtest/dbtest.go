@@ -7,6 +7,7 @@ package dbtest
 
 import (
 	"database/sql"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -59,13 +60,17 @@ func SQLite(t testing.TB) *sql.DB {
 	return db
 }
 
-// FreshPostgres creates (or re-creates) the database name on the server
-// of ONCEGUARD_TEST_POSTGRES, or skips, and returns its URL. Tests that
-// own tables with common names (users, accounts, ...) use their own
-// database, so that packages running at once do not meet.
+// FreshPostgres creates (or re-creates) a database for name on the server
+// of ONCEGUARD_TEST_POSTGRES, or skips, returns its URL, and drops it when
+// the test ends. Tests that own tables with common names (users,
+// accounts, ...) use their own database, so that packages running at once
+// do not meet; the name gets this process's id, so that two test runs at
+// once (a developer's and CI's) do not drop each other's.
 func FreshPostgres(t testing.TB, name string) string {
 	t.Helper()
 	admin := Postgres(t)
+	name = processName(name)
+	t.Cleanup(func() { _, _ = admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`) })
 	if _, err := admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`); err != nil {
 		t.Fatalf("drop database %s: %v", name, err)
 	}
@@ -85,6 +90,8 @@ func FreshPostgres(t testing.TB, name string) string {
 func FreshMySQL(t testing.TB, name string) string {
 	t.Helper()
 	admin := MySQL(t)
+	name = processName(name)
+	t.Cleanup(func() { _, _ = admin.Exec(`DROP DATABASE IF EXISTS ` + name) })
 	for _, q := range []string{`DROP DATABASE IF EXISTS ` + name, `CREATE DATABASE ` + name} {
 		if _, err := admin.Exec(q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -97,4 +104,14 @@ func FreshMySQL(t testing.TB, name string) string {
 		rest = dsn[slash+q:]
 	}
 	return dsn[:slash+1] + name + rest
+}
+
+// processName is name with this process's id, within the 63 bytes a
+// PostgreSQL or MySQL database name may have.
+func processName(name string) string {
+	suffix := fmt.Sprintf("_p%d", os.Getpid())
+	if len(name)+len(suffix) > 63 {
+		name = name[:63-len(suffix)]
+	}
+	return name + suffix
 }
