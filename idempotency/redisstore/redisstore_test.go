@@ -1,9 +1,7 @@
 package redisstore_test
 
 import (
-	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -15,25 +13,8 @@ import (
 	"github.com/onceguard/onceguard/internal/redistest"
 )
 
-func sharedRedis(t *testing.T) *redis.Client {
-	url := os.Getenv("ONCEGUARD_TEST_REDIS")
-	if url == "" {
-		t.Skip("ONCEGUARD_TEST_REDIS not set; skipping the integration test")
-	}
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { _ = rdb.Close() })
-	if err := rdb.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("PING = %v", err)
-	}
-	return rdb
-}
-
 func TestStore(t *testing.T) {
-	rdb := sharedRedis(t)
+	rdb := redistest.Shared(t)
 	prefix := fmt.Sprintf("storetest:%d:", time.Now().UnixNano())
 	storetest.Run(t, func(*testing.T) idempotency.FullStore {
 		return redisstore.New(rdb, &redisstore.Options{Prefix: prefix})

@@ -1,10 +1,8 @@
 package lincheck
 
 import (
-	"context"
 	"database/sql"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -35,25 +33,6 @@ func TestMemlockTryOnly(t *testing.T) {
 	exercise(t, l, workload{clients: 8, cycles: 150, keys: 2, tryOnly: true, rogue: true}, true)
 }
 
-// sharedRedis returns a client on ONCEGUARD_TEST_REDIS, or skips.
-func sharedRedis(t *testing.T) *redis.Client {
-	t.Helper()
-	url := os.Getenv("ONCEGUARD_TEST_REDIS")
-	if url == "" {
-		t.Skip("ONCEGUARD_TEST_REDIS not set (e.g. redis://127.0.0.1:6379/0); skipping the integration test")
-	}
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatalf("ParseURL(%q) = %v", url, err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { _ = rdb.Close() })
-	if err := rdb.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("PING %s = %v; want PONG", url, err)
-	}
-	return rdb
-}
-
 // prefix is a Redis key prefix of this run only: the shared server is
 // never flushed.
 func prefix(t *testing.T) string {
@@ -65,13 +44,13 @@ func prefix(t *testing.T) string {
 const fenceRetention = 5 * time.Minute
 
 func TestRedis(t *testing.T) {
-	rdb := sharedRedis(t)
+	rdb := redistest.Shared(t)
 	l := redislock.New(rdb, &redislock.Options{Prefix: prefix(t), FenceRetention: fenceRetention, Locker: lockerOpts})
 	exercise(t, l, workload{clients: 16, cycles: 50, keys: 3, rogue: true}, false)
 }
 
 func TestRedisClockFences(t *testing.T) {
-	rdb := sharedRedis(t)
+	rdb := redistest.Shared(t)
 	l := redislock.New(rdb, &redislock.Options{Prefix: prefix(t), FenceRetention: fenceRetention, ClockFences: true, Locker: lockerOpts})
 	exercise(t, l, workload{clients: 16, cycles: 50, keys: 3, rogue: true}, false)
 }

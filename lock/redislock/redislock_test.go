@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -31,25 +30,6 @@ type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-// sharedRedis returns a client on ONCEGUARD_TEST_REDIS, or skips.
-func sharedRedis(t *testing.T) *redis.Client {
-	t.Helper()
-	url := os.Getenv("ONCEGUARD_TEST_REDIS")
-	if url == "" {
-		t.Skip("ONCEGUARD_TEST_REDIS not set (e.g. redis://127.0.0.1:6379/0); skipping the integration test")
-	}
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatalf("ParseURL(%q) = %v", url, err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { _ = rdb.Close() })
-	if err := rdb.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("PING %s = %v; want PONG", url, err)
-	}
-	return rdb
-}
-
 func ownRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 	t.Helper()
 	srv := redistest.StartServer(t)
@@ -59,19 +39,19 @@ func ownRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 }
 
 func TestConformance(t *testing.T) {
-	rdb := sharedRedis(t)
+	rdb := redistest.Shared(t)
 	locktest.Run(t, func(*testing.T) lock.Backend { return redislock.NewBackend(rdb, nil) })
 }
 
 func TestConformanceWithoutPipelining(t *testing.T) {
-	rdb := sharedRedis(t)
+	rdb := redistest.Shared(t)
 	locktest.Run(t, func(*testing.T) lock.Backend {
 		return redislock.NewBackend(rdb, &redislock.Options{MaxInflight: 1, MaxBatch: 1})
 	})
 }
 
 func TestConformanceClockFences(t *testing.T) {
-	rdb := sharedRedis(t)
+	rdb := redistest.Shared(t)
 	locktest.Run(t, func(*testing.T) lock.Backend {
 		return redislock.NewBackend(rdb, &redislock.Options{ClockFences: true})
 	})
@@ -82,7 +62,7 @@ func TestConformanceClockFences(t *testing.T) {
 // never makes later Redis fences look stale. Counter fences fall behind
 // the clock after the first acquire: that is why the option exists.
 func TestClockFences(t *testing.T) {
-	rdb := sharedRedis(t)
+	rdb := redistest.Shared(t)
 	ctx := context.Background()
 	for _, clock := range []bool{false, true} {
 		l := redislock.New(rdb, &redislock.Options{ClockFences: clock})
