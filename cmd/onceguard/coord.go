@@ -63,7 +63,7 @@ const redisTimeout = 500 * time.Millisecond
 // only bounds how long a crashed holder blocks others.
 func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idempotency.WindowStore, lopts lock.Options, fopts *fallback.Options) (*coordination, error) {
 	lopts.AutoRenew = true
-	c := &coordination{}
+	c := &coordination{windows: dbWindows, secondaryName: "memory"}
 	var secondary lock.Backend
 	where := "in process"
 	switch dialect {
@@ -73,12 +73,10 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 		if err != nil {
 			return nil, err
 		}
-		secondary, where = b, "the database"
+		secondary, where, c.secondaryName = b, "the database", "database"
 	default:
 		secondary = &memlock.Backend{}
 	}
-	c.secondaryName = map[bool]string{true: "database", false: "memory"}[where == "the database"]
-	c.windows = dbWindows
 	var urls []string
 	for _, u := range strings.Split(redisURLs, ",") {
 		if u = strings.TrimSpace(u); u != "" {

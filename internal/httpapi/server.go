@@ -198,6 +198,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // requestInfo is what a request's handlers learn for its log line.
 type requestInfo struct {
 	userID, keyHash, outcome string
+	route                    string // the route pattern (the metric label)
 }
 
 type requestInfoKey struct{}
@@ -249,6 +250,7 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 	case !ok:
 		label = "unmatched"
 	}
+	info(r).route = label
 	if s.rates != nil && label != "/healthz" && label != "/readyz" && label != "/metrics" {
 		if wait := s.rates.take(s.clientAddr(r), time.Now()); wait > 0 {
 			writeProblem(w, &idempotency.Problem{Status: http.StatusTooManyRequests, Code: "rate_limited", Title: "Too many requests",
@@ -648,11 +650,7 @@ func (s *server) keyEvent(r *http.Request, ev string) {
 	m.Idempotency.WithLabelValues(ev).Inc()
 	switch ev {
 	case "duplicate_submission":
-		pattern := r.URL.Path
-		if _, ok := s.routes[pattern]; !ok {
-			_, pattern, _ = s.match(r)
-		}
-		m.RepeatRejections.WithLabelValues(pattern).Inc()
+		m.RepeatRejections.WithLabelValues(info(r).route).Inc()
 	case "token_invalid":
 		m.Tokens.WithLabelValues("invalid").Inc()
 	case "token_foreign":
