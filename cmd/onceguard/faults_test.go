@@ -649,10 +649,17 @@ func testServeKilledMidStorm(t *testing.T, bin string, dbArgs []string) {
 	// Restart on the same database; the session lives there too.
 	second := startFaultProcess(t, bin, args("100ms")...)
 	alice = &client{t: t, base: second.base, token: alice.token}
-	// What the kill left: the 3 done withdrawals and the one paid at the
-	// provider; none for the keys that waited for the lock.
-	if wds := faultMovements(t, alice, "withdrawals"); len(wds) != 4 || wds[0].ID != heldID {
-		t.Errorf("withdrawals after the kill = %+v; want 4, the newest %s", wds, heldID)
+	// What the kill left: the withdrawal paid at the provider but not
+	// answered, and whatever else was debited by then (the user's lock is
+	// released after the debit, so several payouts may have been in
+	// flight); the final checks below settle them all, once each.
+	atKill := faultMovements(t, alice, "withdrawals")
+	held := false
+	for _, w := range atKill {
+		held = held || w.ID == heldID
+	}
+	if !held || len(atKill) < 3 {
+		t.Errorf("withdrawals after the kill = %+v; want the 3 answered ones and %s", atKill, heldID)
 	}
 
 	// The subtests of the other databases do their storm now; the retries
