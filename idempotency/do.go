@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -47,7 +48,7 @@ func Do(ctx context.Context, store Store, scope Scope, key, fingerprint string, 
 	}
 	switch res.Outcome {
 	case Replay:
-		return res.Record.Response.Body, true, nil
+		return bytes.Clone(res.Record.Response.Body), true, nil // the store's is read-only
 	case InProgress:
 		return nil, false, ErrInProgress
 	case Mismatch:

@@ -326,14 +326,24 @@ func (m *middleware) tokenError(w http.ResponseWriter, r *http.Request, err erro
 	m.fail(w, r, "store_unavailable", probUnavailable)
 }
 
+// replay writes a stored answer. The stored header is the store's and
+// read-only: its values are copied, so that whatever wraps w may change
+// what it gets; one allocation holds them and the two headers added.
 func replay(w http.ResponseWriter, resp *Response) {
+	n := 2
+	for _, v := range resp.Header {
+		n += len(v)
+	}
+	vals := make([]string, 0, n)
 	h := w.Header()
 	for k, v := range resp.Header {
-		h[k] = v
+		i := len(vals)
+		vals = append(vals, v...)
+		h[k] = vals[i:len(vals):len(vals)]
 	}
-	v := []string{"true", "no-store"} // one allocation for both
-	h["Idempotent-Replayed"] = v[0:1:1]
-	h["Cache-Control"] = v[1:2:2]
+	vals = append(vals, "true", "no-store")
+	h["Idempotent-Replayed"] = vals[n-2 : n-1 : n-1]
+	h["Cache-Control"] = vals[n-1 : n : n]
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)
 }

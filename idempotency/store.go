@@ -125,7 +125,9 @@ type Store interface {
 	// Begin creates an in-flight record when none is live (binding
 	// r.Token in the same atomic step, or failing with the token's reason
 	// and creating nothing), takes over one whose lease expired, or reports
-	// the existing record.
+	// the existing record. The Record returned, with its Response's
+	// header and body, may be shared with the store and with other
+	// callers: it is read-only.
 	Begin(ctx context.Context, r BeginRequest) (BeginResult, error)
 	// Complete stores resp for the record if lease still holds it, else
 	// returns ErrLeaseLost. It copies what it keeps: resp's header and

@@ -4,7 +4,7 @@
 // single-process programs; it forgets everything on restart.
 //
 // Memory stays bounded: every write first drops what has expired, found
-// in O(log n) through a min-heap of deadlines. A record is one allocation
+// through deadlines filed by the second (see expiry). A record is one allocation
 // (its lease id and a completed answer's body are the others), so a
 // request allocates little.
 package memstore
@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"hash/maphash"
 	mrand "math/rand/v2"
 	"net/http"
 	"sync"
@@ -26,21 +27,24 @@ import (
 // must not be copied after first use. It is safe for concurrent use.
 type Store struct {
 	mu      sync.Mutex
-	records map[string]*entry
+	records recordMap
 	tokens  map[string]*tokenEntry
 	windows map[string]window
-	expiry  deadlines      // when each record, token and window entry may go
+	expiry  expiry         // when each record, token and window entry may go
 	leases  *mrand.ChaCha8 // lease ids, seeded from crypto/rand
 }
 
 // entry is a key's record, with its answer once completed: the fields of
 // an idempotency.Record, in one allocation with room for a small header.
+// Times are Unix nanoseconds: no pointer to a time.Location per record.
 type entry struct {
+	id         string
+	next       *entry // the next entry whose id has the same hash
 	fp         string
 	state      idempotency.State
 	lease      string
-	leaseUntil time.Time
-	expiresAt  time.Time
+	leaseUntil int64
+	expiresAt  int64
 	tokenHash  string
 
 	// Completed: the answer.
@@ -49,7 +53,8 @@ type entry struct {
 	noHdr  bool     // the header was nil
 	pairs  []string // the header's name, value pairs, each name's together
 	bare   []bare   // names without values (rare)
-	inline [4]string
+	inline [2]string
+	replay *idempotency.Record // made on the first replay
 }
 
 type bare struct {
@@ -57,19 +62,24 @@ type bare struct {
 	isNil bool
 }
 
-// record returns a copy of e as an idempotency.Record, with a copy of its
-// header (as http.Header.Clone makes it; the body is shared, read-only).
+// record returns e as an idempotency.Record. A completed entry no longer
+// changes: its Record is made once, on its first replay, and shared by
+// every replay after it (read-only, as Store.Begin says).
 func (e *entry) record(id string) *idempotency.Record {
+	if e.replay != nil {
+		return e.replay
+	}
 	c := &struct {
 		rec  idempotency.Record
 		resp idempotency.Response
 	}{rec: idempotency.Record{
 		ID: id, Fingerprint: e.fp, State: e.state, Lease: e.lease,
-		LeaseUntil: e.leaseUntil, ExpiresAt: e.expiresAt, TokenHash: e.tokenHash,
+		LeaseUntil: time.Unix(0, e.leaseUntil), ExpiresAt: time.Unix(0, e.expiresAt), TokenHash: e.tokenHash,
 	}}
 	if e.state == idempotency.Completed {
 		c.resp = idempotency.Response{Status: e.status, Header: e.header(), Body: e.body}
 		c.rec.Response = &c.resp
+		e.replay = &c.rec
 	}
 	return &c.rec
 }
@@ -126,23 +136,91 @@ func (e *entry) header() http.Header {
 	return h
 }
 
-// deadline says that the entry k of a kind may be dropped at at, if it
-// still has that deadline (a later write may have extended it).
+// deadline says that the entry k of a kind may be dropped, if its own
+// time has come (a later write may have extended it).
 type deadline struct {
-	at   time.Time
 	k    string // the entry's id
 	kind byte   // 'r' record, 't' token, 'w' window
 }
 
-// deadlines is a min-heap on at.
-type deadlines []deadline
+// expiry files deadlines by the second after the one they fall in: a
+// push is an append to the current second's bucket (deadlines of one TTL
+// arrive in order, so almost always the bucket of the push before), and
+// a sweep takes the due buckets whole, in order, through a min-heap of
+// their seconds. No per-deadline heap work and no time.Time per entry.
+type expiry struct {
+	buckets map[int64]*bucket
+	seconds []int64 // min-heap of the keys of buckets
+	last    int64   // the second of the last push...
+	lastB   *bucket // ...and its bucket
+	n       int     // deadlines filed
+}
 
-func (d *deadlines) push(x deadline) {
-	*d = append(*d, x)
-	h := *d
+// bucket is one second's deadlines, in chunks of a fixed size: a busy
+// second's bucket grows without copying what it holds.
+type bucket struct {
+	chunks []*[chunkLen]deadline
+	n      int
+}
+
+const chunkLen = 128
+
+func (b *bucket) add(d deadline) {
+	if b.n%chunkLen == 0 {
+		b.chunks = append(b.chunks, new([chunkLen]deadline))
+	}
+	b.chunks[b.n/chunkLen][b.n%chunkLen] = d
+	b.n++
+}
+
+// each calls f for every deadline in b.
+func (b *bucket) each(f func(deadline)) {
+	for i, c := range b.chunks {
+		for _, d := range c[:min(chunkLen, b.n-i*chunkLen)] {
+			f(d)
+		}
+	}
+}
+
+func (e *expiry) push(kind byte, k string, at time.Time) {
+	sec := at.Unix() + 1 // due once now >= sec, which is after at
+	if e.lastB == nil || sec != e.last {
+		b := e.buckets[sec]
+		if b == nil {
+			if e.buckets == nil {
+				e.buckets = make(map[int64]*bucket)
+			}
+			b = new(bucket)
+			e.buckets[sec] = b
+			e.pushSecond(sec)
+		}
+		e.last, e.lastB = sec, b
+	}
+	e.lastB.add(deadline{k: k, kind: kind})
+	e.n++
+}
+
+// due removes and returns the next bucket due at now, or nil.
+func (e *expiry) due(now time.Time) *bucket {
+	if len(e.seconds) == 0 || now.Unix() < e.seconds[0] {
+		return nil
+	}
+	sec := e.popSecond()
+	b := e.buckets[sec]
+	delete(e.buckets, sec)
+	if e.last == sec {
+		e.lastB = nil
+	}
+	e.n -= b.n
+	return b
+}
+
+func (e *expiry) pushSecond(sec int64) {
+	e.seconds = append(e.seconds, sec)
+	h := e.seconds
 	for i := len(h) - 1; i > 0; {
 		p := (i - 1) / 2
-		if !h[i].at.Before(h[p].at) {
+		if h[i] >= h[p] {
 			break
 		}
 		h[i], h[p] = h[p], h[i]
@@ -150,18 +228,18 @@ func (d *deadlines) push(x deadline) {
 	}
 }
 
-func (d *deadlines) pop() deadline {
-	h := *d
+func (e *expiry) popSecond() int64 {
+	h := e.seconds
 	x := h[0]
 	n := len(h) - 1
 	h[0] = h[n]
 	h = h[:n]
 	for i := 0; ; {
 		l, m := 2*i+1, i
-		if l < n && h[l].at.Before(h[m].at) {
+		if l < n && h[l] < h[m] {
 			m = l
 		}
-		if r := l + 1; r < n && h[r].at.Before(h[m].at) {
+		if r := l + 1; r < n && h[r] < h[m] {
 			m = r
 		}
 		if m == i {
@@ -170,12 +248,66 @@ func (d *deadlines) pop() deadline {
 		h[i], h[m] = h[m], h[i]
 		i = m
 	}
-	*d = h
+	e.seconds = h
 	return x
 }
 
 func (s *Store) expireAt(kind byte, k string, at time.Time) {
-	s.expiry.push(deadline{at: at, k: k, kind: kind})
+	s.expiry.push(kind, k, at)
+}
+
+// recordMap maps record ids to entries. Its Go map is keyed by a seeded
+// 64-bit hash of the id, and entries whose ids share one are chained
+// through next: the table holds no strings, so a lookup reads no id but
+// the matching entry's and a growing table rehashes integers, and the
+// collector has fewer pointers to follow.
+type recordMap struct {
+	seed maphash.Seed
+	m    map[uint64]*entry
+	n    int
+}
+
+func (rm *recordMap) init() {
+	rm.seed, rm.m = maphash.MakeSeed(), make(map[uint64]*entry)
+}
+
+// get returns id's hash and its entry, or nil.
+func (rm *recordMap) get(id string) (uint64, *entry) {
+	if rm.m == nil {
+		return 0, nil
+	}
+	h := maphash.String(rm.seed, id)
+	e := rm.m[h]
+	for e != nil && e.id != id {
+		e = e.next
+	}
+	return h, e
+}
+
+// put adds e, whose id (of hash h) is not in rm.
+func (rm *recordMap) put(h uint64, e *entry) {
+	e.next = rm.m[h]
+	rm.m[h] = e
+	rm.n++
+}
+
+// del removes e, of hash h.
+func (rm *recordMap) del(h uint64, e *entry) {
+	p := rm.m[h]
+	if p == e {
+		if e.next == nil {
+			delete(rm.m, h)
+		} else {
+			rm.m[h] = e.next
+		}
+	} else {
+		for p.next != e {
+			p = p.next
+		}
+		p.next = e.next
+	}
+	e.next = nil
+	rm.n--
 }
 
 type tokenEntry struct {
@@ -191,27 +323,28 @@ type window struct {
 var _ idempotency.FullStore = (*Store)(nil)
 
 func (s *Store) init(now time.Time) {
-	if s.records == nil {
-		s.records = make(map[string]*entry)
+	if s.tokens == nil {
+		s.records.init()
 		s.tokens = make(map[string]*tokenEntry)
 		s.windows = make(map[string]window)
 	}
-	for len(s.expiry) > 0 && !now.Before(s.expiry[0].at) {
-		d := s.expiry.pop()
-		switch d.kind {
-		case 'r':
-			if r := s.records[d.k]; r != nil && !now.Before(r.expiresAt) {
-				delete(s.records, d.k)
+	for b := s.expiry.due(now); b != nil; b = s.expiry.due(now) {
+		b.each(func(d deadline) {
+			switch d.kind {
+			case 'r':
+				if h, r := s.records.get(d.k); r != nil && now.UnixNano() >= r.expiresAt {
+					s.records.del(h, r)
+				}
+			case 't':
+				if t := s.tokens[d.k]; t != nil && !now.Before(t.keep) {
+					delete(s.tokens, d.k)
+				}
+			case 'w':
+				if w, ok := s.windows[d.k]; ok && !now.Before(w.expires) {
+					delete(s.windows, d.k)
+				}
 			}
-		case 't':
-			if t := s.tokens[d.k]; t != nil && !now.Before(t.keep) {
-				delete(s.tokens, d.k)
-			}
-		case 'w':
-			if w, ok := s.windows[d.k]; ok && !now.Before(w.expires) {
-				delete(s.windows, d.k)
-			}
-		}
+		})
 	}
 }
 
@@ -219,7 +352,7 @@ func (s *Store) init(now time.Time) {
 func (s *Store) Len() (records, tokens, windows int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.records), len(s.tokens), len(s.windows)
+	return s.records.n, len(s.tokens), len(s.windows)
 }
 
 // Begin implements idempotency.Store.
@@ -231,9 +364,10 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.init(r.Now)
-	rec := s.records[k]
-	if rec != nil && !r.Now.Before(rec.expiresAt) {
-		delete(s.records, k)
+	now := r.Now.UnixNano()
+	h, rec := s.records.get(k)
+	if rec != nil && now >= rec.expiresAt {
+		s.records.del(h, rec)
 		rec = nil
 	}
 	switch {
@@ -244,24 +378,24 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 			}
 		}
 		rec = &entry{
-			fp: r.Fingerprint, state: idempotency.InFlight,
-			lease: s.newLease(), leaseUntil: r.Now.Add(r.Lease), expiresAt: r.Now.Add(r.TTL),
+			id: k, fp: r.Fingerprint, state: idempotency.InFlight,
+			lease: s.newLease(), leaseUntil: now + int64(r.Lease), expiresAt: now + int64(r.TTL),
 		}
 		if r.Token != nil {
 			rec.tokenHash = r.Token.Hash
 		}
-		s.records[k] = rec
-		s.expireAt('r', k, rec.expiresAt)
+		s.records.put(h, rec)
+		s.expireAt('r', k, r.Now.Add(r.TTL))
 		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: rec.lease}, nil
 	case rec.fp != r.Fingerprint:
 		return idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: rec.record(r.ID)}, nil
 	case rec.state == idempotency.Completed:
 		return idempotency.BeginResult{Outcome: idempotency.Replay, Record: rec.record(r.ID)}, nil
-	case r.Now.Before(rec.leaseUntil):
+	case now < rec.leaseUntil:
 		return idempotency.BeginResult{Outcome: idempotency.InProgress, Record: rec.record(r.ID)}, nil
 	}
 	// In flight, but its holder stopped renewing (crashed): take it over.
-	rec.lease, rec.leaseUntil = s.newLease(), r.Now.Add(r.Lease)
+	rec.lease, rec.leaseUntil = s.newLease(), now+int64(r.Lease)
 	return idempotency.BeginResult{Outcome: idempotency.Started, Lease: rec.lease, Recovered: true}, nil
 }
 
@@ -270,7 +404,7 @@ func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency
 	k := id
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec := s.records[k]
+	_, rec := s.records.get(k)
 	if rec == nil || rec.state != idempotency.InFlight || rec.lease != lease {
 		return idempotency.ErrLeaseLost
 	}
@@ -285,11 +419,11 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 	k := id
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec := s.records[k]
+	h, rec := s.records.get(k)
 	if rec == nil || rec.state != idempotency.InFlight || rec.lease != lease {
 		return idempotency.ErrLeaseLost
 	}
-	delete(s.records, k)
+	s.records.del(h, rec)
 	if rec.tokenHash != "" {
 		if t := s.tokens[rec.tokenHash]; t != nil {
 			t.rec.Scope = ""
