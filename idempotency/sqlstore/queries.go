@@ -9,6 +9,7 @@ import (
 type queries struct {
 	create                                                       []string
 	insertRecord, selectRecord, deleteRecord, takeOver, complete string
+	insertFresh                                                  string // "" where the dialect has no INSERT ... RETURNING
 	selectLease, bindToken, bindFresh, unbind, unbindAny         string
 	putToken, getToken, claimWindow, selectWindow, freeWindow    string
 	prune                                                        []string
@@ -45,6 +46,7 @@ WHERE hash = ? AND subject = ? AND purpose = ? AND scope IS NULL AND expires_at 
 	switch d {
 	case Postgres:
 		q.insertRecord = `INSERT INTO {p}idempotency ` + cols + ` ON CONFLICT (id) DO NOTHING`
+		q.insertFresh = q.insertRecord + ` RETURNING lease`
 		q.claimWindow = `INSERT INTO {p}repeat_window AS w (id, owner, expires_at) VALUES (?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at WHERE w.expires_at <= ?`
 		q.create = []string{
@@ -79,6 +81,7 @@ ON DUPLICATE KEY UPDATE owner = IF(expires_at <= ?, VALUES(owner), owner),
 		}
 	case SQLite:
 		q.insertRecord = `INSERT OR IGNORE INTO {p}idempotency ` + cols
+		q.insertFresh = `INSERT INTO {p}idempotency ` + cols + ` ON CONFLICT (id) DO NOTHING RETURNING lease`
 		q.claimWindow = `INSERT INTO {p}repeat_window AS w (id, owner, expires_at) VALUES (?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at WHERE w.expires_at <= ?`
 		q.create = []string{
@@ -99,7 +102,7 @@ ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.exp
 		}
 		return s
 	}
-	for _, sp := range []*string{&q.insertRecord, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete,
+	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete,
 		&q.selectLease, &q.bindToken, &q.bindFresh, &q.unbind, &q.unbindAny, &q.putToken, &q.getToken,
 		&q.claimWindow, &q.selectWindow, &q.freeWindow} {
 		*sp = fix(*sp)

@@ -132,9 +132,24 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 	if s.begins.Add(1)%s.opts.PruneEvery == 0 {
 		s.prune(ctx, r.Now)
 	}
+	// One lease for every attempt: if an attempt's commit went through but
+	// its answer was lost, the next finds the record carrying it, ours.
+	lease := newLease()
+	if r.Token == nil && s.q.insertFresh != "" {
+		// A key not seen before, with no token to bind, is the common
+		// case: one autocommitted INSERT ... RETURNING, where the dialect
+		// has it. A row back means the insert happened, so the record is
+		// ours; anything else (a record exists, or an error) takes the
+		// general path, which finds out what to do in a transaction.
+		var got string
+		err := s.db.QueryRowContext(ctx, s.q.insertFresh, r.ID, r.Fingerprint, lease, us(r.Now.Add(r.Lease)), us(r.Now.Add(r.TTL)), nil).Scan(&got)
+		if err == nil && got == lease {
+			return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, nil
+		}
+	}
 	var last error
 	for i := range 20 { // retried on write conflicts and deadlocks, with jittered backoff
-		res, err := s.begin(ctx, r)
+		res, err := s.begin(ctx, r, lease)
 		if err == nil || !retryable(err) {
 			return res, err
 		}
@@ -144,7 +159,7 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 	return idempotency.BeginResult{}, wrap("begin", last)
 }
 
-func (s *Store) begin(ctx context.Context, r idempotency.BeginRequest) (res idempotency.BeginResult, err error) {
+func (s *Store) begin(ctx context.Context, r idempotency.BeginRequest, lease string) (res idempotency.BeginResult, err error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return res, wrap("begin", err)
@@ -154,7 +169,6 @@ func (s *Store) begin(ctx context.Context, r idempotency.BeginRequest) (res idem
 			_ = tx.Rollback()
 		}
 	}()
-	lease := newLease()
 	var tokenHash any
 	if r.Token != nil {
 		tokenHash = r.Token.Hash

@@ -103,6 +103,9 @@ type Movement struct {
 // holder did.
 func (s *Store) Withdraw(ctx context.Context, m Movement, fence int64) (got Movement, created bool, err error) {
 	defer s.timed("withdraw", time.Now())
+	if s.d == Postgres {
+		return s.withdrawOne(ctx, m, fence)
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return m, false, err
@@ -128,25 +131,87 @@ func (s *Store) Withdraw(ctx context.Context, m Movement, fence int64) (got Move
 	return m, true, tx.Commit()
 }
 
+// withdrawOne is Withdraw on PostgreSQL: the debit, the withdrawal's row
+// and its ledger entry in one statement, so one round trip and one
+// implicit transaction. The row and the entry are inserted from the
+// debit's result: no debit (funds short, or a newer fence), nothing
+// inserted; a duplicate key fails the statement, debit included.
+func (s *Store) withdrawOne(ctx context.Context, m Movement, fence int64) (Movement, bool, error) {
+	m.Status = "pending"
+	cond, args := ``, []any{m.ID, m.UserID, m.Key, int64(m.Amount), m.CreatedAt}
+	if fence != 0 {
+		cond, args = ` AND fence <= $6`, append(args, fence)
+	}
+	var after int64
+	err := s.db.QueryRowContext(ctx, `WITH acct AS (
+  UPDATE accounts SET balance = balance - $4, version = version + 1, updated_at = $5`+map[bool]string{true: `, fence = $6`}[fence != 0]+`
+  WHERE user_id = $2 AND balance - $4 >= 0`+cond+`
+  RETURNING balance
+), wd AS (
+  INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) SELECT $1, $2, $3, $4, 'pending', $5 FROM acct
+), led AS (
+  INSERT INTO ledger (user_id, kind, amount, balance_after, ref, created_at) SELECT $2, 'withdrawal', -$4, balance, $1, $5 FROM acct
+)
+SELECT balance FROM acct`, args...).Scan(&after)
+	switch {
+	case duplicate(err):
+		existing, ferr := s.movementByKey(ctx, "withdrawals", m.UserID, m.Key)
+		return existing, false, ferr
+	case errors.Is(err, sql.ErrNoRows): // nothing changed: say why
+		// The key's withdrawal first, as Withdraw's INSERT would find it.
+		if existing, ferr := s.movementByKey(ctx, "withdrawals", m.UserID, m.Key); ferr == nil {
+			return existing, false, nil
+		} else if !errors.Is(ferr, ErrNotFound) {
+			return m, false, ferr
+		}
+		var last int64
+		if err := s.db.QueryRowContext(ctx, `SELECT fence FROM accounts WHERE user_id = $1`, m.UserID).Scan(&last); err != nil {
+			return m, false, err
+		}
+		if fence != 0 && last > fence {
+			return m, false, ErrStaleFence
+		}
+		return m, false, ErrInsufficientFunds
+	case err != nil:
+		return m, false, err
+	}
+	return m, true, nil
+}
+
 // adjust changes a balance by delta, refusing to go below zero, and
 // returns the balance after. The version column advances with every
 // change: the resource's own fence.
 func (s *Store) adjust(ctx context.Context, tx *sql.Tx, userID string, delta money.Amount, now int64) (money.Amount, error) {
-	res, err := tx.ExecContext(ctx, s.q(`UPDATE accounts SET balance = balance + ?, version = version + 1, updated_at = ? WHERE user_id = ? AND balance + ? >= 0`),
-		int64(delta), now, userID, int64(delta))
-	if err != nil {
-		return 0, err
+	ok, after, err := s.update(ctx, tx, `UPDATE accounts SET balance = balance + ?, version = version + 1, updated_at = ? WHERE user_id = ? AND balance + ? >= 0`,
+		userID, int64(delta), now, userID, int64(delta))
+	if err == nil && !ok {
+		err = ErrInsufficientFunds
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return 0, err
-	} else if n == 0 {
-		return 0, ErrInsufficientFunds
-	}
+	return after, err
+}
+
+// update runs a conditional UPDATE of userID's account and reports whether
+// it changed the row, and the balance after it: in the same statement
+// (RETURNING) on PostgreSQL and SQLite, by reading the row back in the
+// transaction on MySQL.
+func (s *Store) update(ctx context.Context, tx *sql.Tx, query, userID string, args ...any) (bool, money.Amount, error) {
 	var after int64
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT balance FROM accounts WHERE user_id = ?`), userID).Scan(&after); err != nil {
-		return 0, err
+	if s.d != MySQL {
+		err := tx.QueryRowContext(ctx, s.q(query+` RETURNING balance`), args...).Scan(&after)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, 0, nil
+		}
+		return err == nil, money.Amount(after), err
 	}
-	return money.Amount(after), nil
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, 0, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return false, 0, err
+	}
+	err = tx.QueryRowContext(ctx, `SELECT balance FROM accounts WHERE user_id = ?`, userID).Scan(&after)
+	return err == nil, money.Amount(after), err
 }
 
 // adjustFenced is adjust for a writer holding a lock with fence: the
@@ -155,14 +220,12 @@ func (s *Store) adjustFenced(ctx context.Context, tx *sql.Tx, userID string, del
 	if fence == 0 {
 		return s.adjust(ctx, tx, userID, delta, now)
 	}
-	res, err := tx.ExecContext(ctx, s.q(`UPDATE accounts SET balance = balance + ?, version = version + 1, fence = ?, updated_at = ?
-WHERE user_id = ? AND balance + ? >= 0 AND fence <= ?`), int64(delta), fence, now, userID, int64(delta), fence)
+	ok, after, err := s.update(ctx, tx, `UPDATE accounts SET balance = balance + ?, version = version + 1, fence = ?, updated_at = ?
+WHERE user_id = ? AND balance + ? >= 0 AND fence <= ?`, userID, int64(delta), fence, now, userID, int64(delta), fence)
 	if err != nil {
 		return 0, err
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return 0, err
-	} else if n == 0 {
+	if !ok {
 		var last int64
 		if err := tx.QueryRowContext(ctx, s.q(`SELECT fence FROM accounts WHERE user_id = ?`), userID).Scan(&last); err != nil {
 			return 0, err
@@ -172,11 +235,7 @@ WHERE user_id = ? AND balance + ? >= 0 AND fence <= ?`), int64(delta), fence, no
 		}
 		return 0, ErrInsufficientFunds
 	}
-	var after int64
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT balance FROM accounts WHERE user_id = ?`), userID).Scan(&after); err != nil {
-		return 0, err
-	}
-	return money.Amount(after), nil
+	return after, nil
 }
 
 func (s *Store) ledger(ctx context.Context, tx *sql.Tx, userID, kind string, amount, after money.Amount, ref string, now int64) error {
@@ -232,19 +291,11 @@ func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit 
 		return err
 	}
 	defer tx.Rollback()
-	var userID string
-	var amount int64
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount FROM `+table+` WHERE id = ?`), id).Scan(&userID, &amount); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return ErrNotFound
-		}
-		return err
-	}
-	res, err := tx.ExecContext(ctx, s.q(`UPDATE `+table+` SET status = ? WHERE id = ? AND status = 'pending'`), status, id)
+	moved, userID, amount, err := s.settleRow(ctx, tx, table, id, status)
 	if err != nil {
 		return err
 	}
-	if n, _ := res.RowsAffected(); n > 0 && credit {
+	if moved && credit {
 		after, err := s.adjust(ctx, tx, userID, money.Amount(amount), now)
 		if err != nil {
 			return err
@@ -259,6 +310,37 @@ func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit 
 		}
 	}
 	return tx.Commit()
+}
+
+// settleRow moves the pending row id of table to status and reports
+// whether it did (false: settled before), with the row's user and amount;
+// ErrNotFound if there is no such row. One statement (RETURNING) on
+// PostgreSQL and SQLite; on MySQL the row is read first.
+func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id, status string) (moved bool, userID string, amount int64, err error) {
+	update := `UPDATE ` + table + ` SET status = ? WHERE id = ? AND status = 'pending'`
+	read := func() error {
+		err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount FROM `+table+` WHERE id = ?`), id).Scan(&userID, &amount)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		return err
+	}
+	if s.d != MySQL {
+		err = tx.QueryRowContext(ctx, s.q(update+` RETURNING user_id, amount`), status, id).Scan(&userID, &amount)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, "", 0, read() // settled before, or not there
+		}
+		return err == nil, userID, amount, err
+	}
+	if err := read(); err != nil {
+		return false, "", 0, err
+	}
+	res, err := tx.ExecContext(ctx, update, status, id)
+	if err != nil {
+		return false, "", 0, err
+	}
+	n, err := res.RowsAffected()
+	return n > 0, userID, amount, err
 }
 
 func (s *Store) movementByKey(ctx context.Context, table, userID, key string) (Movement, error) {
