@@ -115,19 +115,21 @@ func TestHandlerContext(t *testing.T) {
 
 // The speed target of issue 4, in allocations (exact, unlike time): on
 // the memory store the middleware adds fewer than 10 allocations per
-// request to a trivial handler, on first use and on replay.
+// request to a trivial handler, on first use and on replay. The bounds
+// below are what it adds today (8 and 2), plus one for amortised growth
+// of the store's tables, so that a regression shows.
 func TestMiddlewareAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates, and sync.Pool drops items at random under it")
 	}
 	h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}})(benchHandler())
 	base, mw := measure(t, benchHandler(), "fresh"), measure(t, h, "fresh")
-	if added := mw - base; added >= 10 {
-		t.Errorf("first use: %v allocations added (%v - %v); want < 10", added, mw, base)
+	if added := mw - base; added > 9 {
+		t.Errorf("first use: %v allocations added (%v - %v); want at most 9", added, mw, base)
 	}
 	base, mw = measure(t, benchHandler(), "same"), measure(t, h, "same")
-	if added := mw - base; added >= 10 {
-		t.Errorf("replay: %v allocations added (%v - %v); want < 10", added, mw, base)
+	if added := mw - base; added > 3 {
+		t.Errorf("replay: %v allocations added (%v - %v); want at most 3", added, mw, base)
 	}
 }
 

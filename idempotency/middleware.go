@@ -226,8 +226,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// One allocation carries the call, the handler's context and body.
 	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fp, Recovered: res.Recovered, replayHeaders: cfg.ReplayHeaders}
 	call.ctx = callCtx{Context: ctx, call: call}
+	call.detached = detachedCtx{ctx}
 	// From here the key is ours: every way out completes or frees it.
-	detached := context.WithoutCancel(ctx)
+	detached := &call.detached
 
 	// 6. The repeat-submit window.
 	var windowID string
@@ -401,8 +402,9 @@ type Call struct {
 	replayHeaders []string
 	completed     atomic.Bool
 	forgotten     atomic.Bool
-	ctx           callCtx    // the handler's context
-	body          bodyReader // the handler's body
+	ctx           callCtx     // the handler's context
+	detached      detachedCtx // the store's, once the key is ours
+	body          bodyReader  // the handler's body
 }
 
 // Response is the Response Middleware would store for an answer with
@@ -445,6 +447,17 @@ func (c *callCtx) Value(key any) any {
 	}
 	return c.Context.Value(key)
 }
+
+// detachedCtx is what context.WithoutCancel(ctx) returns, kept in the
+// Call so that it costs no allocation of its own: the request's values,
+// without its deadline or cancellation, so that a record is completed or
+// freed even when the client went away.
+type detachedCtx struct{ parent context.Context }
+
+func (detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detachedCtx) Done() <-chan struct{}       { return nil }
+func (detachedCtx) Err() error                  { return nil }
+func (d *detachedCtx) Value(key any) any        { return d.parent.Value(key) }
 
 // bodyReader is the handler's r.Body: the body Middleware read, with the
 // methods of io.NopCloser(bytes.NewReader(body)), kept in the Call.
