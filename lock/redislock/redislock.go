@@ -145,40 +145,43 @@ func NewBackend(rdb redis.UniversalClient, opts *Options) *Backend {
 	}
 }
 
-// keys returns the hash-tagged key family of a lock (lock, fence, queue,
-// queue deadlines) and its channel. They are slices of one string: one
-// allocation, on a path that runs for every call.
-func (b *Backend) keys(key string) ([]string, string) {
-	tag := key
-	hashed := strings.ContainsAny(key, "{}")
-	if hashed {
+// Suffixes of a lock's Redis names (see scripts.go): for a lock key L,
+// its fence is L + fenceSuffix, its waiter queue L + queueSuffix, the
+// waiters' deadlines L + deadlinesSuffix and its channel L + wakeSuffix.
+const (
+	fenceSuffix     = ":fence"
+	queueSuffix     = ":q"
+	deadlinesSuffix = ":qx"   // queueSuffix is a prefix of it
+	wakeSuffix      = ":wake" // the scripts derive the channel from the lock key too
+)
+
+// appendName appends to dst the Redis name of key's lock with suffix
+// appended, and returns it with the length of the lock's own key, "P{K}"
+// for prefix P and tag K, which starts it.
+func (b *Backend) appendName(dst []byte, key, suffix string) ([]byte, int) {
+	start := len(dst)
+	dst = append(dst, b.prefix...)
+	if strings.IndexByte(key, '{') >= 0 || strings.IndexByte(key, '}') >= 0 {
 		sum := sha256.Sum256([]byte(key))
-		tag = hex.EncodeToString(sum[:])
+		dst = append(dst, "#{"...)
+		dst = hex.AppendEncode(dst, sum[:])
+	} else {
+		dst = append(dst, '{')
+		dst = append(dst, key...)
 	}
-	var sb strings.Builder
-	sb.Grow(5*(len(b.prefix)+len(tag)+3) + len(":fence:q:qx:wake"))
-	bases := [5]int{}
-	suffixes := [5]string{"", ":fence", ":q", ":qx", ":wake"}
-	ends := [5]int{}
-	for i, suf := range suffixes {
-		bases[i] = sb.Len()
-		sb.WriteString(b.prefix)
-		if hashed {
-			sb.WriteByte('#')
-		}
-		sb.WriteByte('{')
-		sb.WriteString(tag)
-		sb.WriteByte('}')
-		sb.WriteString(suf)
-		ends[i] = sb.Len()
-	}
-	all := sb.String()
-	return []string{all[bases[0]:ends[0]], all[bases[1]:ends[1]], all[bases[2]:ends[2]], all[bases[3]:ends[3]]}, all[bases[4]:ends[4]]
+	dst = append(dst, '}')
+	n := len(dst) - start
+	return append(dst, suffix...), n
 }
 
-func (b *Backend) run(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
-	c := b.batch.get()
-	c.s, c.keys, c.args = s, keys, args
+// name returns the Redis name of key's lock with suffix appended.
+func (b *Backend) name(key, suffix string) string {
+	name, _ := b.appendName(nil, key, suffix)
+	return string(name)
+}
+
+// run sends the script run c was made (call.eval) and returns its reply.
+func (b *Backend) run(ctx context.Context, c *call) (any, error) {
 	b.batch.do(ctx, c)
 	res, err := c.cmds[0].(*redis.Cmd).Result()
 	b.batch.put(c)
@@ -197,14 +200,16 @@ func (b *Backend) run(ctx context.Context, s *script, keys []string, args ...any
 // manages the queue and sets the fence to max(last + 1, server µs); with
 // ClockFences, tries run that script too.
 func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
-	keys, _ := b.keys(r.Key)
 	if r.Wait || b.clock {
-		return b.acquireScript(ctx, r, keys)
+		return b.acquireScript(ctx, r)
 	}
-	set := redis.NewStatusCmd(ctx, "set", keys[0], r.Owner, "nx", "px", r.TTL.Milliseconds())
-	incr := redis.NewIntCmd(ctx, "incr", keys[1])
 	c := b.batch.get()
-	c.cmds = append(c.cmds, set, incr)
+	i, lockEnd, fenceEnd := c.name(b, r.Key, fenceSuffix)
+	fenceKey := c.arg(i, fenceEnd)
+	set := redis.NewStatusCmd(ctx, c.list("set", c.arg(i, lockEnd), c.text(r.Owner), "nx", "px", c.int(r.TTL.Milliseconds()))...)
+	incr := redis.NewIntCmd(ctx, c.list("incr", fenceKey)...)
+	c.command(set)
+	c.command(incr)
 	b.batch.do(ctx, c)
 	b.batch.put(c)
 	if err := set.Err(); err == redis.Nil {
@@ -217,8 +222,11 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 		// A new fence key (first use, or FenceRetention since it was
 		// seeded): seed it from the server's clock, above every fence the
 		// key had before.
+		c := b.batch.get()
+		i, _, fenceEnd := c.name(b, r.Key, fenceSuffix)
+		c.eval(ctx, scriptReseed, 1, c.arg(i, fenceEnd), c.text(b.fence))
 		var res any
-		if res, err = b.run(ctx, scriptReseed, keys[1:2], b.fence); err == nil {
+		if res, err = b.run(ctx, c); err == nil {
 			fence, _ = res.(int64)
 		}
 	}
@@ -232,12 +240,18 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 	return lock.Grant{Fence: fence}, nil
 }
 
-func (b *Backend) acquireScript(ctx context.Context, r lock.Request, keys []string) (lock.Grant, error) {
+func (b *Backend) acquireScript(ctx context.Context, r lock.Request) (lock.Grant, error) {
 	wait := int64(0) // a try: never joins the queue
 	if r.Wait {
 		wait = max(r.WaitTTL.Milliseconds(), 1)
 	}
-	res, err := b.run(ctx, scriptAcquire, keys, r.Owner, r.TTL.Milliseconds(), b.fence, wait)
+	c := b.batch.get()
+	i, lockEnd, fenceEnd := c.name(b, r.Key, fenceSuffix)
+	j, _, deadlinesEnd := c.name(b, r.Key, deadlinesSuffix)
+	queueEnd := deadlinesEnd - len(deadlinesSuffix) + len(queueSuffix)
+	c.eval(ctx, scriptAcquire, 4, c.arg(i, lockEnd), c.arg(i, fenceEnd), c.arg(j, queueEnd), c.arg(j, deadlinesEnd),
+		c.text(r.Owner), c.int(r.TTL.Milliseconds()), c.text(b.fence), c.int(wait))
+	res, err := b.run(ctx, c)
 	if err != nil {
 		return lock.Grant{}, wrap("acquire", r.Key, err)
 	}
@@ -252,24 +266,33 @@ func (b *Backend) acquireScript(ctx context.Context, r lock.Request, keys []stri
 	return g, fmt.Errorf("redislock: acquire %q: %w", r.Key, lock.ErrNotAcquired)
 }
 
+// queueScript makes c a run of s (release or leave) on key's lock, waiter
+// queue and waiters' deadlines, for owner.
+func (b *Backend) queueScript(ctx context.Context, c *call, s *script, key, owner string) {
+	i, lockEnd, deadlinesEnd := c.name(b, key, deadlinesSuffix)
+	c.eval(ctx, s, 3, c.arg(i, lockEnd), c.arg(i, lockEnd+len(queueSuffix)), c.arg(i, deadlinesEnd), c.text(owner))
+}
+
 // Release implements lock.Backend.
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
-	keys, ch := b.keys(key)
-	res, err := b.run(ctx, scriptRelease, keys, owner, ch)
+	c := b.batch.get()
+	b.queueScript(ctx, c, scriptRelease, key, owner)
+	res, err := b.run(ctx, c)
 	return result("release", key, res, err)
 }
 
 // Refresh implements lock.Backend.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	keys, _ := b.keys(key)
-	res, err := b.run(ctx, scriptRefresh, keys[:1], owner, ttl.Milliseconds())
+	c := b.batch.get()
+	i, _, lockEnd := c.name(b, key, "")
+	c.eval(ctx, scriptRefresh, 1, c.arg(i, lockEnd), c.text(owner), c.int(ttl.Milliseconds()))
+	res, err := b.run(ctx, c)
 	return result("refresh", key, res, err)
 }
 
 // Wait implements lock.Waiter: it subscribes to the lock's channel.
 func (b *Backend) Wait(ctx context.Context, key, owner string) (<-chan struct{}, func(), error) {
-	_, ch := b.keys(key)
-	wake, stop, err := b.subs.wait(ctx, ch, owner)
+	wake, stop, err := b.subs.wait(ctx, b.name(key, wakeSuffix), owner)
 	if err != nil {
 		return nil, nil, wrap("wait", key, err)
 	}
@@ -278,8 +301,9 @@ func (b *Backend) Wait(ctx context.Context, key, owner string) (<-chan struct{},
 
 // Leave implements lock.Waiter.
 func (b *Backend) Leave(ctx context.Context, key, owner string) error {
-	keys, ch := b.keys(key)
-	_, err := b.run(ctx, scriptLeave, keys, owner, ch)
+	c := b.batch.get()
+	b.queueScript(ctx, c, scriptLeave, key, owner)
+	_, err := b.run(ctx, c)
 	if err != nil {
 		return wrap("leave", key, err)
 	}
@@ -291,8 +315,10 @@ func (b *Backend) Leave(ctx context.Context, key, owner string) error {
 // after a quorum acquire it raises every granting node to the largest fence
 // any of them returned, and any later quorum shares at least one of them.
 func (b *Backend) RaiseFence(ctx context.Context, key string, floor int64) error {
-	keys, _ := b.keys(key)
-	if _, err := b.run(ctx, scriptRaise, keys[1:2], strconv.FormatInt(floor, 10), b.fence); err != nil {
+	c := b.batch.get()
+	i, _, fenceEnd := c.name(b, key, fenceSuffix)
+	c.eval(ctx, scriptRaise, 1, c.arg(i, fenceEnd), c.int(floor), c.text(b.fence))
+	if _, err := b.run(ctx, c); err != nil {
 		return wrap("raise fence", key, err)
 	}
 	return nil

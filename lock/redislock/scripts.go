@@ -6,7 +6,9 @@ import (
 )
 
 // Every script touches only the keys of one lock, all hash-tagged with the
-// lock's name, so each runs on one Cluster slot:
+// lock's name, so each runs on one Cluster slot. The acquire script gets
+// all four (release and leave the ones they use: the lock, the queue and
+// the deadlines; refresh the lock; raise and reseed the fence):
 //
 //	KEYS[1] the lock, with PX ttl. Its value is the owner token; the owner
 //	        token + "\n" when waiters are queued; "\n" + a waiter's token
@@ -24,24 +26,26 @@ import (
 // Needs Redis 6.2 or later (SET ... GET, KEEPTTL).
 
 // handoverLua: the lock at KEYS[1] is being given up and waiters are
-// queued. Drops waiters whose place expired, then reserves the lock for the
-// first live one and wakes it by publishing its token on ARGV[2], or
-// deletes the lock when nobody is left.
+// queued; KEYS[2] and KEYS[3] are the waiter queue and the waiters'
+// deadlines (release and leave get only these three keys). Drops waiters
+// whose place expired, then reserves the lock for the first live one and
+// wakes it by publishing its token on the lock's channel, KEYS[1] ..
+// ":wake", or deletes the lock when nobody is left.
 const handoverLua = `
 local t = redis.call('TIME')
 local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+local h = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
 local exp = 0
 while h do
-  exp = tonumber(redis.call('HGET', KEYS[4], h) or '0')
+  exp = tonumber(redis.call('HGET', KEYS[3], h) or '0')
   if exp > ms then break end
-  redis.call('ZREM', KEYS[3], h)
-  redis.call('HDEL', KEYS[4], h)
-  h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  redis.call('ZREM', KEYS[2], h)
+  redis.call('HDEL', KEYS[3], h)
+  h = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
 end
 if h then
   redis.call('SET', KEYS[1], '\n' .. h, 'PX', string.format('%.0f', exp - ms))
-  redis.call('PUBLISH', ARGV[2], h)
+  redis.call('PUBLISH', KEYS[1] .. ':wake', h)
 else
   redis.call('DEL', KEYS[1])
 end
@@ -94,9 +98,9 @@ end
 return f
 `
 
-// releaseLua: ARGV owner, channel. Returns 1 released, 0 expired (nobody
-// holds it), -1 held by another owner. With waiters queued it hands the
-// lock over to the first of them.
+// releaseLua: KEYS lock, queue, deadlines; ARGV owner. Returns 1
+// released, 0 expired (nobody holds it), -1 held by another owner. With
+// waiters queued it hands the lock over to the first of them.
 const releaseLua = `
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
@@ -123,11 +127,11 @@ end
 return 0
 `
 
-// leaveLua: ARGV owner, channel. Drops a waiter that gave up; if the lock
-// was reserved for it, hands it to the next waiter.
+// leaveLua: KEYS lock, queue, deadlines; ARGV owner. Drops a waiter that
+// gave up; if the lock was reserved for it, hands it to the next waiter.
 const leaveLua = `
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
 if redis.call('GET', KEYS[1]) == '\n' .. ARGV[1] then
 ` + handoverLua + `
 end
@@ -163,11 +167,15 @@ return f
 
 type script struct {
 	src, sha string
+	// The same as command arguments, boxed once rather than per command.
+	srcArg, shaArg any
 }
 
 func newScript(src string) *script {
 	sum := sha1.Sum([]byte(src))
-	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+	s := &script{src: src, sha: hex.EncodeToString(sum[:])}
+	s.srcArg, s.shaArg = s.src, s.sha
+	return s
 }
 
 var (
