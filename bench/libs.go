@@ -13,9 +13,11 @@ import (
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/onceguard/onceguard/lock"
 	oglock "github.com/onceguard/onceguard/lock/redislock"
+	ogrueidis "github.com/onceguard/onceguard/lock/rueidislock"
 )
 
 // A worker is one goroutine's handle on one lock key of one library. It
@@ -55,7 +57,7 @@ func clientOptions(addr string) *redis.Options {
 // own client of the server at addr; admin (a client of its own) samples the
 // server's CPU and cleans up after each cell.
 func newRedisLibraries(addr string, admin *redis.Client) []*library {
-	libs := []*library{newOnceguard(addr), newBSM(addr), newRedsync(addr)}
+	libs := []*library{newOnceguard(addr), newOnceguardRueidis(addr), newBSM(addr), newRedsync(addr)}
 	for _, l := range libs {
 		l.group = groupRedis
 		l.serverCPU = func() (time.Duration, bool) { return redisCPU(admin) }
@@ -97,6 +99,31 @@ func newOnceguard(addr string) *library {
 		return &ogWorker{l: l, key: key}
 	}}
 }
+
+// --- onceguard lock/rueidislock, all defaults --------------------------------
+
+// libOGRueidis is onceguard's Redis lock on a rueidis client (default
+// client options: auto-pipelining over 2^PipelineMultiplex connections).
+const libOGRueidis = "onceguard-rueidis"
+
+func newOnceguardRueidis(addr string) *library {
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}})
+	if err != nil {
+		// rueidis dials in NewClient; report it as every cycle's error.
+		return &library{name: libOGRueidis, close: func() {}, newWorker: func(string) worker { return errWorker{err} }}
+	}
+	l := ogrueidis.New(c, nil)
+	return &library{name: libOGRueidis, close: c.Close, newWorker: func(key string) worker {
+		return &ogWorker{l: l, key: key}
+	}}
+}
+
+// errWorker fails every operation with err.
+type errWorker struct{ err error }
+
+func (w errWorker) try(context.Context) (bool, error) { return false, w.err }
+func (w errWorker) block(context.Context) error       { return w.err }
+func (w errWorker) unlock(context.Context) error      { return w.err }
 
 // ogWorker drives any onceguard *lock.Locker: the Redis backend here, and
 // sqllock and redlock in the backends group.

@@ -121,7 +121,7 @@ func exactName(s string) bool {
 	if s == groupRedis || s == groupBackends || s == "ceiling/redis-benchmark" {
 		return true
 	}
-	libs := map[string][]string{groupRedis: {"onceguard", "bsm/redislock", "redsync", "ceiling"}, groupBackends: backendLibs}
+	libs := map[string][]string{groupRedis: {"onceguard", libOGRueidis, "bsm/redislock", "redsync", "ceiling"}, groupBackends: backendLibs}
 	for group, names := range libs {
 		for _, l := range names {
 			if s == l {
@@ -180,7 +180,7 @@ func run(cfg config, out, progress io.Writer) error {
 	serverVersion := ""
 	var admin *redis.Client
 	needRedis := cfg.selected("ceiling", "redis-benchmark", groupRedis)
-	for _, l := range []string{"onceguard", "bsm/redislock", "redsync"} {
+	for _, l := range []string{"onceguard", libOGRueidis, "bsm/redislock", "redsync"} {
 		needRedis = needRedis || cfg.libSelected(l, groupRedis)
 	}
 	if needRedis {
@@ -385,7 +385,7 @@ func depVersions() string {
 	if !ok {
 		return "?"
 	}
-	want := []string{"github.com/onceguard/onceguard", "github.com/bsm/redislock", "github.com/go-redsync/redsync/v4", "github.com/redis/go-redis/v9",
+	want := []string{"github.com/onceguard/onceguard", "github.com/bsm/redislock", "github.com/go-redsync/redsync/v4", "github.com/redis/go-redis/v9", "github.com/redis/rueidis",
 		"github.com/jackc/pgx/v5", "github.com/go-sql-driver/mysql", "modernc.org/sqlite"}
 	var parts []string
 	for _, w := range want {

@@ -32,8 +32,6 @@ package redislock
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -44,6 +42,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/internal/redisscript"
 )
 
 // Options configure a Backend. A nil *Options means all defaults.
@@ -125,7 +124,7 @@ func NewBackend(rdb redis.UniversalClient, opts *Options) *Backend {
 		o = *opts
 	}
 	if o.Prefix == "" {
-		o.Prefix = "onceguard:lock:"
+		o.Prefix = redisscript.DefaultPrefix
 	}
 	if o.FenceRetention <= 0 {
 		o.FenceRetention = 24 * time.Hour
@@ -145,39 +144,26 @@ func NewBackend(rdb redis.UniversalClient, opts *Options) *Backend {
 	}
 }
 
-// Suffixes of a lock's Redis names (see scripts.go): for a lock key L,
-// its fence is L + fenceSuffix, its waiter queue L + queueSuffix, the
-// waiters' deadlines L + deadlinesSuffix and its channel L + wakeSuffix.
+// Suffixes of a lock's Redis names (see package redisscript): for a lock
+// key L, its fence is L + fenceSuffix, its waiter queue L + queueSuffix,
+// the waiters' deadlines L + deadlinesSuffix and its channel L + wakeSuffix.
 const (
-	fenceSuffix     = ":fence"
-	queueSuffix     = ":q"
-	deadlinesSuffix = ":qx"   // queueSuffix is a prefix of it
-	wakeSuffix      = ":wake" // the scripts derive the channel from the lock key too
+	fenceSuffix     = redisscript.FenceSuffix
+	queueSuffix     = redisscript.QueueSuffix
+	deadlinesSuffix = redisscript.DeadlinesSuffix // queueSuffix is a prefix of it
+	wakeSuffix      = redisscript.WakeSuffix
 )
 
 // appendName appends to dst the Redis name of key's lock with suffix
 // appended, and returns it with the length of the lock's own key, "P{K}"
 // for prefix P and tag K, which starts it.
 func (b *Backend) appendName(dst []byte, key, suffix string) ([]byte, int) {
-	start := len(dst)
-	dst = append(dst, b.prefix...)
-	if strings.IndexByte(key, '{') >= 0 || strings.IndexByte(key, '}') >= 0 {
-		sum := sha256.Sum256([]byte(key))
-		dst = append(dst, "#{"...)
-		dst = hex.AppendEncode(dst, sum[:])
-	} else {
-		dst = append(dst, '{')
-		dst = append(dst, key...)
-	}
-	dst = append(dst, '}')
-	n := len(dst) - start
-	return append(dst, suffix...), n
+	return redisscript.AppendName(dst, b.prefix, key, suffix)
 }
 
 // name returns the Redis name of key's lock with suffix appended.
 func (b *Backend) name(key, suffix string) string {
-	name, _ := b.appendName(nil, key, suffix)
-	return string(name)
+	return redisscript.Name(b.prefix, key, suffix)
 }
 
 // run sends the script run c was made (call.eval) and returns its reply.

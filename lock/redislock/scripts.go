@@ -3,167 +3,12 @@ package redislock
 import (
 	"crypto/sha1"
 	"encoding/hex"
+
+	"github.com/onceguard/onceguard/lock/internal/redisscript"
 )
 
-// Every script touches only the keys of one lock, all hash-tagged with the
-// lock's name, so each runs on one Cluster slot. The acquire script gets
-// all four (release and leave the ones they use: the lock, the queue and
-// the deadlines; refresh the lock; raise and reseed the fence):
-//
-//	KEYS[1] the lock, with PX ttl. Its value is the owner token; the owner
-//	        token + "\n" when waiters are queued; "\n" + a waiter's token
-//	        when the lock is free but reserved for that waiter, the first
-//	        in line, which release woke.
-//	KEYS[2] the fence: the last fencing token, kept FenceRetention
-//	KEYS[3] the waiter queue: a sorted set of owner tokens by arrival (µs)
-//	KEYS[4] the waiters' deadlines: a hash owner -> ms; a waiter that stops
-//	        renewing its place is dropped when it reaches the head
-//
-// The common paths are as short as Redis allows, because script overhead
-// per redis.call is what bounds throughput under pipelining: acquire of a
-// free lock is SET NX PX, TIME, SET GET; release with nobody waiting is
-// GET, DEL. Time comes from the server's TIME, never from the client.
-// Needs Redis 6.2 or later (SET ... GET, KEEPTTL).
-
-// handoverLua: the lock at KEYS[1] is being given up and waiters are
-// queued; KEYS[2] and KEYS[3] are the waiter queue and the waiters'
-// deadlines (release and leave get only these three keys). Drops waiters
-// whose place expired, then reserves the lock for the first live one and
-// wakes it by publishing its token on the lock's channel, KEYS[1] ..
-// ":wake", or deletes the lock when nobody is left.
-const handoverLua = `
-local t = redis.call('TIME')
-local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local h = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-local exp = 0
-while h do
-  exp = tonumber(redis.call('HGET', KEYS[3], h) or '0')
-  if exp > ms then break end
-  redis.call('ZREM', KEYS[2], h)
-  redis.call('HDEL', KEYS[3], h)
-  h = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-end
-if h then
-  redis.call('SET', KEYS[1], '\n' .. h, 'PX', string.format('%.0f', exp - ms))
-  redis.call('PUBLISH', KEYS[1] .. ':wake', h)
-else
-  redis.call('DEL', KEYS[1])
-end
-`
-
-// acquireLua: ARGV owner, ttl ms, fence retention ms, wait ms (0: not a
-// waiter). Returns the fence (> 0) when the lock was taken, else
-// -1 - the holder's remaining ms.
-//
-// A free lock goes to the caller, and so does a lock reserved for the
-// caller (it was first in line when the lock was released); anything else
-// is held, and a blocked caller (wait > 0) joins or renews its place in
-// line and marks the lock as having waiters.
-//
-// The fence is max(last + 1, server time in µs): strictly increasing per
-// key, and still increasing after Redis lost the key.
-const acquireLua = `
-local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-if not won then
-  local v = redis.call('GET', KEYS[1])
-  if v == '\n' .. ARGV[1] then
-    redis.call('ZREM', KEYS[3], ARGV[1])
-    redis.call('HDEL', KEYS[4], ARGV[1])
-    local mark = ''
-    if redis.call('ZCARD', KEYS[3]) > 0 then mark = '\n' end
-    redis.call('SET', KEYS[1], ARGV[1] .. mark, 'PX', ARGV[2])
-  else
-    local wait = tonumber(ARGV[4])
-    if wait > 0 then
-      local t = redis.call('TIME')
-      local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-      redis.call('ZADD', KEYS[3], 'NX', string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])), ARGV[1])
-      redis.call('HSET', KEYS[4], ARGV[1], string.format('%.0f', ms + wait))
-      redis.call('PEXPIRE', KEYS[3], 2 * wait)
-      redis.call('PEXPIRE', KEYS[4], 2 * wait)
-      if v and string.byte(v, 1) ~= 10 and string.byte(v, -1) ~= 10 then
-        redis.call('SET', KEYS[1], v .. '\n', 'KEEPTTL')
-      end
-    end
-    return -1 - math.max(redis.call('PTTL', KEYS[1]), 0)
-  end
-end
-local t = redis.call('TIME')
-local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', ARGV[3], 'GET')
-if last and tonumber(last) >= f then
-  f = tonumber(last) + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', ARGV[3])
-end
-return f
-`
-
-// releaseLua: KEYS lock, queue, deadlines; ARGV owner. Returns 1
-// released, 0 expired (nobody holds it), -1 held by another owner. With
-// waiters queued it hands the lock over to the first of them.
-const releaseLua = `
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-elseif v == ARGV[1] .. '\n' then
-` + handoverLua + `
-  return 1
-elseif v and string.byte(v, 1) ~= 10 then
-  return -1
-end
-return 0
-`
-
-// refreshLua: ARGV owner, ttl ms. Returns 1, 0 or -1 like releaseLua.
-const refreshLua = `
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] or v == ARGV[1] .. '\n' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-elseif v and string.byte(v, 1) ~= 10 then
-  return -1
-end
-return 0
-`
-
-// leaveLua: KEYS lock, queue, deadlines; ARGV owner. Drops a waiter that
-// gave up; if the lock was reserved for it, hands it to the next waiter.
-const leaveLua = `
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-if redis.call('GET', KEYS[1]) == '\n' .. ARGV[1] then
-` + handoverLua + `
-end
-return 1
-`
-
-// raiseLua: KEYS[1] the fence; ARGV floor, fence retention ms. Raises the
-// last fence to at least floor, so the next acquire returns more.
-const raiseLua = `
-local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
-if cur < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-end
-return 1
-`
-
-// reseedLua: KEYS[1] the fence; ARGV fence retention ms. Runs while the
-// caller holds the lock, after its INCR created the fence key: returns a
-// new fence, raised to the server's clock in µs, and gives the key its
-// expiry.
-const reseedLua = `
-local t = redis.call('TIME')
-local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local f = redis.call('INCR', KEYS[1])
-if f < us then
-  f = us
-  redis.call('SET', KEYS[1], string.format('%.0f', f), 'PX', ARGV[1])
-elseif redis.call('PTTL', KEYS[1]) < 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-end
-return f
-`
+// The scripts, and what they keep in which key, are in package
+// redisscript, shared with lock/rueidislock: both speak the same protocol.
 
 type script struct {
 	src, sha string
@@ -179,10 +24,10 @@ func newScript(src string) *script {
 }
 
 var (
-	scriptAcquire = newScript(acquireLua)
-	scriptRelease = newScript(releaseLua)
-	scriptRefresh = newScript(refreshLua)
-	scriptLeave   = newScript(leaveLua)
-	scriptRaise   = newScript(raiseLua)
-	scriptReseed  = newScript(reseedLua)
+	scriptAcquire = newScript(redisscript.Acquire)
+	scriptRelease = newScript(redisscript.Release)
+	scriptRefresh = newScript(redisscript.Refresh)
+	scriptLeave   = newScript(redisscript.Leave)
+	scriptRaise   = newScript(redisscript.Raise)
+	scriptReseed  = newScript(redisscript.Reseed)
 )

@@ -1,0 +1,169 @@
+package rueidislock
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// subscriber shares one dedicated pub/sub connection among all blocked
+// Acquires of a Backend. Release publishes the owner token of the first
+// waiter in line on the lock's channel, and only that waiter is woken: no
+// thundering herd.
+//
+// The connection exists only while someone waits: when the last waiter
+// leaves it is closed, so an idle Backend holds no goroutine or connection.
+//
+// SUBSCRIBE and UNSUBSCRIBE are sent one at a time, each decided and sent
+// under send, and rueidis returns from them once Redis confirmed: the
+// subscriptions on the server are always what the waiters need, and a
+// waiter's subscription is in place when wait returns.
+type subscriber struct {
+	b    *Backend
+	send chan struct{} // a one-slot semaphore: see above
+
+	mu   sync.Mutex // guards sess and every session's fields; never held across I/O
+	sess *session
+}
+
+type session struct {
+	dc    rueidis.DedicatedClient
+	chans map[string]map[string]chan struct{} // channel -> owner token -> wake
+	users int                                 // waiters across all channels
+	dead  bool                                // the connection failed or is closed
+}
+
+// confirmTimeout bounds SUBSCRIBE and UNSUBSCRIBE when Options.Timeout is
+// not set: without a subscription, a waiter polls.
+const confirmTimeout = time.Second
+
+// wait subscribes owner on ch and returns once Redis confirmed the
+// subscription.
+func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{}, func(), error) {
+	select {
+	case s.send <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	defer func() { <-s.send }()
+
+	wake := make(chan struct{}, 1)
+	s.mu.Lock()
+	sess := s.sess
+	s.mu.Unlock()
+	if sess == nil {
+		// Only wait makes sessions, under send: no other can start now.
+		sess = s.open()
+		s.mu.Lock()
+		s.sess = sess
+		if sess.dead { // the connection failed already
+			s.sess = nil
+		}
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	sess.users++
+	ws := sess.chans[ch]
+	fresh := ws == nil
+	if fresh {
+		ws = make(map[string]chan struct{})
+		sess.chans[ch] = ws
+	}
+	ws[owner] = wake
+	s.mu.Unlock()
+
+	if fresh {
+		ctx, cancel := s.context(ctx)
+		err := sess.dc.Do(ctx, sess.dc.B().Subscribe().Channel(ch).Build()).Error()
+		cancel()
+		if err != nil {
+			s.leaveLocked(sess, ch, owner)
+			return nil, nil, err
+		}
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			s.send <- struct{}{}
+			defer func() { <-s.send }()
+			s.leaveLocked(sess, ch, owner)
+		})
+	}
+	return wake, stop, nil
+}
+
+func (s *subscriber) context(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := s.b.timeout
+	if d <= 0 {
+		d = confirmTimeout
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// open starts a session on a dedicated connection of the client's.
+func (s *subscriber) open() *session {
+	dc, _ := s.b.client.Dedicate() // dc.Close, not the release func: the connection carries subscriptions
+	sess := &session{dc: dc, chans: make(map[string]map[string]chan struct{})}
+	errs := dc.SetPubSubHooks(rueidis.PubSubHooks{OnMessage: func(m rueidis.PubSubMessage) { s.route(sess, m) }})
+	go func() {
+		// The channel yields the connection's error and closes when the
+		// connection ends: waiters still on it poll; new ones get a new
+		// session.
+		for range errs {
+		}
+		s.mu.Lock()
+		sess.dead = true
+		if s.sess == sess {
+			s.sess = nil
+		}
+		s.mu.Unlock()
+	}()
+	return sess
+}
+
+// route wakes the waiter whose token a release published. It runs on the
+// connection's reading goroutine.
+func (s *subscriber) route(sess *session, m rueidis.PubSubMessage) {
+	s.mu.Lock()
+	if w := sess.chans[m.Channel][m.Message]; w != nil {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+	s.mu.Unlock()
+}
+
+// leaveLocked takes owner off ch; called with send held. The last waiter
+// of a channel unsubscribes it, the last of the session closes the
+// connection.
+func (s *subscriber) leaveLocked(sess *session, ch, owner string) {
+	s.mu.Lock()
+	ws := sess.chans[ch]
+	delete(ws, owner)
+	unsubscribe := false
+	if len(ws) == 0 {
+		delete(sess.chans, ch)
+		unsubscribe = !sess.dead
+	}
+	sess.users--
+	last := sess.users == 0
+	if last {
+		sess.dead = true
+		if s.sess == sess {
+			s.sess = nil
+		}
+	}
+	s.mu.Unlock()
+	if last {
+		sess.dc.Close() // drops its subscriptions; ends its goroutines
+		return
+	}
+	if unsubscribe {
+		ctx, cancel := s.context(context.Background())
+		_ = sess.dc.Do(ctx, sess.dc.B().Unsubscribe().Channel(ch).Build()).Error()
+		cancel()
+	}
+}
