@@ -8,13 +8,15 @@
 // exclude each other on a key, and fences keep increasing across them.
 //
 // A try-acquire is one round trip, SET NX PX and INCR of the fence key
-// sent together; release (compare-and-delete), refresh (compare-and-
-// pexpire) and blocked acquires are Lua scripts, atomic on the server and
-// safe to retry; EVALSHA falls back to EVAL when the server lost its
-// script cache (restart, failover, SCRIPT FLUSH). All keys of one lock
-// share a hash tag, so every script touches one Cluster slot. Concurrent
-// calls are pipelined by rueidis itself (auto-pipelining), which is what
-// makes this backend fast under load; client-side caching is not used.
+// sent together; release (compare-and-delete), refresh
+// (compare-and-pexpire) and blocked acquires are Lua scripts, atomic on
+// the server and safe to retry; EVALSHA falls back to EVAL when the server
+// lost its script cache (restart, failover, SCRIPT FLUSH). All keys of one
+// lock share a hash tag, so every script touches one Cluster slot.
+// Concurrent calls are pipelined by rueidis itself (auto-pipelining);
+// client-side caching is not used. Under heavy concurrency lock/redislock,
+// whose batcher sends larger pipelines, makes somewhat more lock cycles per
+// second (see bench/README.md); pick the backend that matches your client.
 //
 // Blocked Acquires queue in Redis in arrival order; a release publishes
 // the token of the first waiter in line and wakes only it, within a round
