@@ -138,13 +138,13 @@ func (s *Store) Withdraw(ctx context.Context, m Movement, fence int64) (got Move
 // inserted; a duplicate key fails the statement, debit included.
 func (s *Store) withdrawOne(ctx context.Context, m Movement, fence int64) (Movement, bool, error) {
 	m.Status = "pending"
-	cond, args := ``, []any{m.ID, m.UserID, m.Key, int64(m.Amount), m.CreatedAt}
-	if fence != 0 {
-		cond, args = ` AND fence <= $6`, append(args, fence)
+	set, cond, args := ``, ``, []any{m.ID, m.UserID, m.Key, int64(m.Amount), m.CreatedAt}
+	if fence != 0 { // record the fence, and refuse an older one
+		set, cond, args = `, fence = $6`, ` AND fence <= $6`, append(args, fence)
 	}
 	var after int64
 	err := s.db.QueryRowContext(ctx, `WITH acct AS (
-  UPDATE accounts SET balance = balance - $4, version = version + 1, updated_at = $5`+map[bool]string{true: `, fence = $6`}[fence != 0]+`
+  UPDATE accounts SET balance = balance - $4, version = version + 1, updated_at = $5`+set+`
   WHERE user_id = $2 AND balance - $4 >= 0`+cond+`
   RETURNING balance
 ), wd AS (
