@@ -112,7 +112,7 @@ func mysql(t string) queries {
 	// Retention).
 	take := sub(`UPDATE {t} SET fence = LAST_INSERT_ID(GREATEST(fence + 1, {now})), owner = ?, expires_at = {now} + ?
 WHERE name = ? AND (owner IS NULL OR expires_at <= {now})`, t, now)
-	exists := sub(`SELECT 1 FROM {t} WHERE name = ?`, t, now)
+	held := sub(`SELECT owner IS NOT NULL AND expires_at > {now} FROM {t} WHERE name = ?`, t, now)
 	insert := sub(`INSERT IGNORE INTO {t} (name, owner, expires_at, fence) VALUES (?, NULL, {now}, 0)`, t, now)
 	return queries{
 		create: sub(`CREATE TABLE IF NOT EXISTS {t} (
@@ -131,14 +131,18 @@ WHERE name = ? AND (owner IS NULL OR expires_at <= {now})`, t, now)
 					fence, ierr := res.LastInsertId()
 					return fence, err == nil && ierr == nil, errors.Join(err, ierr)
 				}
-				var one int
-				switch err := db.QueryRowContext(ctx, exists, key).Scan(&one); {
-				case err == nil:
+				// Not taken: held, or no row yet, or freed since the UPDATE
+				// looked (then a first-time acquirer may just have created
+				// it free). Only a held row is a refusal; else try again.
+				var isHeld bool
+				switch err := db.QueryRowContext(ctx, held, key).Scan(&isHeld); {
+				case err == nil && isHeld:
 					return 0, false, nil // held by another owner
-				case !errors.Is(err, sql.ErrNoRows):
-					return 0, false, err
-				}
-				if _, err := db.ExecContext(ctx, insert, key); err != nil {
+				case errors.Is(err, sql.ErrNoRows):
+					if _, err := db.ExecContext(ctx, insert, key); err != nil {
+						return 0, false, err
+					}
+				case err != nil:
 					return 0, false, err
 				}
 			}
