@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/rand"
 	"os"
 	"testing"
 
@@ -27,4 +28,30 @@ func Shared(t testing.TB) *redis.Client {
 		t.Fatalf("PING %s = %v; want PONG", url, err)
 	}
 	return rdb
+}
+
+// Prefix returns a key prefix unique to this run, starting with name, and
+// deletes every key under it (SCAN + UNLINK) when t ends. It never touches
+// any other key: fit for the shared server.
+func Prefix(t testing.TB, rdb *redis.Client, name string) string {
+	prefix := name + "-" + rand.Text() + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			t.Error(err)
+		}
+		for len(keys) > 0 {
+			n := min(len(keys), 500)
+			if err := rdb.Unlink(ctx, keys[:n]...).Err(); err != nil {
+				t.Error(err)
+			}
+			keys = keys[n:]
+		}
+	})
+	return prefix
 }
