@@ -2,14 +2,22 @@
 // go-redis client: a single node, Sentinel or Cluster
 // (redis.UniversalClient).
 //
-// Each operation is one Lua script, so acquire (SET NX PX plus the fencing
-// token), release (compare-and-delete) and refresh (compare-and-pexpire)
-// are atomic on the server and safe to retry; EVALSHA falls back to EVAL
-// when the server lost its script cache (restart, failover, SCRIPT FLUSH).
-// All keys of one lock share a hash tag, so every script touches one
-// Cluster slot. Concurrent calls are pipelined over the caller's client
-// (see Options.MaxInflight), which is what makes this backend fast under
-// load.
+// A try-acquire is SET NX PX and INCR of the lock's fence key, sent
+// together; release (compare-and-delete), refresh (compare-and-pexpire)
+// and blocked acquires are Lua scripts, atomic on the server and safe to
+// retry; EVALSHA falls back to EVAL when the server lost its script cache
+// (restart, failover, SCRIPT FLUSH). All keys of one lock share a hash
+// tag, so every script touches one Cluster slot. Concurrent calls are
+// pipelined over the caller's client (see Options.MaxInflight), which is
+// what makes this backend fast under load. lock/rueidislock speaks the
+// same protocol on a rueidis client: processes using either exclude each
+// other.
+//
+// Hooks on the client see every command the backend sends. Their
+// arguments live in storage the backend reuses once the call has
+// returned: a hook that keeps a command to read its arguments later (an
+// asynchronous exporter) must copy them (Cmd.Args, Cmd.String) before its
+// ProcessHook or ProcessPipelineHook returns.
 //
 // Blocked Acquires queue in Redis in arrival order; a release publishes the
 // token of the first waiter in line and wakes only it, within a round trip,
