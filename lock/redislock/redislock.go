@@ -16,8 +16,9 @@
 // Hooks on the client see every command the backend sends. Their
 // arguments live in storage the backend reuses once the call has
 // returned: a hook that keeps a command to read its arguments later (an
-// asynchronous exporter) must copy them (Cmd.Args, Cmd.String) before its
-// ProcessHook or ProcessPipelineHook returns.
+// asynchronous exporter) must format them (Cmd.String, or fmt.Sprint of
+// each of Cmd.Args) before its ProcessHook or ProcessPipelineHook returns:
+// a copy of the Args slice still points into that storage.
 //
 // Blocked Acquires queue in Redis in arrival order; a release publishes the
 // token of the first waiter in line and wakes only it, within a round trip,
