@@ -323,13 +323,13 @@ func result(op, key string, res any, err error) error {
 	if err != nil {
 		return wrap(op, key, err)
 	}
-	switch res {
-	case int64(1):
-		return nil
-	case int64(0):
-		return fmt.Errorf("redislock: %s %q: %w", op, key, lock.ErrExpired)
-	case int64(-1):
-		return fmt.Errorf("redislock: %s %q: %w", op, key, lock.ErrNotHeld)
+	if n, isInt := res.(int64); isInt {
+		if e, ok := redisscript.Outcome(n); ok {
+			if e == nil {
+				return nil
+			}
+			return fmt.Errorf("redislock: %s %q: %w", op, key, e)
+		}
 	}
 	return fmt.Errorf("redislock: %s %q: unexpected reply %v", op, key, res)
 }
@@ -346,13 +346,7 @@ func wrap(op, key string, err error) error {
 func unavailable(err error) bool {
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
-		// Server replies that mean "not now" rather than "wrong".
-		for _, p := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY", "BUSY"} {
-			if strings.HasPrefix(rerr.Error(), p) {
-				return true
-			}
-		}
-		return false
+		return redisscript.NotNow(rerr.Error())
 	}
 	var nerr net.Error
 	return errors.As(err, &nerr) ||

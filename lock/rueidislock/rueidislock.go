@@ -300,13 +300,11 @@ func result(op, key string, n int64, err error) error {
 	if err != nil {
 		return wrap(op, key, err)
 	}
-	switch n {
-	case 1:
-		return nil
-	case 0:
-		return fmt.Errorf("rueidislock: %s %q: %w", op, key, lock.ErrExpired)
-	case -1:
-		return fmt.Errorf("rueidislock: %s %q: %w", op, key, lock.ErrNotHeld)
+	if e, ok := redisscript.Outcome(n); ok {
+		if e == nil {
+			return nil
+		}
+		return fmt.Errorf("rueidislock: %s %q: %w", op, key, e)
 	}
 	return fmt.Errorf("rueidislock: %s %q: unexpected reply %d", op, key, n)
 }
@@ -322,13 +320,7 @@ func wrap(op, key string, err error) error {
 
 func unavailable(err error) bool {
 	if rerr, ok := rueidis.IsRedisErr(err); ok {
-		// Server replies that mean "not now" rather than "wrong".
-		for _, p := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY", "BUSY"} {
-			if strings.HasPrefix(rerr.Error(), p) {
-				return true
-			}
-		}
-		return false
+		return redisscript.NotNow(rerr.Error())
 	}
 	var nerr net.Error
 	return errors.As(err, &nerr) ||

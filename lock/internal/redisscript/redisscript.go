@@ -11,6 +11,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+
+	"github.com/onceguard/onceguard/lock"
 )
 
 // DefaultPrefix starts every Redis key and channel name unless configured.
@@ -220,3 +222,31 @@ elseif redis.call('PTTL', KEYS[1]) < 0 then
 end
 return f
 `
+
+// Outcome is what a reply of the release and refresh scripts means: 1
+// done (nil), 0 the lock expired and nobody holds it (lock.ErrExpired),
+// -1 another owner holds it (lock.ErrNotHeld). ok is false for any other
+// reply.
+func Outcome(n int64) (err error, ok bool) {
+	switch n {
+	case 1:
+		return nil, true
+	case 0:
+		return lock.ErrExpired, true
+	case -1:
+		return lock.ErrNotHeld, true
+	}
+	return nil, false
+}
+
+// NotNow reports whether a Redis error reply means "not now" rather than
+// "wrong" (loading, failing over, a busy script, ...): the server cannot
+// answer at the moment, so a fallback may take over.
+func NotNow(reply string) bool {
+	for _, p := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY", "BUSY"} {
+		if strings.HasPrefix(reply, p) {
+			return true
+		}
+	}
+	return false
+}
