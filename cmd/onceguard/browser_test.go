@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -16,9 +17,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,16 +117,23 @@ func startServeGated(t *testing.T) (string, *gatedPSP) {
 }
 
 // browser is one tab of a headless Chromium on the page, with what the
-// tab did recorded: the POSTs it sent and its unexpected console messages.
+// tab did recorded: the requests it sent, the page's own headers and its
+// unexpected console messages.
 type browser struct {
 	t    *testing.T
 	ctx  context.Context
 	base string
 	dir  string // screenshots
+	// expected are the API answers the test provokes, which the browser
+	// logs as errors: statuses ("409") and network errors
+	// ("net::ERR_CONNECTION_RESET"). Any other is a problem.
+	expected map[string]bool
 
-	mu       sync.Mutex
-	posts    map[string][]string // path -> the Idempotency-Key of each POST, in order
-	problems []string            // console messages that must not be
+	mu         sync.Mutex
+	posts      map[string][]string // path -> the Idempotency-Key of each POST, in order
+	gets       map[string]int      // path -> how many GETs
+	docHeaders network.Headers     // the headers of the page's own answer (GET /)
+	problems   []string            // console messages that must not be
 }
 
 // needBrowser returns the browser to run, or skips the test when there is
@@ -141,8 +151,11 @@ func needBrowser(t *testing.T) string {
 }
 
 // newBrowser starts a headless browser on path, opens the page at base in
-// a phone-sized tab, and checks its console when the test ends.
-func newBrowser(t *testing.T, path, base string) *browser {
+// a phone-sized tab, and checks its console when the test ends. expected
+// are the API error answers the test provokes (statuses such as "429",
+// network errors such as "net::ERR_CONNECTION_RESET"): the browser logs
+// each as an error, and any other is a finding.
+func newBrowser(t *testing.T, path, base string, expected ...string) *browser {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox,
@@ -157,7 +170,10 @@ func newBrowser(t *testing.T, path, base string) *browser {
 		}
 		t.Fatalf("the browser %s did not start: %v", path, err)
 	}
-	b := &browser{t: t, base: base, dir: t.ArtifactDir(), posts: map[string][]string{}}
+	b := &browser{t: t, base: base, dir: t.ArtifactDir(), posts: map[string][]string{}, gets: map[string]int{}, expected: map[string]bool{}}
+	for _, e := range expected {
+		b.expected[e] = true
+	}
 	tctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	t.Cleanup(cancel)
 	b.ctx = tctx
@@ -176,10 +192,17 @@ func (b *browser) record(ev any) {
 	defer b.mu.Unlock()
 	switch ev := ev.(type) {
 	case *network.EventRequestWillBeSent:
-		if ev.Request.Method == http.MethodPost {
-			path := strings.TrimPrefix(ev.Request.URL, b.base)
+		path := strings.TrimPrefix(ev.Request.URL, b.base)
+		switch ev.Request.Method {
+		case http.MethodPost:
 			key, _ := ev.Request.Headers["Idempotency-Key"].(string)
 			b.posts[path] = append(b.posts[path], key)
+		case http.MethodGet:
+			b.gets[path]++
+		}
+	case *network.EventResponseReceived:
+		if ev.Type == network.ResourceTypeDocument && ev.Response.URL == b.base+"/" {
+			b.docHeaders = ev.Response.Headers
 		}
 	case *runtime.EventExceptionThrown:
 		d := ev.ExceptionDetails
@@ -202,12 +225,33 @@ func (b *browser) record(ev any) {
 		}
 		// The browser logs each API answer with an error status (a 409, a
 		// 429, a 422: the contract's answers the page shows in words) and
-		// the network failure the test injects; nothing else may appear.
+		// each network failure the test injects: only those the test
+		// expects may appear; an unexpected 401, 403 or 5xx is a finding.
 		if e.Source == log.EntrySourceNetwork && strings.HasPrefix(e.URL, b.base+"/api/v1/") {
-			return
+			what := ""
+			if m := logStatus.FindStringSubmatch(e.Text); m != nil {
+				what = m[1]
+			} else if m := logNetError.FindString(e.Text); m != "" {
+				what = m
+			}
+			if what != "" && b.expected[what] {
+				return
+			}
 		}
 		b.problems = append(b.problems, fmt.Sprintf("log %s %s: %s (%s)", e.Source, e.Level, e.Text, e.URL))
 	}
+}
+
+var (
+	logStatus   = regexp.MustCompile(`status of (\d{3})\b`) // "Failed to load resource: the server responded with a status of 429 (Too Many Requests)"
+	logNetError = regexp.MustCompile(`net::ERR_[A-Z_]+`)    // "Failed to load resource: net::ERR_CONNECTION_RESET"
+)
+
+// problem records a finding that the test's end reports.
+func (b *browser) problem(p string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.problems = append(b.problems, p)
 }
 
 func (b *browser) checkConsole() {
@@ -225,11 +269,94 @@ func (b *browser) postKeys(path string) []string {
 	return slices.Clone(b.posts[path])
 }
 
+// getCount returns how many GETs of path the page sent.
+func (b *browser) getCount(path string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.gets[path]
+}
+
+// waitRefresh waits until the page sent more than n GETs of the account:
+// it refreshed its balance and lists.
+func (b *browser) waitRefresh(n int, after string) {
+	b.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for b.getCount("/api/v1/account") <= n {
+		if time.Now().After(deadline) {
+			b.t.Errorf("after %s the page did not refresh the balance and lists (%d GETs of the account, as before)", after, n)
+			b.shot("failure")
+			b.t.FailNow()
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// docHeader returns a header of the page's own answer, as the browser
+// received it from the running service.
+func (b *browser) docHeader(name string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for k, v := range b.docHeaders {
+		if strings.EqualFold(k, name) {
+			s, _ := v.(string)
+			return s
+		}
+	}
+	return ""
+}
+
+// intercept pauses the tab's requests whose URL matches pattern at stage
+// (the request before it leaves, or its answer before the page sees it)
+// and hands each to handle, in order; handle must continue, fulfil or fail
+// it (pass continues it). One interception per tab.
+func (b *browser) intercept(pattern string, stage fetch.RequestStage, handle func(ev fetch.EventRequestPaused) error) {
+	b.t.Helper()
+	paused := chromedp.Events(b.ctx, fetch.RequestPaused)
+	if _, err := chromedp.Call(b.ctx, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{{URLPattern: pattern, RequestStage: stage}}}); err != nil {
+		b.t.Fatal(err)
+	}
+	go func() {
+		for ev, err := range paused {
+			if err != nil {
+				return
+			}
+			if err := handle(ev); err != nil && b.ctx.Err() == nil {
+				b.problem(fmt.Sprintf("intercepting %s %s: %v", ev.Request.Method, ev.Request.URL, err))
+			}
+		}
+	}()
+}
+
+// pass lets a paused request (or answer) go on unchanged.
+func (b *browser) pass(ev fetch.EventRequestPaused) error {
+	_, err := chromedp.Call(b.ctx, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
+	return err
+}
+
+// fulfil answers a paused request in place of the service.
+func (b *browser) fulfil(ev fetch.EventRequestPaused, status int64, body string, headers ...string) error {
+	var hs []*fetch.HeaderEntry
+	for i := 0; i+1 < len(headers); i += 2 {
+		hs = append(hs, &fetch.HeaderEntry{Name: headers[i], Value: headers[i+1]})
+	}
+	_, err := chromedp.Call(b.ctx, fetch.FulfillRequest, fetch.FulfillRequestParams{RequestID: ev.RequestID, ResponseCode: status, ResponseHeaders: hs, Body: []byte(body)})
+	return err
+}
+
+func postData(ev fetch.EventRequestPaused) string {
+	var body []byte
+	for _, e := range ev.Request.PostDataEntries {
+		body = append(body, e.Bytes...)
+	}
+	return string(body)
+}
+
 func (b *browser) do(actions ...chromedp.Action[chromedp.Void]) {
 	b.t.Helper()
 	if err := chromedp.Do(b.ctx, actions...); err != nil {
+		b.t.Errorf("browser: %v", err)
 		b.shot("failure")
-		b.t.Fatalf("browser: %v", err)
+		b.t.FailNow()
 	}
 }
 
@@ -252,8 +379,9 @@ func (b *browser) waitFor(js, describe string) {
 			return
 		}
 		if time.Now().After(deadline) {
+			b.t.Errorf("waited 15s for %s; page says %q", js, eval[string](b, describe))
 			b.shot("failure")
-			b.t.Fatalf("waited 15s for %s; page says %q", js, eval[string](b, describe))
+			b.t.FailNow()
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
@@ -340,18 +468,40 @@ func (b *browser) holdEnter(sel string, repeats int) {
 	}))
 }
 
-// shot saves a full-page screenshot as a test artifact.
+// shot saves a full-page screenshot as a test artifact. A screenshot that
+// cannot be taken or saved fails the test, unless it failed already (the
+// shot of a failure then only says why it is missing).
 func (b *browser) shot(name string) []byte {
+	b.t.Helper()
+	report := b.t.Errorf
+	if b.t.Failed() {
+		report = b.t.Logf
+	}
 	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
 	if err != nil {
-		b.t.Logf("screenshot %s: %v", name, err)
+		report("screenshot %s: %v", name, err)
 		return nil
 	}
 	path := filepath.Join(b.dir, name+".png")
 	if err := os.WriteFile(path, png, 0o644); err != nil {
-		b.t.Logf("screenshot %s: %v", name, err)
+		report("screenshot %s: %v", name, err)
 	}
 	return png
+}
+
+// tabTo presses Tab until sel has the focus, at most max times.
+func (b *browser) tabTo(sel string, max int) {
+	b.t.Helper()
+	for range max {
+		b.do(chromedp.KeyEvent("\t"))
+		if eval[bool](b, "document.activeElement === "+q(sel)) {
+			return
+		}
+	}
+	b.t.Errorf("%d presses of Tab did not reach %s; the focus is on %s", max, sel,
+		eval[string](b, `(e => e ? e.tagName + '#' + e.id + ' ' + (e.textContent || '').trim().slice(0, 40) : 'nothing')(document.activeElement)`))
+	b.shot("failure")
+	b.t.FailNow()
 }
 
 func (b *browser) signUp(name string) {
@@ -411,20 +561,49 @@ func amounts(items []map[string]any) []string {
 	return out
 }
 
+// checkCSP checks the Content-Security-Policy of the page's own answer:
+// every policy that names script-src allows no inline script, and one
+// does.
+func checkCSP(t *testing.T, csp string) {
+	t.Helper()
+	found := false
+	for policy := range strings.SplitSeq(csp, "\n") { // the browser joins repeated headers with newlines
+		for directive := range strings.SplitSeq(policy, ";") {
+			f := strings.Fields(strings.ToLower(directive))
+			if len(f) == 0 || f[0] != "script-src" {
+				continue
+			}
+			found = true
+			if slices.Contains(f[1:], "'unsafe-inline'") {
+				t.Errorf("the served page's Content-Security-Policy %q allows inline script (%s); want it forbidden", csp, strings.TrimSpace(directive))
+			}
+		}
+	}
+	if !found {
+		t.Errorf("the served page's Content-Security-Policy = %q; want a script-src directive without 'unsafe-inline'", csp)
+	}
+}
+
 // A double click, a burst of ten clicks and a held Enter key on withdraw:
 // each sends one request and makes one withdrawal, the balance debited
 // once; a request in flight shows the disabled button; a repeat inside the
-// window is a 429 shown in words; so is a refusal for lack of money.
+// window is a 429 shown in words, and the lists refresh; so is a refusal
+// for lack of money. The page the running service serves forbids inline
+// script.
 func TestBrowserWithdrawOnce(t *testing.T) {
 	path := needBrowser(t)
 	base, gate := startServeGated(t)
-	b := newBrowser(t, path, base)
+	b := newBrowser(t, path, base, "422", "429")
+	checkCSP(t, b.docHeader("Content-Security-Policy"))
 	b.shot("01-signed-out")
 	b.signUp("alice")
 	api := apiSignIn(t, base, "alice")
 
 	b.submitOK("deposit-form", "100", "Done. Deposit of 100.00 CNY: it went through.")
 	b.waitText("#balance", "100.00 CNY")
+	b.waitFor(`document.querySelectorAll('#deposits tbody tr').length === 1`, `document.querySelector('#deposits').innerText`)
+	b.waitText("#deposits tbody tr", "100.00 CNY")
+	b.waitText("#deposits tbody tr", "succeeded")
 	b.shot("02-deposited")
 
 	const wd = "/api/v1/withdrawals"
@@ -473,11 +652,15 @@ func TestBrowserWithdrawOnce(t *testing.T) {
 	}
 
 	// The same withdrawal again, inside the repeat window, under the form's
-	// new key: the service refuses it (429) and the page says so in words.
+	// new key: the service refuses it (429), the page says so in words and
+	// refreshes the lists, which show the earlier one.
+	b.waitFor(`document.querySelectorAll('#withdrawals tbody tr').length === 4`, `document.querySelector('#withdrawals').innerText`)
+	refreshes := b.getCount("/api/v1/account") // the last success's refresh is done
 	b.waitState("withdraw-form", "ready")
 	b.fill("#withdraw-amount", "5")
 	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
 	b.waitText("#withdraw-form .msg", "Not sent again: this is the same withdrawal you submitted a moment ago")
+	b.waitRefresh(refreshes, "a 429")
 	b.waitFor(`/wait \d+ seconds? and submit again/.test(`+q("#withdraw-form .msg")+`.textContent)`, q("#withdraw-form .msg")+".textContent")
 	b.shot("04-duplicate-429")
 	b.do(chromedp.EmulateViewport(1280, 860))
@@ -497,7 +680,7 @@ func TestBrowserWithdrawOnce(t *testing.T) {
 		t.Errorf("the repeat: keys %q; want a 5th POST under a new key", keys)
 	}
 
-	b.submitOK("withdraw-form", "1000", "Not enough money: your balance does not cover 1000 CNY. Nothing was changed.")
+	b.submitOK("withdraw-form", "1000", "Not enough money: your balance does not cover 1000.00 CNY. Nothing was changed.")
 	b.shot("05-insufficient-funds")
 
 	// The server's side: four withdrawals, each debited once.
@@ -512,6 +695,9 @@ func TestBrowserWithdrawOnce(t *testing.T) {
 	}
 	if n := len(api.items("/api/v1/ledger")); n != 5 {
 		t.Errorf("ledger has %d entries; want 5 (a deposit, four withdrawals)", n)
+	}
+	if got := amounts(api.items("/api/v1/deposits")); !slices.Equal(got, []string{"100.00"}) {
+		t.Errorf("deposits = %v; want one of 100.00", got)
 	}
 	b.waitText("#balance", "35.00 CNY")
 	b.waitFor(`document.querySelectorAll('#withdrawals tbody tr').length === 4`, `document.querySelector('#withdrawals').innerText`)
@@ -528,10 +714,12 @@ func TestBrowserWithdrawOnce(t *testing.T) {
 func TestBrowserRetryKeepsKey(t *testing.T) {
 	path := needBrowser(t)
 	base, gate := startServeGated(t)
-	b := newBrowser(t, path, base)
+	b := newBrowser(t, path, base, "409", "429", "net::ERR_CONNECTION_RESET")
 	b.signUp("bob")
 	api := apiSignIn(t, base, "bob")
 	b.submitOK("deposit-form", "50", "Done. Deposit of 50.00 CNY")
+	b.waitText("#balance", "50.00 CNY")
+	refreshes := b.getCount("/api/v1/account") // the deposit's refresh is done
 
 	// The browser's first POST of a withdrawal never leaves it: the test
 	// sends that very request itself (same key, same body, bob's session)
@@ -590,6 +778,7 @@ func TestBrowserRetryKeepsKey(t *testing.T) {
 	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
 	b.waitText("#withdraw-form .msg", "No answer from the service (a network problem), so it is not known whether this went through. Press “Retry”")
 	b.waitState("withdraw-form", "retry")
+	b.waitRefresh(refreshes, "a network error") // whether it went through is unknown: the lists tell
 	if got := eval[string](b, q("#withdraw-form button[type=submit]")+".textContent"); got != "Retry" {
 		t.Errorf("button after a network error = %q; want Retry", got)
 	}
@@ -641,34 +830,169 @@ func TestBrowserRetryKeepsKey(t *testing.T) {
 	}
 }
 
-// Keyboard only: sign in and deposit with Tab and Enter. Then orders and
-// their payment, a session ended elsewhere (401 shown as "expired"), and
-// sign-out; the session token is never readable by the page.
+// A 5xx keeps the key: the service does the page's first withdrawal, but
+// the page hears 503 store_unavailable instead of its answer (as from a
+// proxy). The page offers a retry, refreshes the lists (they show that it
+// went through), and the retry sends the same key, which the service
+// answers with the first one's result, replayed. One withdrawal, one debit.
+func TestBrowserServerErrorKeepsKey(t *testing.T) {
+	path := needBrowser(t)
+	base, gate := startServeGated(t)
+	b := newBrowser(t, path, base, "503")
+	b.signUp("erin")
+	api := apiSignIn(t, base, "erin")
+	b.submitOK("deposit-form", "50", "Done. Deposit of 50.00 CNY")
+	b.waitText("#balance", "50.00 CNY")
+
+	const wd = "/api/v1/withdrawals"
+	var replaced atomic.Bool
+	served := make(chan int64, 1) // the service's own status for the answer the page did not get
+	b.intercept("*"+wd, fetch.RequestStageResponse, func(ev fetch.EventRequestPaused) error {
+		if ev.Request.Method != http.MethodPost || !replaced.CompareAndSwap(false, true) {
+			return b.pass(ev)
+		}
+		served <- ev.ResponseStatusCode
+		return b.fulfil(ev, http.StatusServiceUnavailable,
+			`{"type":"about:blank","title":"Service unavailable","status":503,"code":"store_unavailable","detail":"the database is unreachable"}`,
+			"Content-Type", "application/problem+json", "Retry-After", "1")
+	})
+
+	b.waitState("withdraw-form", "ready")
+	b.fill("#withdraw-amount", "7")
+	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.waitText("#withdraw-form .msg", "The service could not finish this right now (Service unavailable). Wait 1 second, then press “Retry”: it sends the same request with the same one-time key")
+	select {
+	case st := <-served:
+		if st != http.StatusCreated {
+			t.Errorf("the service answered the first withdrawal %d; want 201 (the page was told 503)", st)
+		}
+	default:
+		t.Errorf("the page showed a 503 but no answer was replaced")
+	}
+	b.waitState("withdraw-form", "retry")
+	if got := eval[string](b, q("#withdraw-form button[type=submit]")+".textContent"); got != "Retry" {
+		t.Errorf("button after a 503 = %q; want Retry", got)
+	}
+	if !eval[bool](b, q("#withdraw-amount")+".readOnly") {
+		t.Errorf("amount after a 503 is editable; want it frozen until the retry is answered")
+	}
+	// The page refreshed after the 503: the lists show it went through.
+	b.waitText("#withdrawals tbody", "7.00 CNY")
+	b.waitText("#balance", "43.00 CNY")
+	b.shot("01-503")
+
+	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.waitText("#withdraw-form .msg", "Already submitted — here is the result of your earlier submission; nothing was done twice. Withdrawal of 7.00 CNY: it went through.")
+	b.shot("02-replayed")
+
+	if keys := b.postKeys(wd); len(keys) != 2 || keys[0] != keys[1] || !strings.HasPrefix(keys[0], "st_") {
+		t.Errorf("the page's withdrawals carried keys %q; want the first try and the retry under one submit token", keys)
+	}
+	if got := amounts(api.items(wd)); !slices.Equal(got, []string{"7.00"}) {
+		t.Errorf("withdrawals = %v; want one of 7.00", got)
+	}
+	if got := api.balance(); got != "43.00" {
+		t.Errorf("balance = %s; want 43.00 (debited once)", got)
+	}
+	if n, _ := gate.sim.Moved(psp.Payout); n != 1 {
+		t.Errorf("provider payouts = %d; want 1", n)
+	}
+	if n := len(api.items("/api/v1/ledger")); n != 2 {
+		t.Errorf("ledger has %d entries; want 2 (the deposit, one withdrawal)", n)
+	}
+	b.waitState("withdraw-form", "ready") // a new key for the next intent
+}
+
+// An invalid token: the page's withdraw form is handed a bogus submit
+// token (as if it expired); the service refuses it (400
+// submit_token_invalid), the page says so in words and fetches a new one,
+// and the next submission goes out under that new, real token. One
+// withdrawal.
+func TestBrowserInvalidToken(t *testing.T) {
+	path := needBrowser(t)
+	base, gate := startServeGated(t)
+	b := newBrowser(t, path, base, "400")
+	bogus := "st_" + rand.Text()
+	var handed atomic.Bool
+	b.intercept("*/api/v1/submit-tokens", fetch.RequestStageRequest, func(ev fetch.EventRequestPaused) error {
+		if ev.Request.Method != http.MethodPost || !strings.Contains(postData(ev), `"withdrawal"`) || !handed.CompareAndSwap(false, true) {
+			return b.pass(ev)
+		}
+		body := fmt.Sprintf(`{"token":%q,"purpose":"withdrawal","expires_at":%q}`, bogus, time.Now().Add(5*time.Minute).UTC().Format(time.RFC3339))
+		return b.fulfil(ev, http.StatusCreated, body, "Content-Type", "application/json")
+	})
+	b.signUp("dave")
+	api := apiSignIn(t, base, "dave")
+	b.submitOK("deposit-form", "50", "Done. Deposit of 50.00 CNY")
+
+	const wd = "/api/v1/withdrawals"
+	b.waitState("withdraw-form", "ready")
+	if !handed.Load() {
+		t.Fatal("the withdraw form is ready but did not get the bogus token")
+	}
+	b.fill("#withdraw-amount", "7")
+	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.waitText("#withdraw-form .msg", "This form’s one-time key was not accepted (it expired, or was used for something else). Nothing was done. A new key is on its way: submit again when the button is ready.")
+	b.shot("01-invalid-token")
+	if keys := b.postKeys(wd); len(keys) != 1 || keys[0] != bogus {
+		t.Errorf("the page's withdrawals carried keys %q; want one, under the bogus token %q", keys, bogus)
+	}
+	if got := api.items(wd); len(got) != 0 {
+		t.Errorf("withdrawals after the refused token = %v; want none", amounts(got))
+	}
+
+	b.waitState("withdraw-form", "ready")
+	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.waitText("#withdraw-form .msg", "Done. Withdrawal of 7.00 CNY: it went through.")
+	b.shot("02-new-token")
+	keys := b.postKeys(wd)
+	if len(keys) != 2 || keys[1] == bogus || !strings.HasPrefix(keys[1], "st_") {
+		t.Errorf("the page's withdrawals carried keys %q; want a second one under a new submit token", keys)
+	}
+	if got := amounts(api.items(wd)); !slices.Equal(got, []string{"7.00"}) {
+		t.Errorf("withdrawals = %v; want one of 7.00", got)
+	}
+	if got := api.balance(); got != "43.00" {
+		t.Errorf("balance = %s; want 43.00 (debited once)", got)
+	}
+	if n, _ := gate.sim.Moved(psp.Payout); n != 1 {
+		t.Errorf("provider payouts = %d; want 1", n)
+	}
+	b.waitText("#balance", "43.00 CNY")
+}
+
+// Keyboard only: sign in, deposit, create an order and pay it with Tab,
+// typing and Enter. Then a session ended elsewhere (401 shown as
+// "expired"), and sign-out; the session token is never readable by the
+// page.
 func TestBrowserSessionAndOrders(t *testing.T) {
 	path := needBrowser(t)
 	base, _ := startServeGated(t)
 	signUp(t, base, "carol") // through the API
-	b := newBrowser(t, path, base)
+	b := newBrowser(t, path, base, "401", "429")
 
 	b.waitFor(`document.activeElement && document.activeElement.id === 'username'`, `document.activeElement && document.activeElement.id`)
 	b.do(chromedp.KeyEvent("carol"), chromedp.KeyEvent("\t"), chromedp.KeyEvent("correct horse"), chromedp.KeyEvent("\r"))
 	b.waitText("#who-name", "carol")
 	b.waitState("deposit-form", "ready")
-	b.do(chromedp.Focus(chromedp.CSS("#deposit-amount")), chromedp.KeyEvent("80\r"))
+	b.tabTo("#deposit-amount", 12)
+	b.do(chromedp.KeyEvent("80\r"))
 	b.waitText("#deposit-form .msg", "Done. Deposit of 80.00 CNY")
 	if got := eval[string](b, `document.cookie`); got != "" {
 		t.Errorf("document.cookie = %q; want the session cookie HttpOnly, out of the page's reach", got)
 	}
 
 	b.waitState("order-form", "ready")
-	b.fill("#order-amount", "30")
-	b.fill("#order-description", "tea")
-	b.do(chromedp.Click(chromedp.CSS("#order-form button[type=submit]")))
+	b.tabTo("#order-amount", 12)
+	b.do(chromedp.KeyEvent("30"))
+	b.tabTo("#order-description", 3)
+	b.do(chromedp.KeyEvent("tea\r"))
 	b.waitText("#order-form .msg", "Done. Order ON")
 	b.waitText("#orders tbody", "tea")
 	b.waitState("pay-form", "ready")
 	b.waitText("#pay-order", "30.00 CNY · tea")
-	b.do(chromedp.Click(chromedp.CSS("#pay-form button[type=submit]")))
+	b.tabTo("#pay-form button[type=submit]", 6)
+	b.do(chromedp.KeyEvent("\r"))
 	b.waitText("#pay-form .msg", "Done. Order paid: 30.00 CNY was taken from your balance.")
 	b.waitText("#balance", "50.00 CNY")
 	b.waitText("#orders tbody", "paid")

@@ -7,7 +7,8 @@
 // moment after it (and until the next token is there), so a double click, a
 // burst of clicks or a held Enter key sends one request. A network error or
 // a 5xx keeps the same key and body for the retry, which the service then
-// answers from its record instead of doing the thing twice.
+// answers from its record instead of doing the thing twice; the balance and
+// lists refresh at once, since they show whether it went through.
 //
 // The session is the service's HttpOnly SameSite=Strict cookie: the page
 // never sees the token. Every POST and DELETE sends JSON with
@@ -82,6 +83,15 @@
 
   function money(amount) {
     return state.currency ? `${amount} ${state.currency}` : String(amount);
+  }
+
+  // decimal2 writes an amount as typed ("1000", "7.5") as the service
+  // writes amounts ("1000.00", "7.50"); anything else is left as it is.
+  function decimal2(v) {
+    const s = String(v);
+    if (!AMOUNT.test(s)) return s;
+    const [whole, frac = ''] = s.split('.');
+    return `${whole}.${(frac + '00').slice(0, 2)}`;
   }
 
   function when(ts) {
@@ -317,7 +327,8 @@
         'error',
         'No answer from the service (a network problem), so it is not known whether this went through. Press “Retry”: it sends the same request with the same one-time key, so it cannot happen twice.',
       );
-      settle(f, { keep: true });
+      // The outcome is unknown: the lists show whether it went through.
+      settle(f, { keep: true, refresh: true });
       return;
     }
     if (gen !== state.gen) return;
@@ -347,7 +358,7 @@
         const wait = Math.max(1, r.retryAfter || 1);
         if (++f.inProgressTries > IN_PROGRESS_MAX) {
           say(f.msg, 'warn', 'Still being processed after a long time. Press “Retry” to ask again; it uses the same one-time key, so it cannot happen twice.');
-          settle(f, { keep: true });
+          settle(f, { keep: true, refresh: true });
           return;
         }
         say(
@@ -369,11 +380,11 @@
           'warn',
           `Not sent again: this is the same ${f.spec.noun} you submitted a moment ago (its result is in the lists below). If you really want a second one, wait ${seconds(wait)} and submit again.`,
         );
-        settle(f, {}); // nothing was recorded: the key is still unused
+        settle(f, { refresh: true }); // nothing was recorded: the key is still unused; the lists show the earlier one
         return;
       }
       case 'insufficient_funds':
-        say(f.msg, 'error', `Not enough money: your balance does not cover ${money(req.amount || '')}. Nothing was changed.`);
+        say(f.msg, 'error', `Not enough money: your balance does not cover ${money(decimal2(req.amount || ''))}. Nothing was changed.`);
         settle(f, { fresh: true, refresh: true });
         return;
       case 'order_already_paid':
@@ -410,7 +421,9 @@
         'error',
         `The service could not finish this right now (${d.title || r.status}).${wait} “Retry”: it sends the same request with the same one-time key, so it cannot happen twice.`,
       );
-      settle(f, { keep: true });
+      // Whether it went through is not known (a proxy may have answered
+      // after the service did the work): the lists show it.
+      settle(f, { keep: true, refresh: true });
       return;
     }
     // Any other refusal came before the key was recorded: the key is unused.
