@@ -74,7 +74,9 @@ type Config struct {
 	// "replayed", "in_progress", "mismatch", "key_missing", "key_invalid",
 	// "token_invalid", "token_foreign" (another principal's token: the
 	// same 400 as invalid), "token_required", "duplicate_submission",
-	// "released" (5xx: key freed), "store_unavailable". Low cardinality:
+	// "released" (the key was freed after the handler ran: a 5xx, a panic,
+	// Call.Forget, or an answer that could not be stored; a token bound
+	// with it can be used again), "store_unavailable". Low cardinality:
 	// fit for a metric label.
 	OnEvent func(r *http.Request, event string)
 }
