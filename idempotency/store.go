@@ -180,14 +180,29 @@ func RecordID(scope Scope, key string) string {
 // digest hashes parts, each followed by a NUL (parts never hold one:
 // principals, methods, paths and keys are printable), into hex.
 func digest(parts ...string) string {
+	sum := digestSum(parts...)
+	var out [64]byte
+	hex.Encode(out[:], sum[:])
+	return string(out[:])
+}
+
+// digestSum is digest's SHA-256, before hex.
+func digestSum(parts ...string) [sha256.Size]byte {
 	var stack [512]byte
 	b := stack[:0]
 	for _, p := range parts {
 		b = append(b, p...)
 		b = append(b, 0)
 	}
-	sum := sha256.Sum256(b)
-	var out [64]byte
-	hex.Encode(out[:], sum[:])
-	return string(out[:])
+	return sha256.Sum256(b)
+}
+
+// hexPair returns a and b in hex, as Fingerprint and RecordID would, in
+// one allocation.
+func hexPair(a, b *[sha256.Size]byte) (string, string) {
+	var out [4 * sha256.Size]byte
+	hex.Encode(out[:2*sha256.Size], a[:])
+	hex.Encode(out[2*sha256.Size:], b[:])
+	both := string(out[:])
+	return both[:2*sha256.Size], both[2*sha256.Size:]
 }

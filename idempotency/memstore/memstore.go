@@ -89,14 +89,7 @@ func (e *entry) setHeader(h http.Header) {
 		e.noHdr = true
 		return
 	}
-	n := 0
-	for _, v := range h {
-		n += 2 * len(v)
-	}
-	e.pairs = e.inline[:0]
-	if n > len(e.inline) {
-		e.pairs = make([]string, 0, n)
-	}
+	e.pairs = e.inline[:0] // one value (the common case) fits; append grows it
 	for k, vs := range h {
 		if len(vs) == 0 {
 			e.bare = append(e.bare, bare{name: k, isNil: vs == nil})
