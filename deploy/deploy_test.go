@@ -10,6 +10,10 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/onceguard/onceguard/internal/obs"
 )
 
 // metric is one series family the service exports (issue 7) and its labels.
@@ -19,35 +23,85 @@ type metric struct {
 }
 
 // exported is every metric `onceguard serve` exports at /metrics, with its
-// labels. The dashboard may name these and nothing else; change both
-// together.
-var exported = map[string]metric{
-	"onceguard_http_requests_total":            {labels: []string{"route", "method", "code"}},
-	"onceguard_http_request_duration_seconds":  {histogram: true, labels: []string{"route", "method"}},
-	"onceguard_idempotency_outcomes_total":     {labels: []string{"outcome"}},
-	"onceguard_submit_tokens_total":            {labels: []string{"outcome"}},
-	"onceguard_repeat_window_rejections_total": {labels: []string{"route"}},
-	"onceguard_lock_acquires_total":            {labels: []string{"backend", "result"}},
-	"onceguard_lock_wait_seconds":              {histogram: true, labels: []string{"backend"}},
-	"onceguard_lock_hold_seconds":              {histogram: true, labels: []string{"backend"}},
-	"onceguard_lock_lost_total":                {labels: []string{"backend"}},
-	"onceguard_lock_fallback_degraded":         {},
-	"onceguard_lock_fallback_switches_total":   {labels: []string{"to"}},
-	"onceguard_db_duration_seconds":            {histogram: true, labels: []string{"op"}},
-	"onceguard_provider_duration_seconds":      {histogram: true, labels: []string{"op", "result"}},
-	"onceguard_reconciler_pending":             {},
-	"onceguard_reconciler_settled_total":       {labels: []string{"result"}},
-	"onceguard_money_movements_total":          {labels: []string{"kind", "outcome"}},
+// labels, and values the closed sets of label values (an exact matcher,
+// label="value", on one of these labels must name one of them): both read
+// from the service's own registry (obs.NewMetrics, every metric given its
+// children by Exemplify), so that the dashboard is checked against what
+// the service registers, not a copy of it.
+var exported, values = registered()
+
+func registered() (map[string]metric, map[string]map[string][]string) {
+	m := obs.NewMetrics()
+	m.Exemplify()
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		panic(err)
+	}
+	exp := map[string]metric{}
+	vals := map[string]map[string][]string{}
+	for _, f := range fams {
+		name := f.GetName()
+		if !strings.HasPrefix(name, "onceguard_") || len(f.GetMetric()) == 0 {
+			continue // the Go runtime and process collectors
+		}
+		var labels []string
+		for _, l := range f.GetMetric()[0].GetLabel() {
+			labels = append(labels, l.GetName())
+		}
+		exp[name] = metric{histogram: f.GetType() == dto.MetricType_HISTOGRAM, labels: labels}
+		for _, sample := range f.GetMetric() {
+			for _, l := range sample.GetLabel() {
+				if l.GetValue() == "example" {
+					continue // an open label: route, method, code, op
+				}
+				if vals[name] == nil {
+					vals[name] = map[string][]string{}
+				}
+				if !slices.Contains(vals[name][l.GetName()], l.GetValue()) {
+					vals[name][l.GetName()] = append(vals[name][l.GetName()], l.GetValue())
+				}
+			}
+		}
+	}
+	return exp, vals
 }
 
-// values are the closed sets of label values; an exact matcher
-// (label="value") on one of these labels must name one of them.
-var values = map[string]map[string][]string{
-	"onceguard_idempotency_outcomes_total": {"outcome": {"new", "recovered", "replayed", "in_progress", "mismatch",
-		"key_missing", "key_invalid", "token_invalid", "token_required", "duplicate_submission", "released", "store_unavailable"}},
-	"onceguard_submit_tokens_total":          {"outcome": {"issued", "consumed", "invalid", "foreign"}},
-	"onceguard_lock_acquires_total":          {"result": {"acquired", "busy", "unavailable", "error"}},
-	"onceguard_lock_fallback_switches_total": {"to": {"database", "redis"}},
+// The lists read from the registry are the service's: its metrics, their
+// labels and the closed sets of values, token_foreign and released
+// among them.
+func TestRegistered(t *testing.T) {
+	for name, labels := range map[string][]string{
+		"onceguard_http_requests_total":           {"route", "method", "code"},
+		"onceguard_http_request_duration_seconds": {"route", "method"},
+		"onceguard_idempotency_outcomes_total":    {"outcome"},
+		"onceguard_submit_tokens_total":           {"outcome"},
+		"onceguard_lock_fallback_degraded":        nil,
+		"onceguard_reconciler_pending":            nil,
+		"onceguard_db_duration_seconds":           {"op"},
+	} {
+		slices.Sort(labels) // as Gather gives them
+		if m, ok := exported[name]; !ok || !slices.Equal(m.labels, labels) {
+			t.Errorf("exported[%s] = %+v (found %v); want labels %v", name, m, ok, labels)
+		}
+	}
+	if len(exported) < 16 || !exported["onceguard_lock_wait_seconds"].histogram || exported["onceguard_lock_lost_total"].histogram {
+		t.Errorf("exported = %v; want the service's 16 or more metrics, histograms marked", exported)
+	}
+	for _, c := range []struct{ metric, label, value string }{
+		{"onceguard_idempotency_outcomes_total", "outcome", "token_foreign"},
+		{"onceguard_idempotency_outcomes_total", "outcome", "released"},
+		{"onceguard_submit_tokens_total", "outcome", "foreign"},
+		{"onceguard_submit_tokens_total", "outcome", "released"},
+		{"onceguard_lock_acquires_total", "result", "busy"},
+		{"onceguard_lock_fallback_switches_total", "to", "redis"},
+	} {
+		if !slices.Contains(values[c.metric][c.label], c.value) {
+			t.Errorf("values[%s][%s] = %v; want %q among them", c.metric, c.label, values[c.metric][c.label], c.value)
+		}
+	}
+	if _, open := values["onceguard_http_requests_total"]["route"]; open {
+		t.Errorf("route has a closed set of values %v; want it open", values["onceguard_http_requests_total"]["route"])
+	}
 }
 
 // targetLabels are added by Prometheus to every series it scrapes.

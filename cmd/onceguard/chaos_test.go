@@ -1098,8 +1098,13 @@ func testChaosRedisRestart(t *testing.T) {
 	e.startStorm(3)
 	for i := range 2 {
 		e.waitStorm(20, 10*time.Second)
-		keys, err := e.redis.Do("DBSIZE") // the locks held at this moment, lost with the restart
-		t.Logf("restart %d: Redis holds %v keys (%v)", i+1, keys, err)
+		// Restart only once Redis holds a lock: the restart must lose
+		// locks while their holders work, or this case tests nothing.
+		held, keys := heldRedisLocks(t, e.redis, 10*time.Second)
+		if len(held) == 0 {
+			t.Fatalf("restart %d: Redis held no lock in 10s of sampling the storm (last sample: %v keys): the restart would lose no lock", i+1, keys)
+		}
+		t.Logf("restart %d: Redis holds %d lock(s), e.g. %s, of %v keys", i+1, len(held), held[0], keys)
 		e.fault("Redis restarted", func() { e.redis.Restart(t) })
 		e.succeeding(time.Second)
 		e.waitReady(10 * time.Second)
@@ -1107,6 +1112,31 @@ func testChaosRedisRestart(t *testing.T) {
 	e.waitStorm(20, 10*time.Second)
 	e.heal(e.dbP)
 	chaosCheck(t, e)
+}
+
+// heldRedisLocks samples srv until it holds at least one lock (a lock's
+// own key, "onceguard:lock:{K}", not its fence or queue, which outlive
+// it) or limit passes, and returns the held locks' names and the key
+// count of the last sample. A storm takes and releases locks all the
+// time, so a sample can fall between holds; it is repeated every
+// millisecond or so.
+func heldRedisLocks(t *testing.T, srv *redistest.Server, limit time.Duration) (held []string, keys any) {
+	t.Helper()
+	for deadline := time.Now().Add(limit); ; {
+		keys, _ = srv.Do("DBSIZE")
+		reply, err := srv.Do("KEYS", "onceguard:lock:*")
+		if names, ok := reply.([]any); ok && err == nil {
+			for _, n := range names {
+				if name, _ := n.(string); strings.HasSuffix(name, "}") { // P{K}: the lock; P{K}:fence and the rest are not
+					held = append(held, name)
+				}
+			}
+		}
+		if len(held) > 0 || time.Now().After(deadline) {
+			return held, keys
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // PostgreSQL's connections reset mid-storm: eight short pulses (every
@@ -1432,7 +1462,7 @@ func TestChaosPostgresResetIsUnavailable(t *testing.T) {
 	}
 	dep, _, err := store.CreateDeposit(ctx, sqlstore.Movement{ID: "dep_reset", UserID: "u_reset", Key: "d", Amount: 1_000_000_00, CreatedAt: 1})
 	if err == nil {
-		err = store.SettleDeposit(ctx, dep.ID, true, 2)
+		_, err = store.SettleDeposit(ctx, dep.ID, true, 2)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -58,10 +58,11 @@ func (c *coordination) backend() string {
 // than hold requests for go-redis's default 3 s times 3 retries.
 const redisTimeout = 500 * time.Millisecond
 
-// newCoordination builds it; dbWindows is the database's window store.
+// newCoordination builds it; dbWindows is the database's window store;
+// timeDB, if not nil, wraps the database lock backend (to time its calls).
 // Leases are renewed automatically (lopts.AutoRenew is set), so the TTL
 // only bounds how long a crashed holder blocks others.
-func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idempotency.WindowStore, lopts lock.Options, fopts *fallback.Options) (*coordination, error) {
+func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idempotency.WindowStore, timeDB func(lock.Backend) lock.Backend, lopts lock.Options, fopts *fallback.Options) (*coordination, error) {
 	lopts.AutoRenew = true
 	c := &coordination{windows: dbWindows, secondaryName: "memory"}
 	var secondary lock.Backend
@@ -74,6 +75,9 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 			return nil, err
 		}
 		secondary, where, c.secondaryName = b, "the database", "database"
+		if timeDB != nil {
+			secondary = timeDB(b)
+		}
 	default:
 		secondary = &memlock.Backend{}
 	}
@@ -126,32 +130,43 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 	return c, nil
 }
 
-// redisStatus pings every node: "ok", or "unreachable" when any does not
-// answer.
-func (c *coordination) redisStatus(ctx context.Context) string {
+// redisStatus pings every node: "ok", "unreachable" when any does not
+// answer, or "not configured" without --redis (healthy: nothing to
+// reach).
+func (c *coordination) redisStatus(ctx context.Context) (string, bool) {
+	if len(c.clients) == 0 {
+		return "not configured", true
+	}
 	for _, cl := range c.clients {
 		pctx, cancel := context.WithTimeout(ctx, redisTimeout)
 		err := cl.Ping(pctx).Err()
 		cancel()
 		if err != nil {
-			return "unreachable"
+			return "unreachable", false
 		}
 	}
-	return "ok"
+	return "ok", true
 }
 
-// components are the parts /readyz reports for Redis: each node's
-// reachability and where the locks are.
-func (c *coordination) components() []httpapi.Component {
+// locksStatus names the lock backend serving now and the fallback state:
+// "memory" or "database" without --redis; "redis" while the breaker is
+// closed; "database (fallback: Redis does not answer, breaker open)" (or
+// "memory (...)" on SQLite) after it fell back, which is degraded.
+func (c *coordination) locksStatus(context.Context) (string, bool) {
 	if c.breaker == nil {
-		return nil
+		return c.secondaryName, true
 	}
-	return []httpapi.Component{{Name: "redis", Check: c.redisStatus}, {Name: "locks", Check: func(context.Context) string {
-		if c.breaker.Degraded() {
-			return "fallback to the database (breaker " + c.breaker.State().String() + ")"
-		}
-		return "ok"
-	}}}
+	if c.breaker.Degraded() {
+		return c.secondaryName + " (fallback: Redis does not answer, breaker " + c.breaker.State().String() + ")", false
+	}
+	return "redis", true
+}
+
+// components are the parts /readyz reports besides the database and the
+// provider, always: Redis (each node's reachability, or not configured)
+// and the locks (the backend serving and the fallback state).
+func (c *coordination) components() []httpapi.Component {
+	return []httpapi.Component{{Name: "redis", Check: c.redisStatus}, {Name: "locks", Check: c.locksStatus}}
 }
 
 func (c *coordination) close() {

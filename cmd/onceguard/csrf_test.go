@@ -12,14 +12,14 @@ import (
 func TestServeCSRF(t *testing.T) {
 	base := startServe(t)
 	alice := signUp(t, base, "alice")
-	send := func(auth, origin, site, ctype, key string) (int, string) {
+	send := func(auth, origin, site, ctype, proto, key string) (int, string) {
 		req, _ := http.NewRequest("POST", base+"/api/v1/deposits", strings.NewReader(`{"amount":"1.00"}`))
 		if auth == "cookie" {
 			req.AddCookie(&http.Cookie{Name: "onceguard_session", Value: alice.token})
 		} else {
 			req.Header.Set("Authorization", "Bearer "+alice.token)
 		}
-		for k, v := range map[string]string{"Origin": origin, "Sec-Fetch-Site": site, "Content-Type": ctype, "Idempotency-Key": key} {
+		for k, v := range map[string]string{"Origin": origin, "Sec-Fetch-Site": site, "Content-Type": ctype, "X-Forwarded-Proto": proto, "Idempotency-Key": key} {
 			if v != "" {
 				req.Header.Set(k, v)
 			}
@@ -34,25 +34,32 @@ func TestServeCSRF(t *testing.T) {
 	}
 	host := strings.TrimPrefix(base, "http://")
 	for _, tc := range []struct {
-		name, auth, origin, site, ctype string
-		status                          int
+		name, auth, origin, site, ctype, proto string
+		status                                 int
 	}{
-		{"cookie from another origin", "cookie", "http://evil.example", "", "application/json", 403},
-		{"cookie, cross-site fetch", "cookie", "", "cross-site", "application/json", 403},
-		{"cookie, same-site subdomain", "cookie", "", "same-site", "application/json", 403},
-		{"cookie, form content type", "cookie", "http://" + host, "same-origin", "text/plain", 403},
-		{"cookie, same origin, JSON", "cookie", "http://" + host, "same-origin", "application/json", 201},
-		{"cookie, no browser headers, JSON", "cookie", "", "", "application/json", 201},
-		{"bearer from anywhere", "bearer", "http://evil.example", "cross-site", "text/plain", 201},
+		{"cookie from another origin", "cookie", "http://evil.example", "", "application/json", "", 403},
+		{"cookie, cross-site fetch", "cookie", "", "cross-site", "application/json", "", 403},
+		{"cookie, same-site subdomain", "cookie", "", "same-site", "application/json", "", 403},
+		{"cookie, form content type", "cookie", "http://" + host, "same-origin", "text/plain", "", 403},
+		{"cookie, same origin, JSON", "cookie", "http://" + host, "same-origin", "application/json", "", 201},
+		{"cookie, no browser headers, JSON", "cookie", "", "", "application/json", "", 201},
+		{"bearer from anywhere", "bearer", "http://evil.example", "cross-site", "text/plain", "", 201},
+		// The origin is scheme and host: the same host under https is
+		// another origin, unless a TLS-terminating proxy says the client
+		// came over https.
+		{"cookie, same host, another scheme", "cookie", "https://" + host, "", "application/json", "", 403},
+		{"cookie, https origin over plain http", "cookie", "https://" + host, "", "application/json", "http", 403},
+		{"cookie, http origin behind a TLS proxy", "cookie", "http://" + host, "", "application/json", "https", 403},
+		{"cookie, https origin behind a TLS proxy", "cookie", "https://" + host, "", "application/json", "https", 201},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, body := send(tc.auth, tc.origin, tc.site, tc.ctype, "k-"+strings.ReplaceAll(tc.name, " ", "-"))
+			status, body := send(tc.auth, tc.origin, tc.site, tc.ctype, tc.proto, "k-"+strings.NewReplacer(" ", "-", ",", "").Replace(tc.name))
 			if status != tc.status || (status == 403 && !strings.Contains(body, `"code":"csrf_rejected"`)) {
 				t.Errorf("= %d %s; want %d", status, body, tc.status)
 			}
 		})
 	}
-	if a := alice.do("GET", "/api/v1/account", "", ""); a.body["balance"] != "3.00" {
-		t.Errorf("balance = %v; want 3.00 (only the three allowed deposits)", a.body["balance"])
+	if a := alice.do("GET", "/api/v1/account", "", ""); a.body["balance"] != "4.00" {
+		t.Errorf("balance = %v; want 4.00 (only the four allowed deposits)", a.body["balance"])
 	}
 }

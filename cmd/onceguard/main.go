@@ -94,42 +94,46 @@ type serveConfig struct {
 	logLevel, logFormat, clientIPHeader                                 string
 }
 
-func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// serveFlags defines serve's flags on a new flag set, each with its
+// default from the environment variable named in brackets in its usage.
+func serveFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *serveConfig) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	env := func(name, def string) string { return envOr(getenv, name, def) }
-	dur := func(name, def string) time.Duration {
-		d, err := time.ParseDuration(env(name, def))
-		if err != nil {
-			d, _ = time.ParseDuration(def)
-		}
-		return d
-	}
-	var c serveConfig
-	fs.StringVar(&c.addr, "addr", env("ONCEGUARD_ADDR", "127.0.0.1:8080"), "listen address [ONCEGUARD_ADDR]")
-	fs.StringVar(&c.db, "db", env("ONCEGUARD_DB", ""), "database URL: sqlite:///path, postgres://..., mysql://user:pass@tcp(host:port)/db (default: SQLite under --data-dir) [ONCEGUARD_DB]")
-	fs.IntVar(&c.dbConns, "db-conns", envInt(getenv, "ONCEGUARD_DB_CONNS", 20), "largest number of open connections to PostgreSQL or MySQL [ONCEGUARD_DB_CONNS]")
-	fs.StringVar(&c.dataDir, "data-dir", env("ONCEGUARD_DATA_DIR", "./data"), "data directory [ONCEGUARD_DATA_DIR]")
-	fs.StringVar(&c.redis, "redis", env("ONCEGUARD_REDIS", ""), "Redis URL (redis://host:port/0) for locks and the repeat window, or several comma-separated independent nodes (a quorum); the database is the fallback [ONCEGUARD_REDIS]")
-	fs.StringVar(&c.pspURL, "psp", env("ONCEGUARD_PSP", ""), "external payment provider URL (default: simulated in process) [ONCEGUARD_PSP]")
-	fs.DurationVar(&c.tokenTTL, "token-ttl", dur("ONCEGUARD_TOKEN_TTL", "5m"), "submit token lifetime [ONCEGUARD_TOKEN_TTL]")
-	fs.DurationVar(&c.keyTTL, "key-ttl", dur("ONCEGUARD_KEY_TTL", "24h"), "Idempotency-Key retention [ONCEGUARD_KEY_TTL]")
-	fs.DurationVar(&c.keyLease, "key-lease", dur("ONCEGUARD_KEY_LEASE", "30s"), "how long a key whose request is in flight answers 409; a crashed instance's keys run again after it [ONCEGUARD_KEY_LEASE]")
-	fs.DurationVar(&c.lockTTL, "lock-ttl", dur("ONCEGUARD_LOCK_TTL", "10s"), "TTL of the per-user and per-order locks, renewed while held: how long a crashed holder blocks others [ONCEGUARD_LOCK_TTL]")
-	fs.DurationVar(&c.repeatWindow, "repeat-window", dur("ONCEGUARD_REPEAT_WINDOW", "10s"), "repeat-submit window, 0 off [ONCEGUARD_REPEAT_WINDOW]")
-	fs.DurationVar(&c.reconcileEvery, "reconcile-interval", dur("ONCEGUARD_RECONCILE_INTERVAL", "5s"), "how often pending deposits and withdrawals are settled with the provider [ONCEGUARD_RECONCILE_INTERVAL]")
-	fs.StringVar(&c.maxAmount, "max-amount", env("ONCEGUARD_MAX_AMOUNT", "1000000.00"), "largest amount [ONCEGUARD_MAX_AMOUNT]")
-	fs.StringVar(&c.requireToken, "require-submit-token", env("ONCEGUARD_REQUIRE_SUBMIT_TOKEN", "withdrawal"), "purposes that need submit tokens, comma-separated, or none [ONCEGUARD_REQUIRE_SUBMIT_TOKEN]")
-	fs.StringVar(&c.currency, "currency", env("ONCEGUARD_CURRENCY", "CNY"), "currency [ONCEGUARD_CURRENCY]")
-	fs.Float64Var(&c.rateLimit, "rate-limit", envFloat(getenv, "ONCEGUARD_RATE_LIMIT", 2000), "requests a second one client address may send (429 rate_limited over it), 0 off [ONCEGUARD_RATE_LIMIT]")
-	fs.IntVar(&c.rateBurst, "rate-burst", envInt(getenv, "ONCEGUARD_RATE_BURST", 4000), "requests one client address may send at once [ONCEGUARD_RATE_BURST]")
-	fs.IntVar(&c.loginAttempts, "login-attempts", envInt(getenv, "ONCEGUARD_LOGIN_ATTEMPTS", 5), "failed sign-ins per username and address in 15 min before 429 too_many_attempts (4x per address, 10x per username), -1 off [ONCEGUARD_LOGIN_ATTEMPTS]")
-	fs.StringVar(&c.clientIPHeader, "client-ip-header", env("ONCEGUARD_CLIENT_IP_HEADER", ""), "header a trusted proxy sets to the client's address (e.g. X-Real-IP), for the limits; default the connection's address [ONCEGUARD_CLIENT_IP_HEADER]")
-	fs.StringVar(&c.logLevel, "log-level", env("ONCEGUARD_LOG_LEVEL", "info"), "debug, info, warn or error [ONCEGUARD_LOG_LEVEL]")
-	fs.StringVar(&c.logFormat, "log-format", env("ONCEGUARD_LOG_FORMAT", "auto"), "json, text, or auto: text on a terminal, else JSON [ONCEGUARD_LOG_FORMAT]")
+	c := &serveConfig{}
+	fs.StringVar(&c.addr, "addr", env.str("ONCEGUARD_ADDR", "127.0.0.1:8080"), "listen address [ONCEGUARD_ADDR]")
+	fs.StringVar(&c.db, "db", env.str("ONCEGUARD_DB", ""), "database URL: sqlite:///path, postgres://..., mysql://user:pass@tcp(host:port)/db (default: SQLite under --data-dir) [ONCEGUARD_DB]")
+	fs.IntVar(&c.dbConns, "db-conns", env.int("ONCEGUARD_DB_CONNS", 20), "largest number of open connections to PostgreSQL or MySQL [ONCEGUARD_DB_CONNS]")
+	fs.StringVar(&c.dataDir, "data-dir", env.str("ONCEGUARD_DATA_DIR", "./data"), "data directory [ONCEGUARD_DATA_DIR]")
+	fs.StringVar(&c.redis, "redis", env.str("ONCEGUARD_REDIS", ""), "Redis URL (redis://host:port/0) for locks and the repeat window, or several comma-separated independent nodes (a quorum); the database is the fallback [ONCEGUARD_REDIS]")
+	fs.StringVar(&c.pspURL, "psp", env.str("ONCEGUARD_PSP", ""), "external payment provider URL (default: simulated in process) [ONCEGUARD_PSP]")
+	fs.DurationVar(&c.tokenTTL, "token-ttl", env.dur("ONCEGUARD_TOKEN_TTL", 5*time.Minute), "submit token lifetime [ONCEGUARD_TOKEN_TTL]")
+	fs.DurationVar(&c.keyTTL, "key-ttl", env.dur("ONCEGUARD_KEY_TTL", 24*time.Hour), "Idempotency-Key retention [ONCEGUARD_KEY_TTL]")
+	fs.DurationVar(&c.keyLease, "key-lease", env.dur("ONCEGUARD_KEY_LEASE", 30*time.Second), "how long a key whose request is in flight answers 409; a crashed instance's keys run again after it [ONCEGUARD_KEY_LEASE]")
+	fs.DurationVar(&c.lockTTL, "lock-ttl", env.dur("ONCEGUARD_LOCK_TTL", 10*time.Second), "TTL of the per-user and per-order locks, renewed while held: how long a crashed holder blocks others [ONCEGUARD_LOCK_TTL]")
+	fs.DurationVar(&c.repeatWindow, "repeat-window", env.dur("ONCEGUARD_REPEAT_WINDOW", 10*time.Second), "repeat-submit window, 0 off [ONCEGUARD_REPEAT_WINDOW]")
+	fs.DurationVar(&c.reconcileEvery, "reconcile-interval", env.dur("ONCEGUARD_RECONCILE_INTERVAL", 5*time.Second), "how often pending deposits and withdrawals are settled with the provider [ONCEGUARD_RECONCILE_INTERVAL]")
+	fs.StringVar(&c.maxAmount, "max-amount", env.str("ONCEGUARD_MAX_AMOUNT", "1000000.00"), "largest amount [ONCEGUARD_MAX_AMOUNT]")
+	fs.StringVar(&c.requireToken, "require-submit-token", env.str("ONCEGUARD_REQUIRE_SUBMIT_TOKEN", "withdrawal"), "purposes that need submit tokens, comma-separated, or none [ONCEGUARD_REQUIRE_SUBMIT_TOKEN]")
+	fs.StringVar(&c.currency, "currency", env.str("ONCEGUARD_CURRENCY", "CNY"), "currency [ONCEGUARD_CURRENCY]")
+	fs.Float64Var(&c.rateLimit, "rate-limit", env.float("ONCEGUARD_RATE_LIMIT", 2000), "requests a second one client address may send (429 rate_limited over it), 0 off [ONCEGUARD_RATE_LIMIT]")
+	fs.IntVar(&c.rateBurst, "rate-burst", env.int("ONCEGUARD_RATE_BURST", 4000), "requests one client address may send at once [ONCEGUARD_RATE_BURST]")
+	fs.IntVar(&c.loginAttempts, "login-attempts", env.int("ONCEGUARD_LOGIN_ATTEMPTS", 5), "failed sign-ins per username and address in 15 min before 429 too_many_attempts (4x per address, 10x per username), -1 off [ONCEGUARD_LOGIN_ATTEMPTS]")
+	fs.StringVar(&c.clientIPHeader, "client-ip-header", env.str("ONCEGUARD_CLIENT_IP_HEADER", ""), "header a trusted proxy sets to the client's address (e.g. X-Real-IP), for the limits; default the connection's address [ONCEGUARD_CLIENT_IP_HEADER]")
+	fs.StringVar(&c.logLevel, "log-level", env.str("ONCEGUARD_LOG_LEVEL", "info"), "debug, info, warn or error [ONCEGUARD_LOG_LEVEL]")
+	fs.StringVar(&c.logFormat, "log-format", env.str("ONCEGUARD_LOG_FORMAT", "auto"), "json, text, or auto: text on a terminal, else JSON [ONCEGUARD_LOG_FORMAT]")
+	return fs, c
+}
+
+func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	env := &envVars{getenv: getenv}
+	fs, cp := serveFlags(env, stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if err := env.err(); err != nil {
+		return err
+	}
+	c := *cp
 	log, err := obs.NewLogger(stderr, c.logFormat, c.logLevel)
 	if err != nil {
 		return err
@@ -162,12 +166,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err := keys.Migrate(ctx); err != nil {
 		return err
 	}
+	metrics := obs.NewMetrics()
+	timedKeys := metrics.TimeKeys(keys) // database latency of keys, windows and tokens
 	var provider psp.Provider = &psp.Sim{}
 	pspWhere := "simulated in process"
 	if c.pspURL != "" {
 		provider, pspWhere = psp.NewClient(c.pspURL, nil), c.pspURL
 	}
-	metrics := obs.NewMetrics()
 	provider = obs.Provider{Provider: provider, Metrics: metrics}
 	require := map[string]bool{}
 	for _, p := range strings.Split(c.requireToken, ",") {
@@ -176,26 +181,26 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		}
 	}
 	var coord *coordination
-	coord, err = newCoordination(db, dialect, c.redis, keys,
-		lock.Options{Observe: metrics.LockObserver(func() string { return coord.backend() }, log)},
+	coord, err = newCoordination(db, dialect, c.redis, timedKeys, metrics.TimeLockBackend,
+		lock.Options{Observe: metrics.LockObserver(func() string { return coord.backend() })},
 		&fallback.Options{OnStateChange: metrics.FallbackObserver(log)})
 	if err != nil {
 		return err
 	}
 	defer coord.close()
 	comps := coord.components()
-	comps = append(comps, httpapi.Component{Name: "provider", Check: func(ctx context.Context) string {
+	comps = append(comps, httpapi.Component{Name: "provider", Check: func(ctx context.Context) (string, bool) {
 		if _, err := provider.Lookup(ctx, "readyz-probe"); err != nil && !errors.Is(err, psp.ErrNotFound) {
-			return "unreachable"
+			return "unreachable", false
 		}
-		return "ok"
+		return "ok", true
 	}})
 	store := sqlstore.Open(db, dialect)
 	store.Observe = metrics.DBObserver()
 	handler := httpapi.New(httpapi.Config{
-		Store: store, Keys: keys, Completer: keys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
+		Store: store, Keys: timedKeys, Completer: timedKeys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
 		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
-		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, Windows: coord.windows, Components: comps,
+		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, LockBackend: coord.backend, Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,
 		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, ClientIPHeader: c.clientIPHeader,
 	})
@@ -216,21 +221,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	tick := time.NewTicker(c.reconcileEvery)
 	defer tick.Stop()
+	reconciler := &app.Reconciler{Store: store, DB: db, Provider: provider, Limit: 100, Currency: c.currency, Metrics: metrics, Log: log}
 	for {
 		select {
 		case err := <-errc:
 			return err
 		case <-tick.C:
-			res, err := app.Reconcile(ctx, store, provider, 100)
-			metrics.ReconcilerPend.Set(float64(res.StillPending))
-			metrics.ReconcilerSettle.WithLabelValues("succeeded").Add(float64(res.Succeeded))
-			metrics.ReconcilerSettle.WithLabelValues("failed").Add(float64(res.Failed))
-			metrics.ReconcilerSettle.WithLabelValues("still_pending").Add(float64(res.StillPending))
-			if err != nil && ctx.Err() == nil {
-				log.Warn("reconciler pass failed", "error", err.Error())
-			} else if res.Checked > 0 {
-				log.Info("reconciler pass", "checked", res.Checked, "succeeded", res.Succeeded, "failed", res.Failed, "still_pending", res.StillPending)
-			}
+			_, _ = reconciler.Pass(ctx) // it logs its failures; the next tick tries again
 		case <-ctx.Done():
 			log.Info("shutting down: finishing in-flight requests")
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -294,11 +291,17 @@ func redactURL(u string) string {
 	return u
 }
 
-// servePSP runs the simulated payment provider over HTTP until ctx ends.
-func servePSP(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// pspFlags defines psp's flags.
+func pspFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *string) {
 	fs := flag.NewFlagSet("psp", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", envOr(getenv, "ONCEGUARD_PSP_ADDR", "127.0.0.1:8090"), "listen address [ONCEGUARD_PSP_ADDR]")
+	addr := fs.String("addr", env.str("ONCEGUARD_PSP_ADDR", "127.0.0.1:8090"), "listen address [ONCEGUARD_PSP_ADDR]")
+	return fs, addr
+}
+
+// servePSP runs the simulated payment provider over HTTP until ctx ends.
+func servePSP(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs, addr := pspFlags(&envVars{getenv: getenv}, stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -320,23 +323,77 @@ func servePSP(ctx context.Context, args []string, getenv func(string) string, st
 	return srv.Shutdown(sctx)
 }
 
-func envFloat(getenv func(string) string, name string, def float64) float64 {
-	if n, err := strconv.ParseFloat(getenv(name), 64); err == nil {
-		return n
-	}
-	return def
+// envVars gives flags their defaults from the environment: a variable
+// that is set (not empty) overrides the built-in default, and one whose
+// value does not parse is an error naming it (env.err), never silently
+// the default.
+type envVars struct {
+	getenv func(string) string
+	errs   []error
 }
 
-func envInt(getenv func(string) string, name string, def int) int {
-	if n, err := strconv.Atoi(getenv(name)); err == nil {
-		return n
-	}
-	return def
+func (e *envVars) bad(name, v, want string) {
+	e.errs = append(e.errs, fmt.Errorf("environment variable %s=%q: want %s", name, v, want))
 }
 
-func envOr(getenv func(string) string, name, def string) string {
-	if v := getenv(name); v != "" {
+// err is every variable that did not parse, or nil.
+func (e *envVars) err() error { return errors.Join(e.errs...) }
+
+func (e *envVars) str(name, def string) string {
+	if v := e.getenv(name); v != "" {
 		return v
 	}
 	return def
+}
+
+func (e *envVars) dur(name string, def time.Duration) time.Duration {
+	v := e.getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		e.bad(name, v, "a duration with its unit, like "+def.String())
+		return def
+	}
+	return d
+}
+
+func (e *envVars) int(name string, def int) int {
+	v := e.getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		e.bad(name, v, "a whole number")
+		return def
+	}
+	return n
+}
+
+func (e *envVars) float(name string, def float64) float64 {
+	v := e.getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		e.bad(name, v, "a number")
+		return def
+	}
+	return n
+}
+
+func (e *envVars) bool(name string, def bool) bool {
+	v := e.getenv(name)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		e.bad(name, v, "true or false")
+		return def
+	}
+	return b
 }

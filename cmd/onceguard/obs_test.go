@@ -3,12 +3,22 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/internal/faultproxy"
+	"github.com/onceguard/onceguard/internal/obs"
+	"github.com/onceguard/onceguard/internal/psp"
 )
 
 // After a small storm, /metrics counts what happened, and the logs carry a
@@ -33,6 +43,12 @@ func TestServeObservability(t *testing.T) {
 	}
 	wg.Wait()
 	alice.expect(alice.do("POST", "/api/v1/withdrawals", alice.submitToken("withdrawal"), `{"amount":"10"}`), 429, "duplicate_submission")
+	// Refusals: a key reused for another body, a forged token, and
+	// alice's token sent by bob.
+	alice.expect(alice.do("POST", "/api/v1/deposits", depKey, `{"amount":"99"}`), 422, "idempotency_key_reused")
+	alice.expect(alice.do("POST", "/api/v1/withdrawals", "st_forged", `{"amount":"10"}`), 400, "submit_token_invalid")
+	bob := signUp(t, base, "bob")
+	bob.expect(bob.do("POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`), 400, "submit_token_invalid")
 
 	// A request id sent by the client is kept; the answer names it.
 	req, _ := http.NewRequest("GET", base+"/api/v1/account", nil)
@@ -66,13 +82,20 @@ func TestServeObservability(t *testing.T) {
 		{"onceguard_repeat_window_rejections_total", map[string]string{"route": "/api/v1/withdrawals"}, eq(1), ""},
 		{"onceguard_submit_tokens_total", map[string]string{"outcome": "issued"}, eq(2), ""},
 		{"onceguard_submit_tokens_total", map[string]string{"outcome": "consumed"}, eq(1), ""},
+		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "mismatch"}, eq(1), "the deposit key with another amount"},
+		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "token_invalid"}, eq(1), "the forged token"},
+		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "token_foreign"}, eq(1), "bob sending alice's token"},
+		{"onceguard_submit_tokens_total", map[string]string{"outcome": "invalid"}, eq(1), ""},
+		{"onceguard_submit_tokens_total", map[string]string{"outcome": "foreign"}, eq(1), ""},
+		{"onceguard_db_duration_seconds_count", map[string]string{"op": "key_begin"}, atLeast(12), "the key store's calls timed: every keyed request that reached its record"},
+		{"onceguard_db_duration_seconds_count", map[string]string{"op": "token_put"}, eq(2), "one per token issued"},
 		{"onceguard_lock_acquires_total", map[string]string{"backend": "memory", "result": "acquired"}, eq(1), "one withdrawal ran"},
 		{"onceguard_lock_hold_seconds_count", map[string]string{"backend": "memory"}, eq(1), ""},
 		{"onceguard_money_movements_total", map[string]string{"kind": "withdrawal", "outcome": "succeeded"}, eq(1), "debited once"},
 		{"onceguard_money_movements_total", map[string]string{"kind": "deposit", "outcome": "succeeded"}, eq(1), ""},
 		{"onceguard_db_duration_seconds_count", map[string]string{"op": "withdraw"}, eq(1), ""},
 		{"onceguard_provider_duration_seconds_count", map[string]string{"op": "payout", "result": "ok"}, eq(1), ""},
-		{"onceguard_http_request_duration_seconds_count", map[string]string{"route": "/api/v1/deposits", "method": "POST"}, eq(1), ""},
+		{"onceguard_http_request_duration_seconds_count", map[string]string{"route": "/api/v1/deposits", "method": "POST"}, eq(2), "the deposit and its key reused"},
 	} {
 		v, ok := metricValue(metrics, c.name, c.labels)
 		if !ok || !c.want(v) {
@@ -134,6 +157,216 @@ func TestServeObservability(t *testing.T) {
 }
 
 func eq(want float64) func(float64) bool { return func(v float64) bool { return v == want } }
+
+func atLeast(want float64) func(float64) bool { return func(v float64) bool { return v >= want } }
+
+// scrape returns the service's /metrics.
+func scrape(t *testing.T, base string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET /metrics = %d %s", resp.StatusCode, body)
+	}
+	return string(body)
+}
+
+// logLines decodes JSON log lines.
+func logLines(t *testing.T, text string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		var line map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("log line is not JSON: %q", sc.Text())
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// /readyz on the embedded default names every component: the database,
+// Redis (not configured), the locks (in process) and the provider; a
+// provider that does not answer makes it degraded, still 200.
+func TestServeReadyz(t *testing.T) {
+	base := startServe(t)
+	anon := &client{t: t, base: base}
+	r := anon.do("GET", "/readyz", "", "")
+	want := map[string]any{"database": "ok", "redis": "not configured", "locks": "memory", "provider": "ok"}
+	if c, _ := r.body["components"].(map[string]any); r.status != 200 || r.body["status"] != "ok" || fmt.Sprint(c) != fmt.Sprint(want) {
+		t.Errorf("readyz = %d %s; want 200 ok with components %v", r.status, r.raw, want)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	anon = &client{t: t, base: startServe(t, "--psp", dead)}
+	r = anon.do("GET", "/readyz", "", "")
+	if c, _ := r.body["components"].(map[string]any); r.status != 200 || r.body["status"] != "degraded" || c["provider"] != "unreachable" || c["database"] != "ok" {
+		t.Errorf("readyz with the provider down = %d %s; want 200 degraded, provider unreachable", r.status, r.raw)
+	}
+}
+
+// /readyz without its database: 503 unavailable, and ready again when it
+// is back. PostgreSQL behind a proxy the test cuts.
+func TestServeReadyzDatabaseDown(t *testing.T) {
+	u, err := url.Parse(dbtest.FreshPostgres(t, "onceguard_e2e_readyz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u.Host = p.Addr()
+	anon := &client{t: t, base: startServe(t, "--db", u.String())}
+	r := anon.do("GET", "/readyz", "", "")
+	if c, _ := r.body["components"].(map[string]any); r.status != 200 || r.body["status"] != "ok" || c["locks"] != "database" || c["redis"] != "not configured" {
+		t.Fatalf("readyz = %d %s; want 200 ok, locks database, redis not configured", r.status, r.raw)
+	}
+	p.Drop()
+	p.Reset()
+	r = anon.do("GET", "/readyz", "", "")
+	if c, _ := r.body["components"].(map[string]any); r.status != 503 || r.body["status"] != "unavailable" || c["database"] != "unreachable" {
+		t.Errorf("readyz with the database down = %d %s; want 503 unavailable, database unreachable", r.status, r.raw)
+	}
+	if err := p.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if r = anon.do("GET", "/readyz", "", ""); r.status == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz after the database came back = %d %s; want 200", r.status, r.raw)
+		}
+	}
+}
+
+// With PostgreSQL or MySQL the locks are in the database: their calls are
+// timed in db_duration_seconds (lock_*), with the key store's (key_*,
+// token_*), and counted by backend "database".
+func TestServeDatabaseLockMetrics(t *testing.T) {
+	for name, db := range databases(t) {
+		if name == "sqlite" {
+			continue // locks in process
+		}
+		t.Run(name, func(t *testing.T) {
+			base := startServe(t, db(t)...)
+			alice := signUp(t, base, "alice")
+			alice.expect(alice.do("POST", "/api/v1/deposits", "d", `{"amount":"10"}`), 201, "")
+			alice.expect(alice.do("POST", "/api/v1/withdrawals", alice.submitToken("withdrawal"), `{"amount":"1"}`), 201, "")
+			m := scrape(t, base)
+			for _, c := range []struct {
+				name   string
+				labels map[string]string
+			}{
+				{"onceguard_db_duration_seconds_count", map[string]string{"op": "lock_acquire"}},
+				{"onceguard_db_duration_seconds_count", map[string]string{"op": "lock_release"}},
+				{"onceguard_db_duration_seconds_count", map[string]string{"op": "key_begin"}},
+				{"onceguard_db_duration_seconds_count", map[string]string{"op": "key_complete_tx"}},
+				{"onceguard_db_duration_seconds_count", map[string]string{"op": "token_put"}},
+				{"onceguard_lock_acquires_total", map[string]string{"backend": "database", "result": "acquired"}},
+			} {
+				if v, ok := metricValue(m, c.name, c.labels); !ok || v < 1 {
+					t.Errorf("%s%v = %v (found %v); want at least 1", c.name, c.labels, v, ok)
+				}
+			}
+		})
+	}
+}
+
+// The reconciler, seen from /metrics and the logs: a deposit whose charge
+// timed out after the provider charged and a withdrawal whose payout
+// timed out before it reached the provider stay pending while no
+// reconciler runs; restarted on the same data with one, it settles the
+// deposit succeeded (found at the provider) and the withdrawal failed
+// (sent again under its id and declined): reconciler_settled_total counts
+// one of each, reconciler_pending comes to 0, and the log has one audit
+// line per movement with by=reconciler.
+func TestServeReconcilerMetrics(t *testing.T) {
+	sim := &psp.Sim{}
+	front := httptest.NewServer(http.TimeoutHandler(psp.Handler(sim), time.Second, "provider timed out"))
+	t.Cleanup(front.Close)
+	dir := t.TempDir()
+
+	base, stop := startServeLogs(t, io.Discard, "--data-dir", dir, "--psp", front.URL, "--reconcile-interval", "1h")
+	t.Cleanup(func() { _ = stop() })
+	alice := signUp(t, base, "alice")
+	acct := alice.do("GET", "/api/v1/account", "", "")
+	userID, _ := acct.body["user_id"].(string)
+	alice.expect(alice.do("POST", "/api/v1/deposits", "d0", `{"amount":"100"}`), 201, "")
+	sim.Inject(psp.TimeoutAfterCommit)
+	dep := alice.do("POST", "/api/v1/deposits", "d1", `{"amount":"20"}`)
+	sim.Inject(psp.TimeoutBeforeCommit)
+	tok := alice.submitToken("withdrawal")
+	wd := alice.do("POST", "/api/v1/withdrawals", tok, `{"amount":"5"}`)
+	depID, _ := dep.body["id"].(string)
+	wdID, _ := wd.body["id"].(string)
+	if dep.status != 201 || dep.body["status"] != "pending" || wd.status != 201 || wd.body["status"] != "pending" {
+		t.Fatalf("deposit %d %s, withdrawal %d %s; want both 201 pending", dep.status, dep.raw, wd.status, wd.raw)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("serve = %v", err)
+	}
+
+	sim.Inject(psp.Decline) // for the withdrawal, sent again by the reconciler
+	logs := &syncBuffer{}
+	base, stop2 := startServeLogs(t, logs, "--data-dir", dir, "--psp", front.URL, "--reconcile-interval", "50ms", "--log-format", "json")
+	t.Cleanup(func() { _ = stop2() })
+	var m string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		m = scrape(t, base)
+		s, _ := metricValue(m, "onceguard_reconciler_settled_total", map[string]string{"result": "succeeded"})
+		f, _ := metricValue(m, "onceguard_reconciler_settled_total", map[string]string{"result": "failed"})
+		p, ok := metricValue(m, "onceguard_reconciler_pending", nil)
+		if s == 1 && f == 1 && ok && p == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reconciler settled %v succeeded, %v failed, %v pending (found %v); want 1, 1, 0 within 30 s", s, f, p, ok)
+		}
+	}
+	if v, _ := metricValue(m, "onceguard_reconciler_settled_total", map[string]string{"result": "still_pending"}); v != 0 {
+		t.Errorf("reconciler_settled_total{still_pending} = %v; want 0", v)
+	}
+	alice.base = base
+	for _, c := range []struct{ path, want string }{{"/api/v1/deposits/" + depID, "succeeded"}, {"/api/v1/withdrawals/" + wdID, "failed"}} {
+		if a := alice.do("GET", c.path, "", ""); a.body["status"] != c.want {
+			t.Errorf("GET %s = %s; want status %s", c.path, a.raw, c.want)
+		}
+	}
+	if err := stop2(); err != nil {
+		t.Fatalf("serve = %v", err)
+	}
+	want := map[string]string{
+		depID: fmt.Sprintf("deposit %s 20.00 CNY %s succeeded", userID, obs.Hash("d1")),
+		wdID:  fmt.Sprintf("withdrawal %s 5.00 CNY %s failed", userID, obs.Hash(tok)),
+	}
+	got := map[string]string{}
+	for _, line := range logLines(t, logs.String()) {
+		if line["msg"] != "money" || line["by"] != "reconciler" {
+			continue
+		}
+		id := fmt.Sprint(line["id"])
+		if _, dup := got[id]; dup {
+			t.Errorf("two reconciler audit lines for %s", id)
+		}
+		got[id] = fmt.Sprint(line["kind"], " ", line["user_id"], " ", line["amount"], " ", line["currency"], " ", line["key_hash"], " ", line["outcome"])
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("reconciler audit lines = %v; want one per movement: %v", got, want)
+	}
+}
 
 // metricValue finds the sample of name whose labels include want, in the
 // Prometheus text format.

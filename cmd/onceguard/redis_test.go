@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,17 +22,50 @@ func TestServeRedisOutage(t *testing.T) {
 	for name, db := range databases(t) {
 		t.Run(name, func(t *testing.T) {
 			srv := redistest.StartServer(t)
-			base := startServe(t, append(db(t), "--redis", srv.URL(), "--require-submit-token", "", "--repeat-window", "0")...)
-			testRedisOutage(t, base, srv)
+			dbArgs := db(t)
+			secondary := "memory" // SQLite: one process, locks in process
+			if len(dbArgs) > 0 {
+				secondary = "database"
+			}
+			logs := &syncBuffer{}
+			base, stop := startServeLogs(t, logs, append(dbArgs, "--redis", srv.URL(), "--require-submit-token", "", "--repeat-window", "0", "--log-format", "json")...)
+			t.Cleanup(func() {
+				if err := stop(); err != nil {
+					t.Errorf("serve after cancel = %v; want nil", err)
+				}
+			})
+			testRedisOutage(t, base, srv, secondary)
+			// Lines about a request's lock (a failed acquire, a lost lease,
+			// a refused stale write) are the request's: they carry its id.
+			sc := bufio.NewScanner(strings.NewReader(logs.String()))
+			for sc.Scan() {
+				var line map[string]any
+				if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+					t.Fatalf("log line is not JSON: %q", sc.Text())
+				}
+				if msg, _ := line["msg"].(string); (strings.HasPrefix(msg, "lock ") || strings.HasPrefix(msg, "stale fence")) && line["request_id"] == nil {
+					t.Errorf("lock log line without a request id: %s", sc.Text())
+				}
+			}
 		})
 	}
 }
 
-func testRedisOutage(t *testing.T, base string, srv *redistest.Server) {
+func testRedisOutage(t *testing.T, base string, srv *redistest.Server, secondary string) {
 	anon := &client{t: t, base: base}
 	ready := func() answer { return anon.do("GET", "/readyz", "", "") }
 	if r := ready(); r.status != 200 || r.body["status"] != "ok" {
 		t.Fatalf("readyz before = %d %s; want 200 ok", r.status, r.raw)
+	} else if c, _ := r.body["components"].(map[string]any); c["redis"] != "ok" || c["locks"] != "redis" {
+		t.Errorf("readyz components before = %v; want redis ok, locks redis", c)
+	}
+	metric := func(name string, labels map[string]string) float64 {
+		t.Helper()
+		v, _ := metricValue(scrape(t, base), name, labels)
+		return v
+	}
+	if d, sw := metric("onceguard_lock_fallback_degraded", nil), metric("onceguard_lock_fallback_switches_total", map[string]string{"to": "database"}); d != 0 || sw != 0 {
+		t.Errorf("before the outage: lock_fallback_degraded %v, switches to the database %v; want 0, 0", d, sw)
 	}
 	alice := signUp(t, base, "alice")
 	alice.expect(alice.do("POST", "/api/v1/deposits", "d", `{"amount":"10000"}`), 201, "")
@@ -82,8 +118,16 @@ func testRedisOutage(t *testing.T, base string, srv *redistest.Server) {
 	waitSent(killedAt + 60)
 	if r := ready(); r.status != 200 || r.body["status"] != "degraded" {
 		t.Errorf("readyz with Redis down = %d %s; want 200 degraded", r.status, r.raw)
-	} else if c, _ := r.body["components"].(map[string]any); c["redis"] != "unreachable" || c["locks"] == "ok" {
-		t.Errorf("readyz components = %v; want redis unreachable, locks on the fallback", c)
+	} else if c, _ := r.body["components"].(map[string]any); c["redis"] != "unreachable" || !strings.HasPrefix(fmt.Sprint(c["locks"]), secondary+" (fallback") {
+		t.Errorf("readyz components = %v; want redis unreachable, locks %s (fallback...)", c, secondary)
+	}
+	// The breaker stays open while Redis is dead (it probes it only after
+	// its cooldown, and the probe fails): degraded, one switch so far.
+	if d, sw := metric("onceguard_lock_fallback_degraded", nil), metric("onceguard_lock_fallback_switches_total", map[string]string{"to": "database"}); d != 1 || sw < 1 {
+		t.Errorf("Redis down: lock_fallback_degraded %v, switches to the database %v; want 1, at least 1", d, sw)
+	}
+	if n := metric("onceguard_lock_acquires_total", map[string]string{"backend": secondary, "result": "acquired"}); n < 1 {
+		t.Errorf("lock_acquires_total{backend=%s,acquired} = %v; want the fallback's leases counted", secondary, n)
 	}
 	srv.Restart(t)
 	// The breaker probes Redis after its cooldown (2 s); then the service
@@ -101,6 +145,22 @@ func testRedisOutage(t *testing.T, base string, srv *redistest.Server) {
 	}
 	if n, err := srv.Do("DBSIZE"); err != nil || n.(int64) == 0 {
 		t.Errorf("DBSIZE on the restarted Redis = %v, %v; want the service's lock keys back", n, err)
+	}
+	// Back on Redis: not degraded, and every switch away was matched by
+	// one back.
+	// (Polled: a slow Redis reply under load may flip the breaker again
+	// for a moment.)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		toDB, toRedis := metric("onceguard_lock_fallback_switches_total", map[string]string{"to": "database"}), metric("onceguard_lock_fallback_switches_total", map[string]string{"to": "redis"})
+		d := metric("onceguard_lock_fallback_degraded", nil)
+		if d == 0 && toDB >= 1 && toRedis == toDB {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("Redis back: lock_fallback_degraded %v, switches to the database %v and back to Redis %v; want 0, at least 1, as many back", d, toDB, toRedis)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	waitSent(sent.Load() + 30)
 	close(stop)
@@ -155,8 +215,8 @@ func TestServeRedisQuorum(t *testing.T) {
 	alice.expect(alice.do("POST", "/api/v1/withdrawals", "w3", `{"amount":"3.00"}`), 201, "")
 	r := alice.do("GET", "/readyz", "", "")
 	c, _ := r.body["components"].(map[string]any)
-	if r.status != 200 || r.body["status"] != "degraded" || c["redis"] != "unreachable" || c["locks"] != "ok" {
-		t.Errorf("readyz with one node of three down = %d %s; want 200 degraded, redis unreachable, locks ok (a quorum is left)", r.status, r.raw)
+	if r.status != 200 || r.body["status"] != "degraded" || c["redis"] != "unreachable" || c["locks"] != "redis" {
+		t.Errorf("readyz with one node of three down = %d %s; want 200 degraded, redis unreachable, locks redis (a quorum is left)", r.status, r.raw)
 	}
 	stormBalance(t, alice, "94.00")
 }

@@ -48,24 +48,29 @@ const stormMaxN = 5000
 // It prints a summary table (or, with --json, one JSON document) to stdout
 // and a progress bar to stderr when stderr is a terminal. It returns an
 // error when a scenario fails or the target cannot be reached.
-func runStorm(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// stormFlags defines storm's flags (--amount is read as text, checked by
+// runStorm).
+func stormFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *stormConfig, *string) {
 	fs := flag.NewFlagSet("storm", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	env := func(name, def string) string { return envOr(getenv, name, def) }
-	var c stormConfig
-	amount := env("ONCEGUARD_STORM_AMOUNT", "10.00")
-	timeout, err := time.ParseDuration(env("ONCEGUARD_STORM_TIMEOUT", "2m"))
-	if err != nil {
-		timeout = 2 * time.Minute
-	}
-	asJSON, _ := strconv.ParseBool(env("ONCEGUARD_STORM_JSON", "false"))
-	fs.StringVar(&c.target, "target", env("ONCEGUARD_STORM_TARGET", "http://127.0.0.1:8080"), "base URL of a running onceguard service [ONCEGUARD_STORM_TARGET]")
-	fs.IntVar(&c.n, "n", envInt(getenv, "ONCEGUARD_STORM_N", 50), "concurrent requests in each scenario [ONCEGUARD_STORM_N]")
-	fs.StringVar(&amount, "amount", amount, "amount of the withdrawals of (a); (b) uses it + 0.01 and (c)'s order it + 0.02 [ONCEGUARD_STORM_AMOUNT]")
-	fs.DurationVar(&c.timeout, "timeout", timeout, "bound on the whole storm [ONCEGUARD_STORM_TIMEOUT]")
-	fs.BoolVar(&c.json, "json", asJSON, "print one JSON document instead of the table [ONCEGUARD_STORM_JSON]")
+	c := &stormConfig{}
+	amount := new(string)
+	fs.StringVar(&c.target, "target", env.str("ONCEGUARD_STORM_TARGET", "http://127.0.0.1:8080"), "base URL of a running onceguard service [ONCEGUARD_STORM_TARGET]")
+	fs.IntVar(&c.n, "n", env.int("ONCEGUARD_STORM_N", 50), "concurrent requests in each scenario [ONCEGUARD_STORM_N]")
+	fs.StringVar(amount, "amount", env.str("ONCEGUARD_STORM_AMOUNT", "10.00"), "amount of the withdrawals of (a); (b) uses it + 0.01 and (c)'s order it + 0.02 [ONCEGUARD_STORM_AMOUNT]")
+	fs.DurationVar(&c.timeout, "timeout", env.dur("ONCEGUARD_STORM_TIMEOUT", 2*time.Minute), "bound on the whole storm [ONCEGUARD_STORM_TIMEOUT]")
+	fs.BoolVar(&c.json, "json", env.bool("ONCEGUARD_STORM_JSON", false), "print one JSON document instead of the table [ONCEGUARD_STORM_JSON]")
+	return fs, c, amount
+}
+
+func runStorm(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	env := &envVars{getenv: getenv}
+	fs, c, amount := stormFlags(env, stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if err := env.err(); err != nil {
+		return fmt.Errorf("storm: %w", err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("storm: unexpected arguments %q", fs.Args())
@@ -73,8 +78,9 @@ func runStorm(ctx context.Context, args []string, getenv func(string) string, st
 	if c.n < 2 || c.n > stormMaxN {
 		return fmt.Errorf("storm: --n %d: want 2..%d", c.n, stormMaxN)
 	}
-	if c.amount, err = money.Parse(amount); err != nil || c.amount <= 0 || c.amount > 1_000_000_00 {
-		return fmt.Errorf("storm: --amount %q: want an amount like 10.00, at most 1000000.00", amount)
+	var err error
+	if c.amount, err = money.Parse(*amount); err != nil || c.amount <= 0 || c.amount > 1_000_000_00 {
+		return fmt.Errorf("storm: --amount %q: want an amount like 10.00, at most 1000000.00", *amount)
 	}
 	if c.timeout <= 0 {
 		return fmt.Errorf("storm: --timeout %v: want a positive duration", c.timeout)
@@ -89,7 +95,7 @@ func runStorm(ctx context.Context, args []string, getenv func(string) string, st
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = c.n+16, c.n+16 // keep the storm's connections for the next scenario
 	defer tr.CloseIdleConnections()
-	s := &stormer{cfg: c, hc: &http.Client{Transport: tr}, progress: newStormProgress(stderr, getenv)}
+	s := &stormer{cfg: *c, hc: &http.Client{Transport: tr}, progress: newStormProgress(stderr, getenv)}
 
 	rep, err := s.run(ctx)
 	if err != nil {

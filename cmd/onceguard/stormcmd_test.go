@@ -136,6 +136,59 @@ func TestStormCommandJSON(t *testing.T) {
 	if c := counts["c"]; c["201"] != 1 || c["409 order_already_paid"]+c["409 payment_in_progress"] != 19 {
 		t.Errorf("(c) answers = %v; want one 201, 19 409 order_already_paid or payment_in_progress", c)
 	}
+	stormMetrics(t, base, 20, counts)
+}
+
+// stormMetrics checks that the service's /metrics after one storm of n
+// (nothing else sent to it) count exactly what the storm's answers say.
+// Every request of the storm carries a submit token: the deposit's, (a)'s
+// one, (b)'s n, the order's and (c)'s n. A payment refused 409
+// payment_in_progress frees its key and token (a retry runs again): its
+// token is released, not consumed, and its lock acquire was busy.
+func stormMetrics(t *testing.T, base string, n int, counts map[string]map[string]int) {
+	t.Helper()
+	m := scrape(t, base)
+	a, b, c := counts["a"], counts["b"], counts["c"]
+	inProgress := float64(c["409 payment_in_progress"])
+	nf := float64(n)
+	for _, x := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"onceguard_submit_tokens_total", map[string]string{"outcome": "issued"}, 2*nf + 3},
+		{"onceguard_submit_tokens_total", map[string]string{"outcome": "consumed"}, 4 + nf - inProgress},
+		{"onceguard_submit_tokens_total", map[string]string{"outcome": "released"}, inProgress},
+		{"onceguard_submit_tokens_total", map[string]string{"outcome": "invalid"}, 0},
+		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "new"}, nf + 4},
+		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "replayed"}, float64(a["201 replayed"]) + 1}, // + the token once more after (a)
+		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "in_progress"}, float64(a["409 request_in_progress"])},
+		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "duplicate_submission"}, float64(b["429 duplicate_submission"])},
+		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "released"}, inProgress},
+		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "mismatch"}, 0},
+		{"onceguard_repeat_window_rejections_total", map[string]string{"route": "/api/v1/withdrawals"}, nf - 1},
+		{"onceguard_lock_acquires_total", map[string]string{"backend": "memory", "result": "acquired"}, 2 + nf - inProgress},
+		{"onceguard_lock_acquires_total", map[string]string{"backend": "memory", "result": "busy"}, inProgress},
+		{"onceguard_lock_hold_seconds_count", map[string]string{"backend": "memory"}, 2 + nf - inProgress},
+		{"onceguard_lock_lost_total", map[string]string{"backend": "memory"}, 0},
+		{"onceguard_money_movements_total", map[string]string{"kind": "deposit", "outcome": "succeeded"}, 1},
+		{"onceguard_money_movements_total", map[string]string{"kind": "withdrawal", "outcome": "succeeded"}, 2},
+		{"onceguard_money_movements_total", map[string]string{"kind": "payment", "outcome": "paid"}, 1},
+		{"onceguard_money_movements_total", map[string]string{"kind": "payment", "outcome": "already_paid"}, float64(c["409 order_already_paid"])},
+		{"onceguard_money_movements_total", map[string]string{"kind": "payment", "outcome": "in_progress"}, inProgress},
+		{"onceguard_provider_duration_seconds_count", map[string]string{"op": "charge", "result": "ok"}, 1},
+		{"onceguard_provider_duration_seconds_count", map[string]string{"op": "payout", "result": "ok"}, 2},
+		{"onceguard_http_requests_total", map[string]string{"route": "/api/v1/withdrawals", "method": "POST", "code": "201"}, float64(a["201"] + a["201 replayed"] + 1 + b["201"])},
+		{"onceguard_http_requests_total", map[string]string{"route": "/api/v1/withdrawals", "method": "POST", "code": "409"}, float64(a["409 request_in_progress"])},
+		{"onceguard_http_requests_total", map[string]string{"route": "/api/v1/withdrawals", "method": "POST", "code": "429"}, float64(b["429 duplicate_submission"])},
+		{"onceguard_http_requests_total", map[string]string{"route": "/api/v1/orders/{id}/payment", "method": "POST", "code": "201"}, float64(c["201"])},
+		{"onceguard_http_requests_total", map[string]string{"route": "/api/v1/orders/{id}/payment", "method": "POST", "code": "409"}, nf - 1},
+		{"onceguard_http_requests_total", map[string]string{"route": "/api/v1/submit-tokens", "method": "POST", "code": "201"}, 2*nf + 3},
+	} {
+		if got, _ := metricValue(m, x.name, x.labels); got != x.want {
+			t.Errorf("after the storm: %s%v = %v; want %v", x.name, x.labels, got, x.want)
+		}
+	}
 }
 
 // The table for people: a row per scenario with the money moved, the

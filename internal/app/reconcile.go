@@ -4,9 +4,13 @@ package app
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"log/slog"
 	"time"
 
+	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 )
@@ -14,6 +18,18 @@ import (
 // ReconcileResult counts what one reconciliation pass did.
 type ReconcileResult struct {
 	Checked, Succeeded, Failed, StillPending int
+	// Settled is each movement the pass settled, in order.
+	Settled []Settlement
+}
+
+// Settlement is one pending movement a pass settled.
+type Settlement struct {
+	Kind    string // "deposit" or "withdrawal"
+	ID      string
+	UserID  string
+	Key     string // its request's Idempotency-Key (or submit token): log only a hash
+	Amount  money.Amount
+	Outcome string // "succeeded" or "failed"
 }
 
 // Reconcile settles pending deposits and withdrawals, whose provider call
@@ -22,13 +38,13 @@ type ReconcileResult struct {
 // Not found (the call never reached it): send it again with the same key
 // and the same amount, which is safe because the key makes it idempotent.
 // Still unknown: leave it pending for the next pass. Never a new key:
-// that could pay twice.
+// that could pay twice. It looks at up to limit movements of each kind.
 func Reconcile(ctx context.Context, store *sqlstore.Store, provider psp.Provider, limit int) (ReconcileResult, error) {
 	var res ReconcileResult
 	for _, kind := range []struct {
-		table string
-		op    psp.Kind
-	}{{"deposits", psp.Charge}, {"withdrawals", psp.Payout}} {
+		table, name string
+		op          psp.Kind
+	}{{"deposits", "deposit", psp.Charge}, {"withdrawals", "withdrawal", psp.Payout}} {
 		pending, err := store.Pending(ctx, kind.table, limit)
 		if err != nil {
 			return res, err
@@ -45,20 +61,92 @@ func Reconcile(ctx context.Context, store *sqlstore.Store, provider psp.Provider
 			}
 			ok := op.Status == psp.Succeeded
 			now := time.Now().UnixMicro()
+			var moved bool
 			if kind.table == "deposits" {
-				err = store.SettleDeposit(ctx, m.ID, ok, now)
+				moved, err = store.SettleDeposit(ctx, m.ID, ok, now)
 			} else {
-				err = store.SettleWithdrawal(ctx, m.ID, ok, now)
+				moved, err = store.SettleWithdrawal(ctx, m.ID, ok, now)
 			}
 			if err != nil {
 				return res, err
 			}
+			if !moved {
+				continue // its request settled it meanwhile, and said so
+			}
+			outcome := "failed"
 			if ok {
 				res.Succeeded++
+				outcome = "succeeded"
 			} else {
 				res.Failed++
 			}
+			res.Settled = append(res.Settled, Settlement{Kind: kind.name, ID: m.ID, UserID: m.UserID, Key: m.Key, Amount: m.Amount, Outcome: outcome})
 		}
 	}
 	return res, nil
+}
+
+// Backlog counts the deposits and withdrawals still pending: the
+// reconciler's whole backlog, which one pass (Reconcile's limit) may not
+// reach.
+func Backlog(ctx context.Context, db *sql.DB) (int, error) {
+	var n int
+	err := db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM deposits WHERE status = 'pending') + (SELECT COUNT(*) FROM withdrawals WHERE status = 'pending')`).Scan(&n)
+	return n, err
+}
+
+// Reconciler is the service's reconciler: each Pass settles what it can
+// (Reconcile), writes one audit line per movement it settled, counts its
+// results and sets the backlog gauge from a count of the pending rows.
+type Reconciler struct {
+	Store    *sqlstore.Store
+	DB       *sql.DB // the Store's database, for the backlog count
+	Provider psp.Provider
+	Limit    int    // movements of each kind per pass (0: 100)
+	Currency string // for the audit lines
+	Metrics  *obs.Metrics
+	Log      *slog.Logger // nil: none
+}
+
+// Pass runs one reconciliation pass.
+func (rc *Reconciler) Pass(ctx context.Context) (ReconcileResult, error) {
+	limit := rc.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	log := rc.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	res, err := Reconcile(ctx, rc.Store, rc.Provider, limit)
+	for _, s := range res.Settled {
+		log.Info("money", "audit", true, "kind", s.Kind, "id", s.ID, "user_id", s.UserID, "amount", s.Amount.String(),
+			"currency", rc.Currency, "key_hash", obs.Hash(s.Key), "outcome", s.Outcome, "by", "reconciler")
+	}
+	if m := rc.Metrics; m != nil {
+		m.ReconcilerSettle.WithLabelValues("succeeded").Add(float64(res.Succeeded))
+		m.ReconcilerSettle.WithLabelValues("failed").Add(float64(res.Failed))
+		m.ReconcilerSettle.WithLabelValues("still_pending").Add(float64(res.StillPending))
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Warn("reconciler pass failed", "error", err.Error())
+		}
+		return res, err
+	}
+	start := time.Now()
+	backlog, berr := Backlog(ctx, rc.DB)
+	if m := rc.Metrics; m != nil {
+		m.DB.WithLabelValues("reconciler_backlog").Observe(obs.Since(start))
+		if berr == nil {
+			m.ReconcilerPend.Set(float64(backlog))
+		}
+	}
+	if berr != nil && ctx.Err() == nil {
+		log.Warn("reconciler backlog count failed", "error", berr.Error())
+	}
+	if res.Checked > 0 {
+		log.Info("reconciler pass", "checked", res.Checked, "succeeded", res.Succeeded, "failed", res.Failed, "still_pending", res.StillPending, "backlog", backlog)
+	}
+	return res, berr
 }

@@ -1,13 +1,22 @@
 package app_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 )
@@ -50,7 +59,7 @@ func TestReconcile(t *testing.T) {
 			t.Fatal(err)
 		}
 		if op, err := sim.Do(ctx, psp.Payout, id, 1000); err == nil && op.Status == psp.Failed {
-			if err := s.SettleWithdrawal(ctx, id, false, now); err != nil { // a definite failure settles at once
+			if _, err := s.SettleWithdrawal(ctx, id, false, now); err != nil { // a definite failure settles at once
 				t.Fatal(err)
 			}
 		}
@@ -71,5 +80,184 @@ func TestReconcile(t *testing.T) {
 	bal, sum, err := s.Balance(ctx, "u1")
 	if err != nil || bal != 1000 || sum != bal {
 		t.Errorf("balance %v, ledger %v, %v; want 10.00 = 30.00 deposited - 20.00 paid out (w3 refunded)", bal, sum, err)
+	}
+}
+
+// unknown is a provider whose every call ends with an unknown outcome.
+type unknown struct{}
+
+func (unknown) Do(context.Context, psp.Kind, string, money.Amount) (psp.Operation, error) {
+	return psp.Operation{}, psp.ErrUnknownOutcome
+}
+
+func (unknown) Lookup(context.Context, string) (psp.Operation, error) {
+	return psp.Operation{}, psp.ErrUnknownOutcome
+}
+
+// A Reconciler pass writes one audit line per movement it settles (by
+// the reconciler), counts its results, and sets the backlog gauge from
+// the pending rows, not from what one pass (capped by Limit) looked at.
+func TestReconcilerPass(t *testing.T) {
+	db := dbtest.SQLite(t)
+	ctx := context.Background()
+	if err := sqlstore.Migrate(ctx, db, sqlstore.SQLite); err != nil {
+		t.Fatal(err)
+	}
+	s := sqlstore.Open(db, sqlstore.SQLite)
+	now := time.Now().UnixMicro()
+	if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
+		t.Fatal(err)
+	}
+	// Three pending deposits and one pending withdrawal (funded by a
+	// settled deposit).
+	for i, amt := range []money.Amount{100, 200, 300, 5000} {
+		id := fmt.Sprintf("d%d", i)
+		if _, _, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: id, UserID: "u1", Key: "key-" + id, Amount: amt, CreatedAt: now + int64(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.SettleDeposit(ctx, "d3", true, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: "w0", UserID: "u1", Key: "key-w0", Amount: 400, CreatedAt: now}, 0); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	m := obs.NewMetrics()
+	rc := &app.Reconciler{Store: s, DB: db, Provider: unknown{}, Limit: 2, Currency: "CNY", Metrics: m,
+		Log: slog.New(slog.NewJSONHandler(&logs, nil))}
+	gauge := func() float64 {
+		var d dto.Metric
+		if err := m.ReconcilerPend.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d.GetGauge().GetValue()
+	}
+	counter := func(result string) float64 {
+		var d dto.Metric
+		if err := m.ReconcilerSettle.WithLabelValues(result).Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d.GetCounter().GetValue()
+	}
+	audits := func() []map[string]any {
+		var out []map[string]any
+		for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+			var line map[string]any
+			if err := json.Unmarshal([]byte(l), &line); err != nil {
+				t.Fatalf("log line %q: %v", l, err)
+			}
+			if line["msg"] == "money" {
+				out = append(out, line)
+			}
+		}
+		logs.Reset()
+		return out
+	}
+
+	// The provider does not answer: the pass looks at 2 deposits and the
+	// withdrawal, settles nothing; the backlog is all 4.
+	res, err := rc.Pass(ctx)
+	if err != nil || res.StillPending != 3 || len(res.Settled) != 0 {
+		t.Fatalf("Pass = %+v, %v; want 3 still pending, nothing settled", res, err)
+	}
+	if g := gauge(); g != 4 {
+		t.Errorf("reconciler_pending = %v; want 4 (the pending rows, not the %d one capped pass looked at)", g, res.StillPending)
+	}
+	if a := audits(); len(a) != 0 {
+		t.Errorf("audit lines %v; want none (nothing settled)", a)
+	}
+
+	// The provider answers: each pass settles up to 2 of each kind; every
+	// settlement has its audit line.
+	sim := &psp.Sim{}
+	for i, id := range []string{"d0", "d1", "d2"} { // charged; their answers were lost
+		if _, err := sim.Do(ctx, psp.Charge, id, money.Amount(100*(i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sim.Inject(psp.Decline)
+	rc.Provider = sim
+	res, err = rc.Pass(ctx)
+	if err != nil || res.Succeeded != 2 || res.Failed != 1 || res.StillPending != 0 {
+		t.Fatalf("Pass = %+v, %v; want d0, d1 succeeded, w0 failed (declined)", res, err)
+	}
+	if g := gauge(); g != 1 {
+		t.Errorf("reconciler_pending = %v; want 1 (d2)", g)
+	}
+	want := map[string]string{
+		"d0": "deposit u1 1.00 CNY " + obs.Hash("key-d0") + " succeeded reconciler",
+		"d1": "deposit u1 2.00 CNY " + obs.Hash("key-d1") + " succeeded reconciler",
+		"w0": "withdrawal u1 4.00 CNY " + obs.Hash("key-w0") + " failed reconciler",
+	}
+	checkAudits := func(want map[string]string) {
+		t.Helper()
+		got := map[string]string{}
+		for _, l := range audits() {
+			got[fmt.Sprint(l["id"])] = fmt.Sprint(l["kind"], " ", l["user_id"], " ", l["amount"], " ", l["currency"], " ", l["key_hash"], " ", l["outcome"], " ", l["by"])
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("audit lines = %v; want %v", got, want)
+		}
+	}
+	checkAudits(want)
+	res, err = rc.Pass(ctx)
+	if err != nil || res.Succeeded != 1 || len(res.Settled) != 1 {
+		t.Fatalf("third Pass = %+v, %v; want d2 settled", res, err)
+	}
+	checkAudits(map[string]string{"d2": "deposit u1 3.00 CNY " + obs.Hash("key-d2") + " succeeded reconciler"})
+	if g := gauge(); g != 0 {
+		t.Errorf("reconciler_pending = %v; want 0", g)
+	}
+	if s, f, p := counter("succeeded"), counter("failed"), counter("still_pending"); s != 3 || f != 1 || p != 3 {
+		t.Errorf("reconciler_settled_total = %v succeeded, %v failed, %v still_pending; want 3, 1, 3", s, f, p)
+	}
+}
+
+// settlingFirst is a provider whose every Lookup lets the movement's own
+// request settle it first: the race in which a request and the reconciler
+// settle one movement at the same moment.
+type settlingFirst struct {
+	psp.Provider
+	settle func(id string)
+}
+
+func (p settlingFirst) Lookup(ctx context.Context, key string) (psp.Operation, error) {
+	op, err := p.Provider.Lookup(ctx, key)
+	p.settle(key)
+	return op, err
+}
+
+// A movement its request settled while the reconciler was asking about it
+// is not the reconciler's: no audit line, no count, no second credit.
+func TestReconcileSettledMeanwhile(t *testing.T) {
+	db := dbtest.SQLite(t)
+	ctx := context.Background()
+	if err := sqlstore.Migrate(ctx, db, sqlstore.SQLite); err != nil {
+		t.Fatal(err)
+	}
+	s := sqlstore.Open(db, sqlstore.SQLite)
+	now := time.Now().UnixMicro()
+	if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 500, CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	sim := &psp.Sim{}
+	if _, err := sim.Do(ctx, psp.Charge, "d1", 500); err != nil {
+		t.Fatal(err)
+	}
+	p := settlingFirst{Provider: sim, settle: func(id string) {
+		if moved, err := s.SettleDeposit(ctx, id, true, now); err != nil || !moved {
+			t.Errorf("the request's SettleDeposit = %v, %v; want it to move the deposit", moved, err)
+		}
+	}}
+	res, err := app.Reconcile(ctx, s, p, 100)
+	if err != nil || res.Checked != 1 || res.Succeeded != 0 || res.Failed != 0 || len(res.Settled) != 0 {
+		t.Errorf("Reconcile = %+v, %v; want 1 checked and nothing settled by it", res, err)
+	}
+	if bal, sum, err := s.Balance(ctx, "u1"); err != nil || bal != 500 || sum != bal {
+		t.Errorf("balance %v, ledger sum %v, %v; want 5.00 credited once", bal, sum, err)
 	}
 }

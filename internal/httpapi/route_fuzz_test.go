@@ -232,9 +232,9 @@ const TolerateNonBearerAuthorization = false
 
 // FuzzCSRF: a state-changing request authenticated by the session cookie
 // passes csrfSafe only if it is same-origin as far as the browser says
-// (Sec-Fetch-Site, Origin) and sends JSON (or is a DELETE without a
-// body); a cross-site HTML form (urlencoded, multipart, text/plain)
-// never does.
+// (Sec-Fetch-Site, Origin's scheme and host) and sends JSON (or is a
+// DELETE without a body); a cross-site HTML form (urlencoded, multipart,
+// text/plain) never does.
 func FuzzCSRF(f *testing.F) {
 	for _, m := range []string{"POST", "DELETE", "PUT", "PATCH", "GET"} {
 		f.Add(m, "", true, "", "", "application/json", uint16(2))
@@ -244,6 +244,7 @@ func FuzzCSRF(f *testing.F) {
 		f.Add(m, "", true, "", "", "text/plain", uint16(2))
 		f.Add(m, "", true, "", "", "multipart/form-data; boundary=x", uint16(2))
 		f.Add(m, "", true, "", "null", "application/json", uint16(0))
+		f.Add(m, "", true, "", "https://example.test", "application/json", uint16(2)) // the host, another scheme
 		f.Add(m, "Bearer tok", true, "cross-site", "https://evil.test", "text/plain", uint16(2))
 		f.Add(m, "Basic YWxpY2U6cA==", true, "same-site", "https://evil.example.test", "text/plain", uint16(2))
 		f.Add(m, "", false, "cross-site", "https://evil.test", "text/plain", uint16(2))
@@ -289,7 +290,7 @@ func FuzzCSRF(f *testing.F) {
 		}
 		if o := r.Header.Get("Origin"); o != "" {
 			u, err := url.Parse(o)
-			sameOrigin = sameOrigin && err == nil && u.Host == r.Host
+			sameOrigin = sameOrigin && err == nil && u.Host == r.Host && strings.EqualFold(u.Scheme, "http") // no TLS, no proxy
 		}
 		// A bodiless DELETE carries no form (forms only GET and POST).
 		form := false

@@ -45,6 +45,7 @@ type Config struct {
 	SessionTTL   time.Duration
 	Ping         func(context.Context) error // database liveness, for /readyz
 	Locks        *lock.Locker                // per-user and per-order locks (nil: in process); renewed automatically
+	LockBackend  func() string               // names the lock backend serving now, for log lines (nil: not named)
 	LockTTL      time.Duration               // their TTL: how long a crashed holder blocks the account or order (0: 10s)
 	Windows      idempotency.WindowStore     // the repeat-submit window (nil: Keys)
 	Components   []Component                 // more /readyz components (Redis, the provider)
@@ -74,12 +75,13 @@ type Completer interface {
 }
 
 // A Component is one part /readyz reports besides the database. Check
-// returns its status ("ok", or what is wrong); anything but "ok" makes the
-// service degraded, still ready: the database is the only part it cannot
-// serve without.
+// returns its status ("ok", "not configured", the lock backend serving,
+// or what is wrong) and whether that is healthy; an unhealthy one makes
+// the service degraded, still ready: the database is the only part it
+// cannot serve without.
 type Component struct {
 	Name  string
-	Check func(context.Context) string
+	Check func(context.Context) (status string, healthy bool)
 }
 
 // SessionCookie is the name of the session cookie.
@@ -177,6 +179,15 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m := s.cfg.Metrics; m != nil {
 		m.HTTPRequests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
 		m.HTTPDuration.WithLabelValues(route, method).Observe(obs.Since(start))
+		// A submit token is consumed only if its request's answer was kept;
+		// one freed for a retry (a 5xx, Call.Forget) is released, and
+		// counted consumed when a retry keeps an answer.
+		switch {
+		case info.tokenUsed && info.released:
+			m.Tokens.WithLabelValues("released").Inc()
+		case info.tokenUsed:
+			m.Tokens.WithLabelValues("consumed").Inc()
+		}
 	}
 	attrs := []any{"method", method, "route", route, "status", status, "duration_ms", float64(time.Since(start).Microseconds()) / 1000}
 	if info.userID != "" {
@@ -199,6 +210,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type requestInfo struct {
 	userID, keyHash, outcome string
 	route                    string // the route pattern (the metric label)
+	tokenUsed                bool   // a submit token passed the key check: its request ran
+	released                 bool   // the key (and its token) were freed for a retry
 }
 
 type requestInfoKey struct{}
@@ -288,10 +301,10 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 
 // csrfSafe tells whether a request may act on its session cookie. A
 // state-changing request that carries the cookie and no Authorization
-// header must be same-origin (Sec-Fetch-Site, else Origin, when the
-// browser sends them) and JSON: a cross-site HTML form cannot send
-// application/json, and a cross-site fetch that does needs a CORS
-// preflight, which this service never grants. SameSite=Strict already
+// header must be same-origin (Sec-Fetch-Site, and Origin's scheme and
+// host, when the browser sends them) and JSON: a cross-site HTML form
+// cannot send application/json, and a cross-site fetch that does needs a
+// CORS preflight, which this service never grants. SameSite=Strict already
 // keeps the cookie off cross-site requests; this is the second wall (for
 // same-site subdomains and old browsers). Bearer requests carry no ambient
 // credential and pass.
@@ -313,12 +326,28 @@ func csrfSafe(r *http.Request) bool {
 	}
 	if o := r.Header.Get("Origin"); o != "" {
 		u, err := url.Parse(o)
-		if err != nil || u.Host != r.Host {
+		if err != nil || u.Host != r.Host || !strings.EqualFold(u.Scheme, requestScheme(r)) {
 			return false
 		}
 	}
 	ct := r.Header.Get("Content-Type")
 	return r.ContentLength == 0 && r.Method == http.MethodDelete || strings.HasPrefix(ct, "application/json")
+}
+
+// requestScheme is the scheme the client used: https on a TLS connection,
+// else what a TLS-terminating proxy in front says in X-Forwarded-Proto
+// (its first value), else http. The header is trusted for the Origin
+// comparison only: a cross-site page cannot set it without a CORS
+// preflight, which this service never grants.
+func requestScheme(r *http.Request) string {
+	if r.TLS != nil {
+		return "https"
+	}
+	p, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ",")
+	if p = strings.ToLower(strings.TrimSpace(p)); p == "https" || p == "http" {
+		return p
+	}
+	return "http"
 }
 
 // match resolves the paths with an id: /api/v1/{orders,deposits,
@@ -406,8 +435,9 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	for _, c := range s.cfg.Components {
-		comps[c.Name] = c.Check(ctx)
-		if comps[c.Name] != "ok" && status == "ok" {
+		st, healthy := c.Check(ctx)
+		comps[c.Name] = st
+		if !healthy && status == "ok" {
 			status = "degraded"
 		}
 	}
@@ -642,7 +672,16 @@ func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (
 
 // keyEvent counts and logs what the Idempotency-Key check decided.
 func (s *server) keyEvent(r *http.Request, ev string) {
-	info(r).outcome = ev
+	i := info(r)
+	switch ev {
+	case "new", "recovered":
+		// Counted at the request's end (ServeHTTP): consumed, or released
+		// when the answer is not kept.
+		i.tokenUsed = strings.HasPrefix(r.Header.Get("Idempotency-Key"), token.Prefix)
+	case "released":
+		i.released = true
+	}
+	i.outcome = ev
 	m := s.cfg.Metrics
 	if m == nil {
 		return
@@ -655,10 +694,6 @@ func (s *server) keyEvent(r *http.Request, ev string) {
 		m.Tokens.WithLabelValues("invalid").Inc()
 	case "token_foreign":
 		m.Tokens.WithLabelValues("foreign").Inc()
-	case "new", "recovered":
-		if strings.HasPrefix(r.Header.Get("Idempotency-Key"), token.Prefix) {
-			m.Tokens.WithLabelValues("consumed").Inc()
-		}
 	}
 }
 
@@ -781,15 +816,35 @@ func (s *server) underLock(ctx context.Context, key string, wait bool, write fun
 			lease, err = s.locks.TryAcquire(ctx, key, s.cfg.LockTTL)
 		}
 		if err != nil {
+			if !errors.Is(err, lock.ErrNotAcquired) {
+				s.lockLog(ctx).Warn("lock acquire failed", "lock", key, "result", obs.LockResult(err), "error", err.Error())
+			}
 			return errors.Join(errLock, err)
 		}
+		held := time.Now()
 		err = write(lease.Fence())
 		_ = lease.Release(ctx)
+		// A lease that ended without its release (expired, found gone by
+		// renewal, or gone at release) was lost while held: the fence
+		// refused the write if another holder came in between.
+		if lost := lease.Err(); lost != nil {
+			s.lockLog(ctx).Warn("lock lost", "lock", key, "held_ms", time.Since(held).Milliseconds(), "cause", lost.Error())
+		}
 		if !errors.Is(err, sqlstore.ErrStaleFence) || attempt == 3 {
 			return err
 		}
 		obs.Logger(ctx, s.log).Info("stale fence: the write was refused and is retried under a new lease", "lock", key, "attempt", attempt)
 	}
+}
+
+// lockLog is the request's logger for a lock line, naming the backend
+// serving now.
+func (s *server) lockLog(ctx context.Context) *slog.Logger {
+	l := obs.Logger(ctx, s.log)
+	if s.cfg.LockBackend != nil {
+		l = l.With("backend", s.cfg.LockBackend())
+	}
+	return l
 }
 
 // settleAndAnswer answers a created (or found) movement: a pending one is
@@ -815,12 +870,12 @@ func (s *server) settleAndAnswer(w http.ResponseWriter, r *http.Request, kind ps
 			dctx, ok, now := context.WithoutCancel(ctx), op.Status == psp.Succeeded, time.Now().UnixMicro()
 			err := errors.New("no completer")
 			if s.cfg.Completer != nil {
-				if err = settle(dctx, m.ID, ok, now, complete); err == nil {
+				if _, err = settle(dctx, m.ID, ok, now, complete); err == nil {
 					call.MarkCompleted()
 				}
 			}
 			if err != nil { // the lease was lost, say: settle alone
-				err = settle(dctx, m.ID, ok, now)
+				_, err = settle(dctx, m.ID, ok, now)
 			}
 			if err != nil {
 				// Whether the settlement (and the stored answer) committed

@@ -9,6 +9,7 @@ package obs
 
 import (
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,7 +24,7 @@ type Metrics struct {
 	HTTPRequests     *prometheus.CounterVec   // route, method, code
 	HTTPDuration     *prometheus.HistogramVec // route, method
 	Idempotency      *prometheus.CounterVec   // outcome
-	Tokens           *prometheus.CounterVec   // outcome: issued, consumed, invalid, foreign
+	Tokens           *prometheus.CounterVec   // outcome: issued, consumed, released, invalid, foreign
 	RepeatRejections *prometheus.CounterVec   // route
 	LockAcquires     *prometheus.CounterVec   // backend, result: acquired, busy, unavailable, error
 	LockWait         *prometheus.HistogramVec // backend
@@ -31,11 +32,83 @@ type Metrics struct {
 	LockLost         *prometheus.CounterVec   // backend
 	FallbackDegraded prometheus.Gauge         // 1 while locks are on the database because Redis does not answer
 	FallbackSwitches *prometheus.CounterVec   // to: database, redis
-	DB               *prometheus.HistogramVec // op
+	DB               *prometheus.HistogramVec // op: the store's operations, the key store's (key_*, window_*, token_*) and the database locks' (lock_*)
 	Provider         *prometheus.HistogramVec // op, result
-	ReconcilerPend   prometheus.Gauge         // movements left pending after the last pass
+	ReconcilerPend   prometheus.Gauge         // deposits and withdrawals pending, counted after each reconciler pass
 	ReconcilerSettle *prometheus.CounterVec   // result: succeeded, failed, still_pending
 	Money            *prometheus.CounterVec   // kind, outcome
+
+	vecs []vec // every labelled metric, for Exemplify
+}
+
+// vec is one labelled metric: its name, its labels and a way to make a
+// child.
+type vec struct {
+	name   string
+	labels []string
+	touch  func(values ...string)
+}
+
+// labelValues are the closed sets of label values: metric -> label ->
+// every value the service sets. Labels not named here (route, method,
+// code, op) are open: the route patterns, status codes and database
+// operations the service has.
+var labelValues = map[string]map[string][]string{
+	"onceguard_idempotency_outcomes_total": {"outcome": {"new", "recovered", "replayed", "in_progress", "mismatch",
+		"key_missing", "key_invalid", "token_invalid", "token_foreign", "token_required", "duplicate_submission", "released", "store_unavailable"}},
+	"onceguard_submit_tokens_total":          {"outcome": {"issued", "consumed", "released", "invalid", "foreign"}},
+	"onceguard_lock_acquires_total":          {"backend": lockBackends, "result": {"acquired", "busy", "unavailable", "error"}},
+	"onceguard_lock_wait_seconds":            {"backend": lockBackends},
+	"onceguard_lock_hold_seconds":            {"backend": lockBackends},
+	"onceguard_lock_lost_total":              {"backend": lockBackends},
+	"onceguard_lock_fallback_switches_total": {"to": {"database", "redis"}},
+	"onceguard_provider_duration_seconds":    {"op": {"charge", "payout", "lookup"}, "result": {"ok", "unknown_outcome", "error"}},
+	"onceguard_reconciler_settled_total":     {"result": {"succeeded", "failed", "still_pending"}},
+	"onceguard_money_movements_total": {"kind": {"deposit", "withdrawal", "payment"},
+		"outcome": {"succeeded", "failed", "pending", "busy", "insufficient_funds", "paid", "in_progress", "already_paid"}},
+}
+
+var lockBackends = []string{"redis", "database", "memory"}
+
+// LabelValues returns the closed sets of label values, metric -> label ->
+// values (a copy): what a dashboard may match a label against exactly.
+func LabelValues() map[string]map[string][]string {
+	out := map[string]map[string][]string{}
+	for name, labels := range labelValues {
+		out[name] = map[string][]string{}
+		for l, vs := range labels {
+			out[name][l] = slices.Clone(vs)
+		}
+	}
+	return out
+}
+
+// Exemplify gives every labelled metric its children, so that Gather
+// lists every metric with its labels: one per combination of the closed
+// label values (LabelValues), with "example" for an open label. For tests
+// and documentation; never on a serving instance, whose series it would
+// pollute.
+func (m *Metrics) Exemplify() {
+	for _, v := range m.vecs {
+		sets := make([][]string, len(v.labels))
+		for i, l := range v.labels {
+			sets[i] = labelValues[v.name][l]
+			if len(sets[i]) == 0 {
+				sets[i] = []string{"example"}
+			}
+		}
+		var walk func(i int, values []string)
+		walk = func(i int, values []string) {
+			if i == len(sets) {
+				v.touch(values...)
+				return
+			}
+			for _, x := range sets[i] {
+				walk(i+1, append(values, x))
+			}
+		}
+		walk(0, nil)
+	}
 }
 
 // Latency buckets from 0.5 ms to 10 s: lock waits and database calls are
@@ -47,14 +120,17 @@ var buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1
 func NewMetrics() *Metrics {
 	r := prometheus.NewRegistry()
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var vecs []vec
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "onceguard", Name: name, Help: help}, labels)
 		r.MustRegister(c)
+		vecs = append(vecs, vec{"onceguard_" + name, labels, func(v ...string) { c.WithLabelValues(v...) }})
 		return c
 	}
 	hist := func(name, help string, labels ...string) *prometheus.HistogramVec {
 		h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "onceguard", Name: name, Help: help, Buckets: buckets}, labels)
 		r.MustRegister(h)
+		vecs = append(vecs, vec{"onceguard_" + name, labels, func(v ...string) { h.WithLabelValues(v...) }})
 		return h
 	}
 	gauge := func(name, help string) prometheus.Gauge {
@@ -62,12 +138,12 @@ func NewMetrics() *Metrics {
 		r.MustRegister(g)
 		return g
 	}
-	return &Metrics{
+	m := &Metrics{
 		Registry:         r,
 		HTTPRequests:     counter("http_requests_total", "HTTP requests by route pattern, method and status code.", "route", "method", "code"),
 		HTTPDuration:     hist("http_request_duration_seconds", "HTTP request latency by route pattern and method.", "route", "method"),
 		Idempotency:      counter("idempotency_outcomes_total", "Keyed requests by what the Idempotency-Key check decided.", "outcome"),
-		Tokens:           counter("submit_tokens_total", "Submit tokens issued, consumed, and refused (invalid, foreign).", "outcome"),
+		Tokens:           counter("submit_tokens_total", "Submit tokens issued, consumed (their request's answer kept), released (their request failed and freed them for a retry), and refused (invalid, foreign).", "outcome"),
 		RepeatRejections: counter("repeat_window_rejections_total", "Requests refused 429 duplicate_submission by the repeat-submit window.", "route"),
 		LockAcquires:     counter("lock_acquires_total", "Lock acquires by the backend that answered and the result.", "backend", "result"),
 		LockWait:         hist("lock_wait_seconds", "Time to a lock acquire's answer.", "backend"),
@@ -77,10 +153,12 @@ func NewMetrics() *Metrics {
 		FallbackSwitches: counter("lock_fallback_switches_total", "Lock breaker switches, by where locks went.", "to"),
 		DB:               hist("db_duration_seconds", "Database calls by operation.", "op"),
 		Provider:         hist("provider_duration_seconds", "Payment provider calls by operation and result.", "op", "result"),
-		ReconcilerPend:   gauge("reconciler_pending", "Movements still pending after the reconciler's last pass."),
+		ReconcilerPend:   gauge("reconciler_pending", "Deposits and withdrawals pending (the reconciler's backlog), counted after each of its passes."),
 		ReconcilerSettle: counter("reconciler_settled_total", "Pending movements the reconciler looked at, by result.", "result"),
 		Money:            counter("money_movements_total", "Money movement requests by kind and outcome.", "kind", "outcome"),
 	}
+	m.vecs = vecs
+	return m
 }
 
 // Handler serves the metrics in the Prometheus text format.

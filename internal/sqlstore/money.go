@@ -263,24 +263,26 @@ func (s *Store) CreateDeposit(ctx context.Context, m Movement) (Movement, bool, 
 // never credits twice: the status update is conditional, and the ledger's
 // UNIQUE(kind, ref) would refuse a second entry anyway). Each of also runs
 // in the same transaction, last (say, completing the request's
-// Idempotency-Key record); an error from one rolls everything back.
-func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, now int64, also ...func(*sql.Tx) error) error {
+// Idempotency-Key record); an error from one rolls everything back. moved
+// reports whether this call settled it (false: it was settled before).
+func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, now int64, also ...func(*sql.Tx) error) (moved bool, err error) {
 	// A deposit's money arrives only with its success.
 	return s.settle(ctx, "deposits", id, succeeded, succeeded, "deposit", now, also)
 }
 
 // SettleWithdrawal marks a pending withdrawal succeeded, or failed and
 // refunded (in the same transaction, with its ledger entry); a settled one
-// is left as it is. also: as for SettleDeposit.
-func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool, now int64, also ...func(*sql.Tx) error) error {
+// is left as it is. also and moved: as for SettleDeposit.
+func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool, now int64, also ...func(*sql.Tx) error) (moved bool, err error) {
 	// A withdrawal's money left at creation: only a failure brings it back.
 	return s.settle(ctx, "withdrawals", id, succeeded, !succeeded, "withdrawal_refund", now, also)
 }
 
 // settle moves a pending row of table to its final status and, when
 // credit is set, credits its amount with a ledger entry of kind, all in one
-// transaction. Only the call that moves the row from pending credits.
-func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit bool, kind string, now int64, also []func(*sql.Tx) error) error {
+// transaction. Only the call that moves the row from pending credits, and
+// only its moved is true.
+func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit bool, kind string, now int64, also []func(*sql.Tx) error) (bool, error) {
 	defer s.timed("settle", time.Now())
 	status := "failed"
 	if succeeded {
@@ -288,28 +290,31 @@ func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit 
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer tx.Rollback()
 	moved, userID, amount, err := s.settleRow(ctx, tx, table, id, status)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if moved && credit {
 		after, err := s.adjust(ctx, tx, userID, money.Amount(amount), now)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if err := s.ledger(ctx, tx, userID, kind, money.Amount(amount), after, id, now); err != nil {
-			return err
+			return false, err
 		}
 	}
 	for _, f := range also {
 		if err := f(tx); err != nil {
-			return err
+			return false, err
 		}
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return false, err
+	}
+	return moved, nil
 }
 
 // settleRow moves the pending row id of table to status and reports

@@ -70,9 +70,9 @@ func TestMoney(t *testing.T) {
 			if again, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "d2", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: now}); err != nil || created || again.ID != "d1" {
 				t.Errorf("CreateDeposit(same key) = %+v, %v, %v; want d1, not created", again, created, err)
 			}
-			for range 2 { // settling twice credits once
-				if err := s.SettleDeposit(ctx, "d1", true, now); err != nil {
-					t.Fatal(err)
+			for i := range 2 { // settling twice credits once, and only the first moves it
+				if moved, err := s.SettleDeposit(ctx, "d1", true, now); err != nil || moved != (i == 0) {
+					t.Fatalf("SettleDeposit #%d = %v, %v; want moved only the first time", i+1, moved, err)
 				}
 			}
 
@@ -109,9 +109,9 @@ func TestMoney(t *testing.T) {
 			if err != nil || created || first.ID != fmt.Sprintf("w%d", won) {
 				t.Errorf("Withdraw(same key) = %+v, %v, %v; want w%d back, not created", first, created, err, won)
 			}
-			for range 2 { // a failed payout refunds once
-				if err := s.SettleWithdrawal(ctx, fmt.Sprintf("w%d", won), false, now); err != nil {
-					t.Fatal(err)
+			for i := range 2 { // a failed payout refunds once
+				if moved, err := s.SettleWithdrawal(ctx, fmt.Sprintf("w%d", won), false, now); err != nil || moved != (i == 0) {
+					t.Fatalf("SettleWithdrawal #%d = %v, %v; want moved only the first time", i+1, moved, err)
 				}
 			}
 			bal, sum, err := s.Balance(ctx, "u1")
@@ -130,7 +130,7 @@ func TestStaleFenceRefused(t *testing.T) {
 			s, now := withUser(t, d)
 			ctx := context.Background()
 			_, _, _ = s.CreateDeposit(ctx, sqlstore.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: now})
-			if err := s.SettleDeposit(ctx, "d1", true, now); err != nil {
+			if _, err := s.SettleDeposit(ctx, "d1", true, now); err != nil {
 				t.Fatal(err)
 			}
 			locks := memlock.New(nil)

@@ -1,0 +1,337 @@
+package httpapi_test
+
+// Observability of the service's failure paths, driven through faults a
+// test injects in process: a lock backend that does not answer or loses
+// a lease at release, a key store that does not answer, a database and a
+// provider that are down for /readyz. Each checks the counters and that
+// the log lines are the request's (its request id).
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/onceguard/onceguard/idempotency"
+	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/httpapi"
+	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/internal/obs"
+	"github.com/onceguard/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/memlock"
+)
+
+// faultLocks is an in-process lock backend that can fail acquires (the
+// backend does not answer) or lose a lease at its release (the lock was
+// found gone: expired under its holder).
+type faultLocks struct {
+	*memlock.Backend
+	unavailable   atomic.Bool
+	loseAtRelease atomic.Bool
+}
+
+func (f *faultLocks) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
+	if f.unavailable.Load() {
+		return lock.Grant{}, fmt.Errorf("fault: %w", lock.ErrUnavailable)
+	}
+	return f.Backend.Acquire(ctx, r)
+}
+
+func (f *faultLocks) Release(ctx context.Context, key, owner string) error {
+	err := f.Backend.Release(ctx, key, owner)
+	if err == nil && f.loseAtRelease.Load() {
+		return fmt.Errorf("fault: %w", lock.ErrExpired)
+	}
+	return err
+}
+
+// faultKeys is the service's key store, whose Begin can fail as a store
+// that does not answer.
+type faultKeys struct {
+	obs.KeyStore
+	down atomic.Bool
+}
+
+func (f *faultKeys) Begin(ctx context.Context, r idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	if f.down.Load() {
+		return idempotency.BeginResult{}, fmt.Errorf("fault: %w", idempotency.ErrUnavailable)
+	}
+	return f.KeyStore.Begin(ctx, r)
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type obsHarness struct {
+	h       http.Handler
+	metrics *obs.Metrics
+	locks   *faultLocks
+	keys    *faultKeys
+	logs    *lockedBuffer
+	token   string // alice's session
+}
+
+func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Context) error) *obsHarness {
+	t.Helper()
+	ctx := context.Background()
+	db := openSQLite(t, t.TempDir())
+	if err := sqlstore.Migrate(ctx, db, sqlstore.SQLite); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := idemsql.New(db, idemsql.SQLite, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := keys.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := &obsHarness{metrics: obs.NewMetrics(), locks: &faultLocks{Backend: &memlock.Backend{}}, logs: &lockedBuffer{}}
+	o.keys = &faultKeys{KeyStore: o.metrics.TimeKeys(keys)}
+	store := sqlstore.Open(db, sqlstore.SQLite)
+	store.Observe = o.metrics.DBObserver()
+	if ping == nil {
+		ping = db.PingContext
+	}
+	o.h = httpapi.New(httpapi.Config{
+		Store: store, Keys: o.keys, Completer: o.keys, Provider: obs.Provider{Provider: &psp.Sim{}, Metrics: o.metrics}, Currency: "CNY",
+		MaxAmount: money.Amount(1_000_000_00), RequireToken: map[string]bool{"withdrawal": true}, Window: 10 * time.Second,
+		KeyTTL: time.Hour, TokenTTL: time.Minute, SessionTTL: time.Hour, LockTTL: 10 * time.Second, Ping: ping, Components: comps,
+		Locks:       lock.New(o.locks, &lock.Options{AutoRenew: true, Observe: o.metrics.LockObserver(func() string { return "memory" })}),
+		LockBackend: func() string { return "memory" },
+		Metrics:     o.metrics, Logger: slog.New(slog.NewJSONHandler(o.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	if code, _, _ := o.call("POST", "/api/v1/users", "", `{"username":"alice","password":"correct horse"}`); code != 201 {
+		t.Fatalf("sign up = %d", code)
+	}
+	code, out, _ := o.call("POST", "/api/v1/sessions", "", `{"username":"alice","password":"correct horse"}`)
+	if o.token, _ = out["token"].(string); code != 201 || o.token == "" {
+		t.Fatalf("sign in = %d %v", code, out)
+	}
+	return o
+}
+
+// call sends a request as alice (once signed in) and returns the status,
+// the JSON answer and the request id.
+func (o *obsHarness) call(method, path, key, body string) (int, map[string]any, string) {
+	r := httptest.NewRequest(method, path, strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	if o.token != "" {
+		r.Header.Set("Authorization", "Bearer "+o.token)
+	}
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	w := httptest.NewRecorder()
+	o.h.ServeHTTP(w, r)
+	out := map[string]any{}
+	_ = json.Unmarshal(w.Body.Bytes(), &out)
+	return w.Code, out, w.Header().Get("X-Request-Id")
+}
+
+// value is the metric's sample with exactly these labels (0 when absent).
+func (o *obsHarness) value(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	fams, err := o.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if !hasLabels(m, labels) {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			case m.Histogram != nil:
+				return float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return 0
+}
+
+func hasLabels(m *dto.Metric, kv []string) bool {
+	got := map[string]string{}
+	for _, l := range m.GetLabel() {
+		got[l.GetName()] = l.GetValue()
+	}
+	if len(got) != len(kv)/2 {
+		return false
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if got[kv[i]] != kv[i+1] {
+			return false
+		}
+	}
+	return true
+}
+
+// lines returns the JSON log lines whose msg is msg.
+func (o *obsHarness) lines(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(o.logs.String()))
+	for sc.Scan() {
+		var line map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("log line is not JSON: %q", sc.Text())
+		}
+		if line["msg"] == msg {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// A lock backend that does not answer: the withdrawal is 503 busy, the
+// acquire counted unavailable and logged on the request's line; its
+// submit token is released, not consumed. The retry with the same token
+// runs, and a lease found gone at its release is counted lost and logged
+// with the retry's request id; the token is consumed then.
+func TestLockFailuresObserved(t *testing.T) {
+	o := newObsHarness(t, nil, nil)
+	if code, _, _ := o.call("POST", "/api/v1/deposits", "dep-1", `{"amount":"100"}`); code != 201 {
+		t.Fatalf("deposit = %d", code)
+	}
+	code, out, _ := o.call("POST", "/api/v1/submit-tokens", "", `{"purpose":"withdrawal"}`)
+	tok, _ := out["token"].(string)
+	if code != 201 || tok == "" {
+		t.Fatalf("submit token = %d %v", code, out)
+	}
+
+	o.locks.unavailable.Store(true)
+	code, out, id1 := o.call("POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`)
+	if code != 503 || out["code"] != "busy" {
+		t.Fatalf("withdrawal with the locks down = %d %v; want 503 busy", code, out)
+	}
+	if v := o.value(t, "onceguard_lock_acquires_total", "backend", "memory", "result", "unavailable"); v != 1 {
+		t.Errorf("lock_acquires_total{unavailable} = %v; want 1", v)
+	}
+	if c, r := o.value(t, "onceguard_submit_tokens_total", "outcome", "consumed"), o.value(t, "onceguard_submit_tokens_total", "outcome", "released"); c != 0 || r != 1 {
+		t.Errorf("submit tokens consumed %v, released %v; want 0 and 1 (the 503 freed the token)", c, r)
+	}
+	if v := o.value(t, "onceguard_idempotency_outcomes_total", "outcome", "released"); v != 1 {
+		t.Errorf("idempotency_outcomes_total{released} = %v; want 1", v)
+	}
+	failed := o.lines(t, "lock acquire failed")
+	if len(failed) != 1 || failed[0]["request_id"] != id1 || failed[0]["backend"] != "memory" || failed[0]["result"] != "unavailable" || failed[0]["lock"] == nil {
+		t.Errorf("lock acquire failed lines = %v; want one, with request_id %s, backend memory, result unavailable", failed, id1)
+	}
+
+	o.locks.unavailable.Store(false)
+	o.locks.loseAtRelease.Store(true)
+	code, out, id2 := o.call("POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`)
+	if code != 201 || out["status"] != "succeeded" {
+		t.Fatalf("the same token again = %d %v; want 201 succeeded (the token was freed)", code, out)
+	}
+	if v := o.value(t, "onceguard_lock_lost_total", "backend", "memory"); v != 1 {
+		t.Errorf("lock_lost_total = %v; want 1", v)
+	}
+	if c, r := o.value(t, "onceguard_submit_tokens_total", "outcome", "consumed"), o.value(t, "onceguard_submit_tokens_total", "outcome", "released"); c != 1 || r != 1 {
+		t.Errorf("submit tokens consumed %v, released %v; want 1 and 1", c, r)
+	}
+	lost := o.lines(t, "lock lost")
+	if len(lost) != 1 || lost[0]["request_id"] != id2 || id2 == id1 || lost[0]["backend"] != "memory" || !strings.Contains(fmt.Sprint(lost[0]["cause"]), "expired") {
+		t.Errorf("lock lost lines = %v; want one, with request_id %s, backend memory and the cause", lost, id2)
+	}
+	// The database calls of the key store are timed too.
+	for _, op := range []string{"key_begin", "key_complete_tx", "key_abandon", "token_put", "window_claim", "window_free"} {
+		if v := o.value(t, "onceguard_db_duration_seconds", "op", op); v == 0 {
+			t.Errorf("db_duration_seconds{op=%q} has no samples", op)
+		}
+	}
+}
+
+// A key store that does not answer: 503 store_unavailable, counted.
+func TestStoreUnavailableObserved(t *testing.T) {
+	o := newObsHarness(t, nil, nil)
+	o.keys.down.Store(true)
+	code, out, _ := o.call("POST", "/api/v1/deposits", "dep-1", `{"amount":"1"}`)
+	if code != 503 || out["code"] != "store_unavailable" {
+		t.Fatalf("deposit with the key store down = %d %v; want 503 store_unavailable", code, out)
+	}
+	if v := o.value(t, "onceguard_idempotency_outcomes_total", "outcome", "store_unavailable"); v != 1 {
+		t.Errorf("idempotency_outcomes_total{store_unavailable} = %v; want 1", v)
+	}
+	if v := o.value(t, "onceguard_money_movements_total", "kind", "deposit", "outcome", "succeeded"); v != 0 {
+		t.Errorf("money moved with the key store down: %v", v)
+	}
+}
+
+// /readyz: 503 unavailable without the database; 200 degraded with an
+// unhealthy component; "not configured" is healthy.
+func TestReadyz(t *testing.T) {
+	var dbDown, providerDown atomic.Bool
+	comps := []httpapi.Component{
+		{Name: "redis", Check: func(context.Context) (string, bool) { return "not configured", true }},
+		{Name: "locks", Check: func(context.Context) (string, bool) { return "memory", true }},
+		{Name: "provider", Check: func(context.Context) (string, bool) {
+			if providerDown.Load() {
+				return "unreachable", false
+			}
+			return "ok", true
+		}},
+	}
+	o := newObsHarness(t, comps, func(context.Context) error {
+		if dbDown.Load() {
+			return errors.New("connection refused")
+		}
+		return nil
+	})
+	for _, tc := range []struct {
+		name           string
+		db, provider   bool // down
+		code           int
+		status, dbWant string
+	}{
+		{"all up", false, false, 200, "ok", "ok"},
+		{"provider down", false, true, 200, "degraded", "ok"},
+		{"database down", true, false, 503, "unavailable", "unreachable"},
+	} {
+		dbDown.Store(tc.db)
+		providerDown.Store(tc.provider)
+		code, out, _ := o.call("GET", "/readyz", "", "")
+		c, _ := out["components"].(map[string]any)
+		want := map[string]any{"database": tc.dbWant, "redis": "not configured", "locks": "memory", "provider": "ok"}
+		if tc.provider {
+			want["provider"] = "unreachable"
+		}
+		if code != tc.code || out["status"] != tc.status || fmt.Sprint(c) != fmt.Sprint(want) {
+			t.Errorf("%s: readyz = %d %v; want %d %s with %v", tc.name, code, out, tc.code, tc.status, want)
+		}
+	}
+}
