@@ -150,6 +150,55 @@ func TestServeSessionsAndScopes(t *testing.T) {
 	}
 }
 
+// Nothing can be cancelled or deleted across users: the only DELETE
+// route is DELETE /api/v1/sessions/current, which ends the caller's own
+// session (the one its credential names). Bob aims DELETE at alice's
+// session token, order, payment, deposit and submit token: 404 or 405,
+// and afterwards alice is still signed in, her order still open and her
+// token still good. Bob's own logout leaves alice's session alone.
+func TestServeNoCrossUserDelete(t *testing.T) {
+	base := startServe(t)
+	alice := signUp(t, base, "alice")
+	bob := signUp(t, base, "bob")
+	dep := alice.do("POST", "/api/v1/deposits", "d1", `{"amount":"20"}`)
+	alice.expect(dep, 201, "")
+	depID, _ := dep.body["id"].(string)
+	ord := alice.do("POST", "/api/v1/orders", "o1", `{"amount":"5","description":"tea"}`)
+	alice.expect(ord, 201, "")
+	ordID, _ := ord.body["id"].(string)
+	tok := alice.submitToken("payment")
+
+	for _, c := range []struct {
+		path   string
+		status int
+		code   string
+	}{
+		{"/api/v1/sessions/" + alice.token, 404, "not_found"},
+		{"/api/v1/sessions", 405, "method_not_allowed"},
+		{"/api/v1/orders/" + ordID, 405, "method_not_allowed"},
+		{"/api/v1/orders/" + ordID + "/payment", 405, "method_not_allowed"},
+		{"/api/v1/orders", 405, "method_not_allowed"},
+		{"/api/v1/deposits/" + depID, 405, "method_not_allowed"},
+		{"/api/v1/submit-tokens", 405, "method_not_allowed"},
+		{"/api/v1/submit-tokens/" + tok, 404, "not_found"},
+		{"/api/v1/users", 405, "method_not_allowed"},
+	} {
+		a := bob.do("DELETE", c.path, "", "")
+		bob.expect(a, c.status, c.code)
+		if c.status == 405 && strings.Contains(a.header.Get("Allow"), "DELETE") {
+			t.Errorf("DELETE %s: Allow %q offers DELETE", c.path, a.header.Get("Allow"))
+		}
+	}
+	bob.expect(bob.do("DELETE", "/api/v1/sessions/current", "", ""), 204, "")
+	bob.expect(bob.do("GET", "/api/v1/account", "", ""), 401, "unauthenticated")
+
+	alice.expect(alice.do("GET", "/api/v1/account", "", ""), 200, "")
+	if o := alice.do("GET", "/api/v1/orders/"+ordID, "", ""); o.body["status"] != "created" {
+		t.Errorf("alice's order after bob's DELETEs = %s; want still created", o.raw)
+	}
+	alice.expect(alice.do("POST", "/api/v1/orders/"+ordID+"/payment", tok, `{"method":"wallet"}`), 201, "")
+}
+
 // Size limits: a body over 64 KiB is 413 on every route, headers over
 // 32 KiB are refused by the server.
 func TestServeSizeLimits(t *testing.T) {

@@ -216,13 +216,22 @@ func testServe(t *testing.T, base string) {
 		t.Errorf("withdrawal = %s; want 30.00 succeeded", one.raw)
 	}
 
-	// Another user cannot use alice's token or see her money.
+	// Another user cannot use alice's token or see her money. The token is
+	// fresh (never used), so only its binding to alice refuses bob; and
+	// his refusal does not burn it: alice uses it afterwards.
 	bob := signUp(t, base, "bob")
 	bob.expect(bob.do("GET", "/api/v1/withdrawals/"+wid, "", ""), 404, "not_found")
-	bob.expect(bob.do("POST", "/api/v1/withdrawals", tok, `{"amount":"30.00"}`), 400, "submit_token_invalid")
+	fresh := alice.submitToken("withdrawal")
+	bob.expect(bob.do("POST", "/api/v1/withdrawals", fresh, `{"amount":"5.00"}`), 400, "submit_token_invalid")
 	if a := bob.do("GET", "/api/v1/account", "", ""); a.body["balance"] != "0.00" {
 		t.Errorf("bob's account = %s; want 0.00", a.raw)
 	}
+	alice.expect(alice.do("POST", "/api/v1/withdrawals", fresh, `{"amount":"5.00"}`), 201, "")
+	if a := alice.do("GET", "/api/v1/account", "", ""); a.body["balance"] != "65.00" {
+		t.Errorf("alice's account after using the token bob was refused = %s; want 65.00", a.raw)
+	}
+	// The token alice already consumed is refused to bob too.
+	bob.expect(bob.do("POST", "/api/v1/withdrawals", tok, `{"amount":"30.00"}`), 400, "submit_token_invalid")
 	// Logout ends the session at once.
 	bob.expect(bob.do("DELETE", "/api/v1/sessions/current", "", ""), 204, "")
 	bob.expect(bob.do("GET", "/api/v1/account", "", ""), 401, "unauthenticated")

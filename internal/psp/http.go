@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -92,7 +93,8 @@ func writeJSON(w http.ResponseWriter, v any) {
 }
 
 // Client is a Provider over HTTP (a provider served by Handler). Transport
-// errors, timeouts and 5xx answers are ErrUnknownOutcome.
+// errors, timeouts, 5xx answers and 200s that are not one readable
+// operation for the key asked are ErrUnknownOutcome.
 type Client struct {
 	base string
 	hc   *http.Client
@@ -118,7 +120,7 @@ func (c *Client) Do(ctx context.Context, kind Kind, key string, amount money.Amo
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
-	return c.send(req)
+	return c.send(req, Operation{Key: key, Kind: kind, Amount: amount})
 }
 
 // Lookup implements Provider.
@@ -127,10 +129,19 @@ func (c *Client) Lookup(ctx context.Context, key string) (Operation, error) {
 	if err != nil {
 		return Operation{}, err
 	}
-	return c.send(req)
+	return c.send(req, Operation{Key: key})
 }
 
-func (c *Client) send(req *http.Request) (Operation, error) {
+// maxAnswer bounds an operation's JSON; a longer answer is not one.
+const maxAnswer = 64 << 10
+
+// send sends req and reads the answer. A 200 must be exactly one
+// operation for want's key (and kind and amount, when set) with a known
+// status: anything else (an empty object, another key, a status we do not
+// know, trailing data) is an answer nobody can act on, ErrUnknownOutcome,
+// so the movement stays pending and is asked about again rather than
+// settled on it (a garbled 200 once settled a payout as failed).
+func (c *Client) send(req *http.Request, want Operation) (Operation, error) {
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return Operation{}, fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
@@ -138,9 +149,9 @@ func (c *Client) send(req *http.Request) (Operation, error) {
 	defer resp.Body.Close()
 	switch {
 	case resp.StatusCode == http.StatusOK:
-		var op Operation
-		if err := json.NewDecoder(resp.Body).Decode(&op); err != nil {
-			return Operation{}, fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
+		op, err := decodeOperation(resp.Body, want)
+		if err != nil {
+			return Operation{}, fmt.Errorf("%w: malformed answer: %w", ErrUnknownOutcome, err)
 		}
 		return op, nil
 	case resp.StatusCode == http.StatusNotFound:
@@ -151,4 +162,35 @@ func (c *Client) send(req *http.Request) (Operation, error) {
 		return Operation{}, fmt.Errorf("%w: HTTP %d", ErrInvalid, resp.StatusCode)
 	}
 	return Operation{}, fmt.Errorf("%w: HTTP %d", ErrUnknownOutcome, resp.StatusCode)
+}
+
+// decodeOperation reads one operation from r and checks it answers want.
+func decodeOperation(r io.Reader, want Operation) (Operation, error) {
+	b, err := io.ReadAll(io.LimitReader(r, maxAnswer+1))
+	if err != nil {
+		return Operation{}, err
+	}
+	if len(b) > maxAnswer {
+		return Operation{}, fmt.Errorf("longer than %d bytes", maxAnswer)
+	}
+	if b = bytes.TrimLeft(b, " \t\r\n"); len(b) == 0 || b[0] != '{' {
+		return Operation{}, errors.New("not a JSON object")
+	}
+	var op Operation
+	if err := json.Unmarshal(b, &op); err != nil { // trailing data is an error too
+		return Operation{}, err
+	}
+	switch {
+	case op.ID == "":
+		return Operation{}, errors.New("no operation id")
+	case op.Key != want.Key:
+		return Operation{}, fmt.Errorf("operation for key %q, asked about %q", op.Key, want.Key)
+	case op.Status != Succeeded && op.Status != Failed:
+		return Operation{}, fmt.Errorf("unknown status %q", op.Status)
+	case op.Kind != Charge && op.Kind != Payout, want.Kind != "" && op.Kind != want.Kind:
+		return Operation{}, fmt.Errorf("kind %q", op.Kind)
+	case op.Amount <= 0, want.Amount != 0 && op.Amount != want.Amount:
+		return Operation{}, fmt.Errorf("amount %s", op.Amount)
+	}
+	return op, nil
 }
