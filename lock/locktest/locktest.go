@@ -230,8 +230,11 @@ func testLostSignalOnExpiry(t *testing.T, b lock.Backend, key string) {
 
 func testAutoRenew(t *testing.T, b lock.Backend, key string) {
 	l := lock.New(b, &lock.Options{AutoRenew: true})
-	lease := mustTry(t, l, key, 150*time.Millisecond)
-	time.Sleep(600 * time.Millisecond) // four TTLs
+	// A TTL long enough that a renewal (every TTL/3) survives a stall of a
+	// couple of hundred milliseconds: CI runs every package at once, with
+	// -race, on two cores.
+	lease := mustTry(t, l, key, 400*time.Millisecond)
+	time.Sleep(1600 * time.Millisecond) // four TTLs
 	select {
 	case <-lease.Done():
 		t.Fatalf("renewed lease ended: %v; want held", lease.Err())
