@@ -523,6 +523,22 @@ func (b *browser) submitOK(form, amount, want string) {
 	b.waitText("#"+form+" .msg", want)
 }
 
+// oneWithdrawal checks, on the server, that the account holds exactly one
+// withdrawal, of 7.00, debited once from its 50.00 (a balance of 43.00),
+// and that the provider paid out once.
+func oneWithdrawal(t *testing.T, api *client, gate *gatedPSP) {
+	t.Helper()
+	if got := amounts(api.items("/api/v1/withdrawals")); !slices.Equal(got, []string{"7.00"}) {
+		t.Errorf("withdrawals = %v; want one of 7.00", got)
+	}
+	if got := api.balance(); got != "43.00" {
+		t.Errorf("balance = %s; want 43.00 (debited once)", got)
+	}
+	if n, _ := gate.sim.Moved(psp.Payout); n != 1 {
+		t.Errorf("provider payouts = %d; want 1", n)
+	}
+}
+
 // apiSignIn opens a session of the page's user through the API, to check
 // the page's work on the server's side.
 func apiSignIn(t *testing.T, base, name string) *client {
@@ -808,15 +824,7 @@ func TestBrowserRetryKeepsKey(t *testing.T) {
 	if len(keys) < 3 || len(slices.Compact(slices.Clone(keys))) != 1 {
 		t.Errorf("the page's POSTs carried keys %q; want the first try, the retry and at least one re-ask, all under one key", keys)
 	}
-	if got := amounts(api.items(wd)); !slices.Equal(got, []string{"7.00"}) {
-		t.Errorf("withdrawals = %v; want one of 7.00", got)
-	}
-	if got := api.balance(); got != "43.00" {
-		t.Errorf("balance = %s; want 43.00 (debited once)", got)
-	}
-	if n, _ := gate.sim.Moved(psp.Payout); n != 1 {
-		t.Errorf("provider payouts = %d; want 1", n)
-	}
+	oneWithdrawal(t, api, gate)
 	b.waitText("#balance", "43.00 CNY")
 
 	// After the replay the form holds a new key: the next submission is a
@@ -888,15 +896,7 @@ func TestBrowserServerErrorKeepsKey(t *testing.T) {
 	if keys := b.postKeys(wd); len(keys) != 2 || keys[0] != keys[1] || !strings.HasPrefix(keys[0], "st_") {
 		t.Errorf("the page's withdrawals carried keys %q; want the first try and the retry under one submit token", keys)
 	}
-	if got := amounts(api.items(wd)); !slices.Equal(got, []string{"7.00"}) {
-		t.Errorf("withdrawals = %v; want one of 7.00", got)
-	}
-	if got := api.balance(); got != "43.00" {
-		t.Errorf("balance = %s; want 43.00 (debited once)", got)
-	}
-	if n, _ := gate.sim.Moved(psp.Payout); n != 1 {
-		t.Errorf("provider payouts = %d; want 1", n)
-	}
+	oneWithdrawal(t, api, gate)
 	if n := len(api.items("/api/v1/ledger")); n != 2 {
 		t.Errorf("ledger has %d entries; want 2 (the deposit, one withdrawal)", n)
 	}
@@ -949,15 +949,7 @@ func TestBrowserInvalidToken(t *testing.T) {
 	if len(keys) != 2 || keys[1] == bogus || !strings.HasPrefix(keys[1], "st_") {
 		t.Errorf("the page's withdrawals carried keys %q; want a second one under a new submit token", keys)
 	}
-	if got := amounts(api.items(wd)); !slices.Equal(got, []string{"7.00"}) {
-		t.Errorf("withdrawals = %v; want one of 7.00", got)
-	}
-	if got := api.balance(); got != "43.00" {
-		t.Errorf("balance = %s; want 43.00 (debited once)", got)
-	}
-	if n, _ := gate.sim.Moved(psp.Payout); n != 1 {
-		t.Errorf("provider payouts = %d; want 1", n)
-	}
+	oneWithdrawal(t, api, gate)
 	b.waitText("#balance", "43.00 CNY")
 }
 

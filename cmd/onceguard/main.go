@@ -347,53 +347,33 @@ func (e *envVars) str(name, def string) string {
 }
 
 func (e *envVars) dur(name string, def time.Duration) time.Duration {
-	v := e.getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		e.bad(name, v, "a duration with its unit, like "+def.String())
-		return def
-	}
-	return d
+	return envParse(e, name, def, time.ParseDuration, "a duration with its unit, like "+def.String())
 }
 
 func (e *envVars) int(name string, def int) int {
-	v := e.getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		e.bad(name, v, "a whole number")
-		return def
-	}
-	return n
+	return envParse(e, name, def, strconv.Atoi, "a whole number")
 }
 
 func (e *envVars) float(name string, def float64) float64 {
-	v := e.getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.ParseFloat(v, 64)
-	if err != nil {
-		e.bad(name, v, "a number")
-		return def
-	}
-	return n
+	return envParse(e, name, def, func(v string) (float64, error) { return strconv.ParseFloat(v, 64) }, "a number")
 }
 
 func (e *envVars) bool(name string, def bool) bool {
+	return envParse(e, name, def, strconv.ParseBool, "true or false")
+}
+
+// envParse returns the variable name parsed, def when it is unset, and
+// def with an error recorded (want says what it should be) when it does
+// not parse.
+func envParse[T any](e *envVars, name string, def T, parse func(string) (T, error), want string) T {
 	v := e.getenv(name)
 	if v == "" {
 		return def
 	}
-	b, err := strconv.ParseBool(v)
+	x, err := parse(v)
 	if err != nil {
-		e.bad(name, v, "true or false")
+		e.bad(name, v, want)
 		return def
 	}
-	return b
+	return x
 }

@@ -3,6 +3,7 @@ package app_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,16 +26,8 @@ import (
 // withdrawal stays pending, the reconciler settles it by asking with the
 // same key, and the provider shows exactly one payout per withdrawal.
 func TestReconcile(t *testing.T) {
-	db := dbtest.SQLite(t)
+	s, _, now := withAlice(t)
 	ctx := context.Background()
-	if err := sqlstore.Migrate(ctx, db, sqlstore.SQLite); err != nil {
-		t.Fatal(err)
-	}
-	s := sqlstore.Open(db, sqlstore.SQLite)
-	now := time.Now().UnixMicro()
-	if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
-		t.Fatal(err)
-	}
 	sim := &psp.Sim{}
 	// Fund the account through a deposit whose charge timed out after the
 	// money moved.
@@ -98,16 +91,8 @@ func (unknown) Lookup(context.Context, string) (psp.Operation, error) {
 // the reconciler), counts its results, and sets the backlog gauge from
 // the pending rows, not from what one pass (capped by Limit) looked at.
 func TestReconcilerPass(t *testing.T) {
-	db := dbtest.SQLite(t)
+	s, db, now := withAlice(t)
 	ctx := context.Background()
-	if err := sqlstore.Migrate(ctx, db, sqlstore.SQLite); err != nil {
-		t.Fatal(err)
-	}
-	s := sqlstore.Open(db, sqlstore.SQLite)
-	now := time.Now().UnixMicro()
-	if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
-		t.Fatal(err)
-	}
 	// Three pending deposits and one pending withdrawal (funded by a
 	// settled deposit).
 	for i, amt := range []money.Amount{100, 200, 300, 5000} {
@@ -231,16 +216,8 @@ func (p settlingFirst) Lookup(ctx context.Context, key string) (psp.Operation, e
 // A movement its request settled while the reconciler was asking about it
 // is not the reconciler's: no audit line, no count, no second credit.
 func TestReconcileSettledMeanwhile(t *testing.T) {
-	db := dbtest.SQLite(t)
+	s, _, now := withAlice(t)
 	ctx := context.Background()
-	if err := sqlstore.Migrate(ctx, db, sqlstore.SQLite); err != nil {
-		t.Fatal(err)
-	}
-	s := sqlstore.Open(db, sqlstore.SQLite)
-	now := time.Now().UnixMicro()
-	if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
-		t.Fatal(err)
-	}
 	if _, _, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 500, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
@@ -260,4 +237,21 @@ func TestReconcileSettledMeanwhile(t *testing.T) {
 	if bal, sum, err := s.Balance(ctx, "u1"); err != nil || bal != 500 || sum != bal {
 		t.Errorf("balance %v, ledger sum %v, %v; want 5.00 credited once", bal, sum, err)
 	}
+}
+
+// withAlice returns a store on a fresh SQLite database with one user, u1
+// (alice), its database, and the time the user was made at.
+func withAlice(t *testing.T) (*sqlstore.Store, *sql.DB, int64) {
+	t.Helper()
+	db := dbtest.SQLite(t)
+	ctx := context.Background()
+	if err := sqlstore.Migrate(ctx, db, sqlstore.SQLite); err != nil {
+		t.Fatal(err)
+	}
+	s := sqlstore.Open(db, sqlstore.SQLite)
+	now := time.Now().UnixMicro()
+	if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
+		t.Fatal(err)
+	}
+	return s, db, now
 }
