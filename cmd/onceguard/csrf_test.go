@@ -19,7 +19,11 @@ func TestServeCSRF(t *testing.T) {
 		} else {
 			req.Header.Set("Authorization", "Bearer "+alice.token)
 		}
-		for k, v := range map[string]string{"Origin": origin, "Sec-Fetch-Site": site, "Content-Type": ctype, "X-Forwarded-Proto": proto, "Idempotency-Key": key} {
+		fwd := ""
+		if p, ok := strings.CutPrefix(proto, "fwd:"); ok { // RFC 7239 instead of X-Forwarded-Proto
+			proto, fwd = "", `for=192.0.2.1;proto="`+p+`";host=`+strings.TrimPrefix(base, "http://")
+		}
+		for k, v := range map[string]string{"Origin": origin, "Sec-Fetch-Site": site, "Content-Type": ctype, "X-Forwarded-Proto": proto, "Forwarded": fwd, "Idempotency-Key": key} {
 			if v != "" {
 				req.Header.Set(k, v)
 			}
@@ -44,11 +48,14 @@ func TestServeCSRF(t *testing.T) {
 		{"cookie, same origin, JSON", "cookie", "http://" + host, "same-origin", "application/json", "", 201},
 		{"cookie, no browser headers, JSON", "cookie", "", "", "application/json", "", 201},
 		{"bearer from anywhere", "bearer", "http://evil.example", "cross-site", "text/plain", "", 201},
-		// The origin is scheme and host: the same host under https is
-		// another origin, unless a TLS-terminating proxy says the client
-		// came over https.
-		{"cookie, same host, another scheme", "cookie", "https://" + host, "", "application/json", "", 403},
+		// The origin is scheme and host. Where the scheme is known (TLS,
+		// or a proxy's X-Forwarded-Proto or Forwarded) it must match;
+		// where a proxy says nothing, only the host is compared, so that
+		// a browser behind a TLS proxy that sends no header still works.
+		{"cookie, https origin, scheme not known", "cookie", "https://" + host, "", "application/json", "", 201},
 		{"cookie, https origin over plain http", "cookie", "https://" + host, "", "application/json", "http", 403},
+		{"cookie, http origin, Forwarded proto=https", "cookie", "http://" + host, "", "application/json", "fwd:https", 403},
+		{"cookie, https origin, Forwarded proto=https", "cookie", "https://" + host, "", "application/json", "fwd:https", 201},
 		{"cookie, http origin behind a TLS proxy", "cookie", "http://" + host, "", "application/json", "https", 403},
 		{"cookie, https origin behind a TLS proxy", "cookie", "https://" + host, "", "application/json", "https", 201},
 	} {
@@ -59,7 +66,7 @@ func TestServeCSRF(t *testing.T) {
 			}
 		})
 	}
-	if a := alice.do("GET", "/api/v1/account", "", ""); a.body["balance"] != "4.00" {
-		t.Errorf("balance = %v; want 4.00 (only the four allowed deposits)", a.body["balance"])
+	if a := alice.do("GET", "/api/v1/account", "", ""); a.body["balance"] != "6.00" {
+		t.Errorf("balance = %v; want 6.00 (only the six allowed deposits)", a.body["balance"])
 	}
 }

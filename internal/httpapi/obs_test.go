@@ -99,7 +99,7 @@ type obsHarness struct {
 	token   string // alice's session
 }
 
-func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Context) error) *obsHarness {
+func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Context) error, opts ...func(*httpapi.Config)) *obsHarness {
 	t.Helper()
 	ctx := context.Background()
 	db := openSQLite(t, t.TempDir())
@@ -120,14 +120,18 @@ func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Co
 	if ping == nil {
 		ping = db.PingContext
 	}
-	o.h = httpapi.New(httpapi.Config{
+	cfg := httpapi.Config{
 		Store: store, Keys: o.keys, Completer: o.keys, Provider: obs.Provider{Provider: &psp.Sim{}, Metrics: o.metrics}, Currency: "CNY",
 		MaxAmount: money.Amount(1_000_000_00), RequireToken: map[string]bool{"withdrawal": true}, Window: 10 * time.Second,
 		KeyTTL: time.Hour, TokenTTL: time.Minute, SessionTTL: time.Hour, LockTTL: 10 * time.Second, Ping: ping, Components: comps,
 		Locks:       lock.New(o.locks, &lock.Options{AutoRenew: true, Observe: o.metrics.LockObserver(func() string { return "memory" })}),
 		LockBackend: func() string { return "memory" },
 		Metrics:     o.metrics, Logger: slog.New(slog.NewJSONHandler(o.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
+	}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	o.h = httpapi.New(cfg)
 	if code, _, _ := o.call("POST", "/api/v1/users", "", `{"username":"alice","password":"correct horse"}`); code != 201 {
 		t.Fatalf("sign up = %d", code)
 	}
@@ -333,5 +337,48 @@ func TestReadyz(t *testing.T) {
 		if code != tc.code || out["status"] != tc.status || fmt.Sprint(c) != fmt.Sprint(want) {
 			t.Errorf("%s: readyz = %d %v; want %d %s with %v", tc.name, code, out, tc.code, tc.status, want)
 		}
+	}
+}
+
+// reconcilerFirst is a provider after whose every call the reconciler
+// settles the movement before the request does: the request's own
+// settlement then moves nothing.
+type reconcilerFirst struct {
+	psp.Provider
+	store *sqlstore.Store
+}
+
+func (p reconcilerFirst) Do(ctx context.Context, kind psp.Kind, key string, amount money.Amount) (psp.Operation, error) {
+	op, err := p.Provider.Do(ctx, kind, key, amount)
+	if err == nil && kind == psp.Charge {
+		_, err = p.store.SettleDeposit(ctx, key, op.Status == psp.Succeeded, time.Now().UnixMicro())
+	}
+	return op, err
+}
+
+// One audit line per money movement: a deposit the reconciler settled
+// while its request waited on the provider gets the reconciler's line,
+// not a second one from the request, which still answers 201 succeeded.
+func TestAuditOncePerMovement(t *testing.T) {
+	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) {
+		c.Provider = reconcilerFirst{Provider: c.Provider, store: c.Store}
+	})
+	code, out, _ := o.call("POST", "/api/v1/deposits", "dep-1", `{"amount":"5.00"}`)
+	if code != 201 || out["status"] != "succeeded" {
+		t.Fatalf("deposit = %d %v; want 201 succeeded", code, out)
+	}
+	if _, acct, _ := o.call("GET", "/api/v1/account", "", ""); acct["balance"] != "5.00" {
+		t.Errorf("balance = %v; want 5.00 (credited once)", acct["balance"])
+	}
+	if n := strings.Count(o.logs.String(), `"msg":"money"`); n != 0 {
+		t.Errorf("the request wrote %d audit lines for a deposit the reconciler settled; want 0 (the reconciler writes it)", n)
+	}
+	// A deposit the request settles itself still gets its line.
+	o2 := newObsHarness(t, nil, nil)
+	if code, _, _ := o2.call("POST", "/api/v1/deposits", "dep-1", `{"amount":"5.00"}`); code != 201 {
+		t.Fatalf("deposit = %d", code)
+	}
+	if n := strings.Count(o2.logs.String(), `"msg":"money"`); n != 1 {
+		t.Errorf("audit lines = %d; want 1", n)
 	}
 }

@@ -290,7 +290,8 @@ func FuzzCSRF(f *testing.F) {
 		}
 		if o := r.Header.Get("Origin"); o != "" {
 			u, err := url.Parse(o)
-			sameOrigin = sameOrigin && err == nil && u.Host == r.Host && strings.EqualFold(u.Scheme, "http") // no TLS, no proxy
+			scheme, known := requestScheme(r)
+			sameOrigin = sameOrigin && err == nil && u.Host == r.Host && (!known || strings.EqualFold(u.Scheme, scheme))
 		}
 		// A bodiless DELETE carries no form (forms only GET and POST).
 		form := false

@@ -326,7 +326,10 @@ func csrfSafe(r *http.Request) bool {
 	}
 	if o := r.Header.Get("Origin"); o != "" {
 		u, err := url.Parse(o)
-		if err != nil || u.Host != r.Host || !strings.EqualFold(u.Scheme, requestScheme(r)) {
+		if err != nil || u.Host != r.Host {
+			return false
+		}
+		if scheme, known := requestScheme(r); known && !strings.EqualFold(u.Scheme, scheme) {
 			return false
 		}
 	}
@@ -334,20 +337,40 @@ func csrfSafe(r *http.Request) bool {
 	return r.ContentLength == 0 && r.Method == http.MethodDelete || strings.HasPrefix(ct, "application/json")
 }
 
-// requestScheme is the scheme the client used: https on a TLS connection,
-// else what a TLS-terminating proxy in front says in X-Forwarded-Proto
-// (its first value), else http. The header is trusted for the Origin
-// comparison only: a cross-site page cannot set it without a CORS
-// preflight, which this service never grants.
-func requestScheme(r *http.Request) string {
+// requestScheme is the scheme the client used, when it is known: https
+// on a TLS connection, else what a TLS-terminating proxy in front says, in
+// X-Forwarded-Proto (its first value) or in RFC 7239's Forwarded (the
+// first element's proto). A proxy that says neither leaves it unknown,
+// and then only the Origin's host is compared: refusing every browser
+// behind such a proxy would be worse than the scheme check is worth. The
+// headers are trusted for this comparison and the cookie's Secure flag
+// only: a cross-site page cannot set them without a CORS preflight, which
+// this service never grants.
+func requestScheme(r *http.Request) (scheme string, known bool) {
 	if r.TLS != nil {
-		return "https"
+		return "https", true
 	}
 	p, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ",")
 	if p = strings.ToLower(strings.TrimSpace(p)); p == "https" || p == "http" {
-		return p
+		return p, true
 	}
-	return "http"
+	first, _, _ := strings.Cut(r.Header.Get("Forwarded"), ",")
+	for _, pair := range strings.Split(first, ";") {
+		k, v, _ := strings.Cut(strings.TrimSpace(pair), "=")
+		if strings.EqualFold(k, "proto") {
+			if v = strings.ToLower(strings.Trim(v, `"`)); v == "https" || v == "http" {
+				return v, true
+			}
+		}
+	}
+	return "", false
+}
+
+// secure tells whether the client came over https, so that the session
+// cookie is marked Secure (also behind a TLS-terminating proxy).
+func secure(r *http.Request) bool {
+	scheme, _ := requestScheme(r)
+	return scheme == "https"
 }
 
 // match resolves the paths with an id: /api/v1/{orders,deposits,
@@ -587,7 +610,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, r, err)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: tok, Path: "/", Expires: exp, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: tok, Path: "/", Expires: exp, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: secure(r)})
 	writeJSON(w, http.StatusCreated, map[string]string{"token": tok, "expires_at": exp.UTC().Format(time.RFC3339)})
 }
 
@@ -868,14 +891,14 @@ func (s *server) settleAndAnswer(w http.ResponseWriter, r *http.Request, kind ps
 				settle = s.cfg.Store.SettleDeposit
 			}
 			dctx, ok, now := context.WithoutCancel(ctx), op.Status == psp.Succeeded, time.Now().UnixMicro()
-			err := errors.New("no completer")
+			err, moved := errors.New("no completer"), false
 			if s.cfg.Completer != nil {
-				if _, err = settle(dctx, m.ID, ok, now, complete); err == nil {
+				if moved, err = settle(dctx, m.ID, ok, now, complete); err == nil {
 					call.MarkCompleted()
 				}
 			}
 			if err != nil { // the lease was lost, say: settle alone
-				_, err = settle(dctx, m.ID, ok, now)
+				moved, err = settle(dctx, m.ID, ok, now)
 			}
 			if err != nil {
 				// Whether the settlement (and the stored answer) committed
@@ -888,6 +911,12 @@ func (s *server) settleAndAnswer(w http.ResponseWriter, r *http.Request, kind ps
 				return
 			}
 			m = settled
+			if !moved {
+				// The reconciler settled it meanwhile (the provider's answer
+				// for one key is one answer) and wrote its audit line.
+				writeJSON(w, http.StatusCreated, movementJSON(m))
+				return
+			}
 		}
 	}
 	s.audit(r, map[psp.Kind]string{psp.Charge: "deposit", psp.Payout: "withdrawal"}[kind], m.ID, m.Amount, m.Status)
