@@ -145,16 +145,7 @@ func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Co
 // call sends a request as alice (once signed in) and returns the status,
 // the JSON answer and the request id.
 func (o *obsHarness) call(method, path, key, body string) (int, map[string]any, string) {
-	r := httptest.NewRequest(method, path, strings.NewReader(body))
-	r.Header.Set("Content-Type", "application/json")
-	if o.token != "" {
-		r.Header.Set("Authorization", "Bearer "+o.token)
-	}
-	if key != "" {
-		r.Header.Set("Idempotency-Key", key)
-	}
-	w := httptest.NewRecorder()
-	o.h.ServeHTTP(w, r)
+	w := serveJSON(o.h, o.token, method, path, key, body)
 	out := map[string]any{}
 	_ = json.Unmarshal(w.Body.Bytes(), &out)
 	return w.Code, out, w.Header().Get("X-Request-Id")
@@ -381,4 +372,21 @@ func TestAuditOncePerMovement(t *testing.T) {
 	if n := strings.Count(o2.logs.String(), `"msg":"money"`); n != 1 {
 		t.Errorf("audit lines = %d; want 1", n)
 	}
+}
+
+// serveJSON sends h a JSON request as the holder of token (none when
+// empty), under Idempotency-Key key (none when empty), and returns the
+// recorded answer.
+func serveJSON(h http.Handler, token, method, path, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, path, strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		r.Header.Set("Authorization", "Bearer "+token)
+	}
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
 }

@@ -135,16 +135,7 @@ func newRouterHarness(tb testing.TB, db *sql.DB, dialect sqlstore.Dialect) *rout
 // JSON answer.
 func (hs *routerHarness) call(tb testing.TB, u fuzzUser, method, path, key, body string) (int, map[string]string) {
 	tb.Helper()
-	r := httptest.NewRequest(method, path, strings.NewReader(body))
-	r.Header.Set("Content-Type", "application/json")
-	if u.token != "" {
-		r.Header.Set("Authorization", "Bearer "+u.token)
-	}
-	if key != "" {
-		r.Header.Set("Idempotency-Key", key)
-	}
-	w := httptest.NewRecorder()
-	hs.h.ServeHTTP(w, r)
+	w := serveJSON(hs.h, u.token, method, path, key, body)
 	out := map[string]string{}
 	_ = json.Unmarshal(w.Body.Bytes(), &out) // non-string members are left out
 	return w.Code, out
