@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/memstore"
@@ -104,4 +105,30 @@ func BenchmarkMiddlewareReplay(b *testing.B) {
 	r.Header.Set("Idempotency-Key", "same")
 	h.ServeHTTP(&sink{header: make(http.Header)}, r)
 	bench(b, h, func(int) string { return "same" }, "true")
+}
+
+// BenchmarkMiddlewareFirstUseSteady is BenchmarkMiddlewareFirstUse on a
+// store at its steady size: the clock moves 1ms per request and records
+// live 100s, so the store holds 100 000 records and drops one (in the
+// second's batch) for every one it adds, as a long-running service's
+// does once its first TTL has passed. It is filled to that size before
+// the timer starts.
+func BenchmarkMiddlewareFirstUseSteady(b *testing.B) {
+	const live = 100_000
+	var clock time.Time = time.Unix(1_700_000_000, 0)
+	now := func() time.Time { return clock }
+	h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}, TTL: live * time.Millisecond, Now: now})(benchHandler())
+	tick := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		clock = clock.Add(time.Millisecond)
+		h.ServeHTTP(w, r)
+	})
+	fill := newRequest(b)
+	w := &sink{header: make(http.Header)}
+	for i := range 2 * live {
+		fill.Body = &body{*strings.NewReader(benchBody)}
+		fill.Header["Idempotency-Key"] = []string{"fill-" + strconv.Itoa(i)}
+		clear(w.header)
+		tick.ServeHTTP(w, fill)
+	}
+	bench(b, tick, func(i int) string { return "key-" + strconv.Itoa(i) }, "")
 }

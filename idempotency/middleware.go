@@ -322,7 +322,9 @@ func (m *middleware) serve(rec *recorder, r *http.Request, body []byte, call *Ca
 	}()
 	call.body.r.Reset(body)
 	r.Body = &call.body
-	m.next.ServeHTTP(rec, r.WithContext(&call.ctx))
+	// r.WithContext's copy, made in the Call: no allocation of its own.
+	call.req = *r.WithContext(&call.ctx)
+	m.next.ServeHTTP(rec, &call.req)
 	return rec.status >= 500
 }
 
@@ -422,9 +424,10 @@ type Call struct {
 	replayHeaders []string
 	completed     atomic.Bool
 	forgotten     atomic.Bool
-	ctx           callCtx     // the handler's context
-	detached      detachedCtx // the store's, once the key is ours
-	body          bodyReader  // the handler's body
+	ctx           callCtx      // the handler's context
+	detached      detachedCtx  // the store's, once the key is ours
+	body          bodyReader   // the handler's body
+	req           http.Request // the handler's request
 }
 
 // Response is the Response Middleware would store for an answer with

@@ -16,8 +16,10 @@ import (
 	"hash/maphash"
 	mrand "math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/token"
@@ -35,26 +37,42 @@ type Store struct {
 }
 
 // entry is a key's record, with its answer once completed: the fields of
-// an idempotency.Record, in one allocation with room for a small header.
-// Times are Unix nanoseconds: no pointer to a time.Location per record.
+// an idempotency.Record, in one allocation with room for its lease and a
+// small header. Times are Unix nanoseconds: no pointer to a time.Location
+// per record. Small fields come last, so that the record fits a 208-byte
+// size class.
 type entry struct {
 	id         string
 	next       *entry // the next entry whose id has the same hash
 	fp         string
-	state      idempotency.State
-	lease      string
+	lease      string // leaseBuf's bytes, or a string of its own after a take-over
 	leaseUntil int64
 	expiresAt  int64
 	tokenHash  string
 
 	// Completed: the answer.
-	status int
 	body   []byte
-	noHdr  bool     // the header was nil
 	pairs  []string // the header's name, value pairs, each name's together
-	bare   []bare   // names without values (rare)
 	inline [2]string
+	more   *more // made for a rare header or on the first replay
+
+	status   int32
+	state    uint8 // an idempotency.State
+	noHdr    bool  // the header was nil
+	leaseBuf [leaseLen]byte
+}
+
+// more is what few entries need.
+type more struct {
+	bare   []bare              // header names without values
 	replay *idempotency.Record // made on the first replay
+}
+
+func (e *entry) ensureMore() *more {
+	if e.more == nil {
+		e.more = new(more)
+	}
+	return e.more
 }
 
 type bare struct {
@@ -66,20 +84,20 @@ type bare struct {
 // changes: its Record is made once, on its first replay, and shared by
 // every replay after it (read-only, as Store.Begin says).
 func (e *entry) record(id string) *idempotency.Record {
-	if e.replay != nil {
-		return e.replay
+	if e.more != nil && e.more.replay != nil {
+		return e.more.replay
 	}
 	c := &struct {
 		rec  idempotency.Record
 		resp idempotency.Response
 	}{rec: idempotency.Record{
-		ID: id, Fingerprint: e.fp, State: e.state, Lease: e.lease,
+		ID: id, Fingerprint: e.fp, State: idempotency.State(e.state), Lease: e.lease,
 		LeaseUntil: time.Unix(0, e.leaseUntil), ExpiresAt: time.Unix(0, e.expiresAt), TokenHash: e.tokenHash,
 	}}
-	if e.state == idempotency.Completed {
-		c.resp = idempotency.Response{Status: e.status, Header: e.header(), Body: e.body}
+	if e.state == completed {
+		c.resp = idempotency.Response{Status: int(e.status), Header: e.header(), Body: e.body}
 		c.rec.Response = &c.resp
-		e.replay = &c.rec
+		e.ensureMore().replay = &c.rec
 	}
 	return &c.rec
 }
@@ -92,7 +110,8 @@ func (e *entry) setHeader(h http.Header) {
 	e.pairs = e.inline[:0] // one value (the common case) fits; append grows it
 	for k, vs := range h {
 		if len(vs) == 0 {
-			e.bare = append(e.bare, bare{name: k, isNil: vs == nil})
+			m := e.ensureMore()
+			m.bare = append(m.bare, bare{name: k, isNil: vs == nil})
 		}
 		for _, v := range vs {
 			e.pairs = append(e.pairs, k, v)
@@ -104,7 +123,11 @@ func (e *entry) header() http.Header {
 	if e.noHdr {
 		return nil
 	}
-	names := len(e.bare)
+	var bares []bare
+	if e.more != nil {
+		bares = e.more.bare
+	}
+	names := len(bares)
 	for i := 0; i < len(e.pairs); i += 2 {
 		if i == 0 || e.pairs[i] != e.pairs[i-2] {
 			names++
@@ -119,7 +142,7 @@ func (e *entry) header() http.Header {
 		}
 		h[name] = values[start:j:j]
 	}
-	for _, b := range e.bare {
+	for _, b := range bares {
 		if b.isNil {
 			h[b.name] = nil
 		} else {
@@ -370,10 +393,8 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 				return idempotency.BeginResult{}, err
 			}
 		}
-		rec = &entry{
-			id: k, fp: r.Fingerprint, state: idempotency.InFlight,
-			lease: s.newLease(), leaseUntil: now + int64(r.Lease), expiresAt: now + int64(r.TTL),
-		}
+		rec = &entry{id: k, fp: r.Fingerprint, state: inFlight, leaseUntil: now + int64(r.Lease), expiresAt: now + int64(r.TTL)}
+		rec.lease = s.newLease(&rec.leaseBuf)
 		if r.Token != nil {
 			rec.tokenHash = r.Token.Hash
 		}
@@ -382,13 +403,16 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: rec.lease}, nil
 	case rec.fp != r.Fingerprint:
 		return idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: rec.record(r.ID)}, nil
-	case rec.state == idempotency.Completed:
+	case rec.state == completed:
 		return idempotency.BeginResult{Outcome: idempotency.Replay, Record: rec.record(r.ID)}, nil
 	case now < rec.leaseUntil:
 		return idempotency.BeginResult{Outcome: idempotency.InProgress, Record: rec.record(r.ID)}, nil
 	}
 	// In flight, but its holder stopped renewing (crashed): take it over.
-	rec.lease, rec.leaseUntil = s.newLease(), now+int64(r.Lease)
+	// A string of its own: the crashed holder's lease, which aliases
+	// leaseBuf, must keep its value (and stop matching).
+	var buf [leaseLen]byte
+	rec.lease, rec.leaseUntil = strings.Clone(s.newLease(&buf)), now+int64(r.Lease)
 	return idempotency.BeginResult{Outcome: idempotency.Started, Lease: rec.lease, Recovered: true}, nil
 }
 
@@ -398,11 +422,11 @@ func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, rec := s.records.get(k)
-	if rec == nil || rec.state != idempotency.InFlight || rec.lease != lease {
+	if rec == nil || rec.state != inFlight || rec.lease != lease {
 		return idempotency.ErrLeaseLost
 	}
-	rec.state, rec.lease = idempotency.Completed, ""
-	rec.status, rec.body = resp.Status, append([]byte(nil), resp.Body...)
+	rec.state, rec.lease = completed, ""
+	rec.status, rec.body = int32(resp.Status), append([]byte(nil), resp.Body...)
 	rec.setHeader(resp.Header)
 	return nil
 }
@@ -413,7 +437,7 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h, rec := s.records.get(k)
-	if rec == nil || rec.state != idempotency.InFlight || rec.lease != lease {
+	if rec == nil || rec.state != inFlight || rec.lease != lease {
 		return idempotency.ErrLeaseLost
 	}
 	s.records.del(h, rec)
@@ -515,10 +539,21 @@ func (s *Store) UnbindToken(ctx context.Context, hash, scope string) error {
 	return nil
 }
 
-// newLease returns a random lease id: 16 bytes of a ChaCha8 stream seeded
-// from crypto/rand (cryptographically strong, and without the allocation
-// crypto/rand.Read costs), in unpadded base64url. s.mu is held.
-func (s *Store) newLease() string {
+// The states of an entry, as idempotency.State values in a byte.
+const (
+	inFlight  = uint8(idempotency.InFlight)
+	completed = uint8(idempotency.Completed)
+)
+
+// leaseLen is the length of a lease id: 16 bytes in unpadded base64url.
+const leaseLen = 22
+
+// newLease writes a random lease id into buf and returns it as a string
+// over buf (no allocation: buf is the record's, and is never written
+// again). 16 bytes of a ChaCha8 stream seeded from crypto/rand
+// (cryptographically strong, and without the allocation crypto/rand.Read
+// costs), in unpadded base64url. s.mu is held.
+func (s *Store) newLease(buf *[leaseLen]byte) string {
 	if s.leases == nil {
 		var seed [32]byte
 		_, _ = rand.Read(seed[:])
@@ -526,7 +561,6 @@ func (s *Store) newLease() string {
 	}
 	var b [16]byte
 	_, _ = s.leases.Read(b[:])
-	var out [22]byte // base64.RawURLEncoding.EncodedLen(16)
-	base64.RawURLEncoding.Encode(out[:], b[:])
-	return string(out[:])
+	base64.RawURLEncoding.Encode(buf[:], b[:])
+	return unsafe.String(&buf[0], leaseLen)
 }
