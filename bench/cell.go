@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -27,10 +28,14 @@ type scenario struct {
 	goroutines int
 	sameKey    bool // all goroutines on one key (else one key each)
 	blocking   bool // blocking acquire (else one try per attempt)
+	// paired: one goroutine runs every library of the group in turn, a
+	// block of pairBlock cycles each, in the same cell (see runPaired).
+	paired bool
 }
 
 var scenarios = []scenario{
 	{name: "distinct-1", group: groupRedis, goroutines: 1},
+	{name: "paired-1", group: groupRedis, goroutines: 1, paired: true},
 	{name: "distinct-16", group: groupRedis, goroutines: 16},
 	{name: "distinct-64", group: groupRedis, goroutines: 64},
 	{name: "onekey-64-try", group: groupRedis, goroutines: 64, sameKey: true},
@@ -198,5 +203,83 @@ func runCell(lib *library, sc scenario, keyBase string, warmup, duration time.Du
 	<-sampled
 	res.handoffs = handoffs.Load()
 	sort.Slice(res.lat, func(i, j int) bool { return res.lat[i] < res.lat[j] })
+	return res
+}
+
+// pairBlock is how many cycles a paired cell runs on one library before it
+// moves to the next.
+const pairBlock = 50
+
+// runPaired runs a paired scenario: one goroutine, each library on a key
+// of its own, cycling through the libraries a block of pairBlock lock
+// cycles at a time, for warmup unmeasured and then until every library has
+// had duration of measured time. A one-goroutine cycle is two round trips,
+// so its rate follows the machine's wake-up latency, which drifts over
+// seconds; separate cells catch different stretches of that drift (their
+// ratios move ±15% from round to round on a shared VM), blocks a few
+// milliseconds apart catch the same. Each library's result counts its own
+// blocks: window is the time they took. CPU is not sampled (the process
+// runs them all).
+func runPaired(libs []*library, keyBase func(*library) string, warmup, duration time.Duration) []*result {
+	ctx, cancel := context.WithTimeout(context.Background(), warmup+time.Duration(len(libs))*duration+time.Minute)
+	defer cancel()
+	res := make([]*result, len(libs))
+	ws := make([]worker, len(libs))
+	for i, l := range libs {
+		res[i] = &result{perG: make([]int64, 1), serverCPU: -1, benchCPU: -1}
+		ws[i] = l.newWorker(keyBase(l))
+	}
+	block := func(i int, measured bool) {
+		r := res[i]
+		for range pairBlock {
+			begin := time.Now()
+			ok, err := ws[i].try(ctx)
+			if err == nil && !ok {
+				err = errors.New("try: not acquired on a key of its own")
+			}
+			if err == nil {
+				if err = ws[i].unlock(ctx); err != nil {
+					err = fmt.Errorf("unlock: %w", err)
+				}
+			}
+			end := time.Now()
+			if !measured {
+				continue
+			}
+			r.window += end.Sub(begin)
+			if err != nil {
+				r.errs++
+				if r.firstErr == nil {
+					r.firstErr = err
+				}
+				time.Sleep(time.Millisecond) // no hot loop on a broken server
+				continue
+			}
+			r.cycles++
+			r.attempts++
+			r.perG[0]++
+			r.lat = append(r.lat, end.Sub(begin))
+		}
+	}
+	for t0 := time.Now(); time.Since(t0) < warmup && ctx.Err() == nil; {
+		for i := range libs {
+			block(i, false)
+		}
+	}
+	for ctx.Err() == nil {
+		done := true
+		for i := range libs {
+			if res[i].window < duration {
+				block(i, true)
+				done = false
+			}
+		}
+		if done {
+			break
+		}
+	}
+	for _, r := range res {
+		sort.Slice(r.lat, func(i, j int) bool { return r.lat[i] < r.lat[j] })
+	}
 	return res
 }

@@ -271,6 +271,32 @@ func run(cfg config, out, progress io.Writer) error {
 			if sc.group == groupBackends {
 				duration = cfg.backendDuration
 			}
+			if sc.paired {
+				var sel []*library
+				for i := range libs {
+					if lib := libs[(i+round)%len(libs)]; cfg.selected(lib.name, sc.name, sc.group) {
+						sel = append(sel, lib)
+					}
+				}
+				if len(sel) == 0 || ctx.Err() != nil {
+					continue
+				}
+				cell++
+				prefix := fmt.Sprintf("%s/c%d/", runID, cell)
+				before := runtime.NumGoroutine()
+				rs := runPaired(sel, func(l *library) string { return prefix + l.name + "/" + sc.name }, cfg.warmup, duration)
+				for i, lib := range sel {
+					r := rs[i]
+					r.leftover = cleanupCell(lib, prefix, progress)
+					rep.cells[lib.name+"/"+sc.name] = append(rep.cells[lib.name+"/"+sc.name], r)
+					fmt.Fprintf(progress, "round %d  %-16s %-16s %10.0f cycles/s  p50 %-8s p99 %-8s\n",
+						round+1, lib.name, sc.name, r.cyclesPerSec(), fmtDur(percentile(r.lat, 0.50)), fmtDur(percentile(r.lat, 0.99)))
+				}
+				if n := settleGoroutines(before); n > 0 {
+					fmt.Fprintf(progress, "warning: %s left %d goroutine(s) running\n", sc.name, n)
+				}
+				continue
+			}
 			// Rotate the library order every round so that no library
 			// always runs first (or right after redis-benchmark).
 			for i := range libs {

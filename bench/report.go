@@ -262,10 +262,14 @@ func printTargets(w io.Writer, rep *report) {
 	handoffs := (*result).handoffsPerSec
 	ratio("distinct-64 cycles/s: onceguard / bsm/redislock", "distinct-64", cycles, "onceguard", "bsm/redislock", 2, atLeast(2))
 	ratio("distinct-64 cycles/s: onceguard / redsync", "distinct-64", cycles, "onceguard", "redsync", 3, atLeast(3))
-	ratio("distinct-1 cycles/s: onceguard / bsm/redislock", "distinct-1", cycles, "onceguard", "bsm/redislock", 1, atLeast(1))
+	// At one goroutine the target is judged on the paired cells (see
+	// runPaired); the separate cells are shown for information.
+	ratio("paired-1 cycles/s: onceguard / bsm/redislock", "paired-1", cycles, "onceguard", "bsm/redislock", 1, atLeast(1))
+	ratio("distinct-1 cycles/s: onceguard / bsm/redislock (info)", "distinct-1", cycles, "onceguard", "bsm/redislock", 1, atLeast(1))
 	ratio("distinct-64 cycles/s: onceguard-rueidis / bsm/redislock", "distinct-64", cycles, libOGRueidis, "bsm/redislock", 2, atLeast(2))
 	ratio("distinct-64 cycles/s: onceguard-rueidis / redsync", "distinct-64", cycles, libOGRueidis, "redsync", 3, atLeast(3))
-	ratio("distinct-1 cycles/s: onceguard-rueidis / bsm/redislock", "distinct-1", cycles, libOGRueidis, "bsm/redislock", 1, atLeast(1))
+	ratio("paired-1 cycles/s: onceguard-rueidis / bsm/redislock", "paired-1", cycles, libOGRueidis, "bsm/redislock", 1, atLeast(1))
+	ratio("distinct-1 cycles/s: onceguard-rueidis / bsm/redislock (info)", "distinct-1", cycles, libOGRueidis, "bsm/redislock", 1, atLeast(1))
 	ratio("onekey-16-block handoffs/s: onceguard / bsm/redislock", "onekey-16-block", handoffs, "onceguard", "bsm/redislock", 20, atLeast(20))
 	label := "onekey-16-block fairness (Jain) of onceguard"
 	if rs := rep.cells["onceguard/onekey-16-block"]; len(rs) > 0 {
