@@ -9,6 +9,7 @@ import (
 type queries struct {
 	create                                                       []string
 	insertRecord, selectRecord, deleteRecord, takeOver, complete string
+	completeRaw                                                  string // complete with ? placeholders (see CompleteStmt)
 	insertFresh                                                  string // "" where the dialect has no INSERT ... RETURNING
 	selectLease, bindToken, bindFresh, unbind, unbindAny         string
 	putToken, getToken, claimWindow, selectWindow, freeWindow    string
@@ -102,6 +103,7 @@ ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.exp
 		}
 		return s
 	}
+	q.completeRaw = strings.ReplaceAll(q.complete, "{p}", p)
 	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete,
 		&q.selectLease, &q.bindToken, &q.bindFresh, &q.unbind, &q.unbindAny, &q.putToken, &q.getToken,
 		&q.claimWindow, &q.selectWindow, &q.freeWindow} {

@@ -292,6 +292,20 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, re
 	return s.complete(ctx, tx, id, lease, resp)
 }
 
+// CompleteStmt returns the statement CompleteTx runs, for a caller that
+// makes it part of a statement of its own (a PostgreSQL data-modifying
+// CTE, which commits with the rest of that statement in one round trip):
+// an UPDATE with ? placeholders and its arguments, which changes the
+// record's row when the lease still holds it and no row when it does not
+// (then nothing of the caller's statement may commit).
+func (s *Store) CompleteStmt(ctx context.Context, id, lease string, resp idempotency.Response) (query string, args []any, err error) {
+	if err := s.Migrate(ctx); err != nil {
+		return "", nil, err
+	}
+	args, err = completeArgs(id, lease, resp)
+	return s.q.completeRaw, args, err
+}
+
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
@@ -300,19 +314,11 @@ func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp i
 	if err := s.Migrate(ctx); err != nil {
 		return err
 	}
-	header := ""
-	if len(resp.Header) > 0 {
-		b, err := json.Marshal(resp.Header)
-		if err != nil {
-			return err
-		}
-		header = string(b)
+	args, err := completeArgs(id, lease, resp)
+	if err != nil {
+		return err
 	}
-	body := resp.Body
-	if body == nil {
-		body = []byte{}
-	}
-	out, err := e.ExecContext(ctx, s.q.complete, resp.Status, header, body, id, lease)
+	out, err := e.ExecContext(ctx, s.q.complete, args...)
 	if err != nil {
 		return wrap("complete", err)
 	}
@@ -320,6 +326,23 @@ func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp i
 		return idempotency.ErrLeaseLost
 	}
 	return nil
+}
+
+// completeArgs are the arguments of the complete query.
+func completeArgs(id, lease string, resp idempotency.Response) ([]any, error) {
+	header := ""
+	if len(resp.Header) > 0 {
+		b, err := json.Marshal(resp.Header)
+		if err != nil {
+			return nil, err
+		}
+		header = string(b)
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return []any{resp.Status, header, body, id, lease}, nil
 }
 
 // Abandon implements idempotency.Store.

@@ -72,6 +72,9 @@ type Config struct {
 // transaction (idempotency/sqlstore.Store, on the service's database).
 type Completer interface {
 	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error
+	// CompleteStmt is CompleteTx's statement, for a settlement that runs
+	// it in a statement of its own (see sqlstore.Also).
+	CompleteStmt(ctx context.Context, id, lease string, resp idempotency.Response) (query string, args []any, err error)
 }
 
 // A Component is one part /readyz reports besides the database. Check
@@ -885,7 +888,7 @@ func (s *server) settleAndAnswer(w http.ResponseWriter, r *http.Request, kind ps
 			settled.Status = string(op.Status)
 			body := jsonBody(movementJSON(settled))
 			resp := call.Response(http.StatusCreated, http.Header{"Content-Type": {"application/json"}}, body)
-			complete := func(tx *sql.Tx) error { return s.cfg.Completer.CompleteTx(ctx, tx, call.ID, call.Lease, resp) }
+			complete := sqlstore.Also{Tx: func(tx *sql.Tx) error { return s.cfg.Completer.CompleteTx(ctx, tx, call.ID, call.Lease, resp) }}
 			settle := s.cfg.Store.SettleWithdrawal
 			if kind == psp.Charge {
 				settle = s.cfg.Store.SettleDeposit
@@ -893,7 +896,11 @@ func (s *server) settleAndAnswer(w http.ResponseWriter, r *http.Request, kind ps
 			dctx, ok, now := context.WithoutCancel(ctx), op.Status == psp.Succeeded, time.Now().UnixMicro()
 			err, moved := errors.New("no completer"), false
 			if s.cfg.Completer != nil {
-				if moved, err = settle(dctx, m.ID, ok, now, complete); err == nil {
+				complete.Stmt, complete.Args, err = s.cfg.Completer.CompleteStmt(dctx, call.ID, call.Lease, resp)
+				if err == nil {
+					moved, err = settle(dctx, m.ID, ok, now, complete)
+				}
+				if err == nil {
 					call.MarkCompleted()
 				}
 			}

@@ -261,11 +261,11 @@ func (s *Store) CreateDeposit(ctx context.Context, m Movement) (Movement, bool, 
 // SettleDeposit marks a pending deposit succeeded and credits it, or marks
 // it failed; a deposit already settled is left as it is (settling twice
 // never credits twice: the status update is conditional, and the ledger's
-// UNIQUE(kind, ref) would refuse a second entry anyway). Each of also runs
-// in the same transaction, last (say, completing the request's
-// Idempotency-Key record); an error from one rolls everything back. moved
-// reports whether this call settled it (false: it was settled before).
-func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, now int64, also ...func(*sql.Tx) error) (moved bool, err error) {
+// UNIQUE(kind, ref) would refuse a second entry anyway). Each of also
+// commits with it or not at all (say, completing the request's
+// Idempotency-Key record; see Also). moved reports whether this call
+// settled it (false: it was settled before).
+func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, now int64, also ...Also) (moved bool, err error) {
 	// A deposit's money arrives only with its success.
 	return s.settle(ctx, "deposits", id, succeeded, succeeded, "deposit", now, also)
 }
@@ -273,20 +273,42 @@ func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, no
 // SettleWithdrawal marks a pending withdrawal succeeded, or failed and
 // refunded (in the same transaction, with its ledger entry); a settled one
 // is left as it is. also and moved: as for SettleDeposit.
-func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool, now int64, also ...func(*sql.Tx) error) (moved bool, err error) {
+func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool, now int64, also ...Also) (moved bool, err error) {
 	// A withdrawal's money left at creation: only a failure brings it back.
 	return s.settle(ctx, "withdrawals", id, succeeded, !succeeded, "withdrawal_refund", now, also)
 }
+
+// Also is work that commits with a settlement, or not at all. Tx runs it
+// in the settlement's transaction, last, and returns an error to roll
+// everything back. Stmt and Args, when Stmt is set, are the same work as
+// one UPDATE with ? placeholders, ending with its WHERE clause, that
+// changes a row when it may commit and none when it may not (Tx would then
+// fail): on PostgreSQL a settlement
+// that credits nothing (a withdrawal's success, a deposit's failure) runs
+// it inside its own statement, one round trip instead of four (BEGIN, the
+// settlement, Tx, COMMIT); ErrAlsoRefused when it changed no row.
+type Also struct {
+	Tx   func(*sql.Tx) error
+	Stmt string
+	Args []any
+}
+
+// ErrAlsoRefused: an Also's statement changed no row, so nothing was
+// settled.
+var ErrAlsoRefused = errors.New("sqlstore: the work to commit with the settlement was refused")
 
 // settle moves a pending row of table to its final status and, when
 // credit is set, credits its amount with a ledger entry of kind, all in one
 // transaction. Only the call that moves the row from pending credits, and
 // only its moved is true.
-func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit bool, kind string, now int64, also []func(*sql.Tx) error) (bool, error) {
+func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit bool, kind string, now int64, also []Also) (bool, error) {
 	defer s.timed("settle", time.Now())
 	status := "failed"
 	if succeeded {
 		status = "succeeded"
+	}
+	if s.d == Postgres && !credit && len(also) == 1 && also[0].Stmt != "" {
+		return s.settleStmt(ctx, table, id, status, also[0])
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -306,13 +328,37 @@ func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit 
 			return false, err
 		}
 	}
-	for _, f := range also {
-		if err := f(tx); err != nil {
+	for _, a := range also {
+		if err := a.Tx(tx); err != nil {
 			return false, err
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return false, err
+	}
+	return moved, nil
+}
+
+// settleStmt is settle without a credit on PostgreSQL, with also's
+// statement, in one statement: its data-modifying CTEs run also's UPDATE
+// if the row exists, then the settlement only if that changed a row, and
+// commit together. The last column reads the snapshot before the
+// statement, so that a row settled before (not moved) is told from one
+// that is not there.
+func (s *Store) settleStmt(ctx context.Context, table, id, status string, also Also) (bool, error) {
+	query := `WITH a AS (` + also.Stmt + ` AND EXISTS (SELECT 1 FROM ` + table + ` WHERE id = ?) RETURNING 1),
+m AS (UPDATE ` + table + ` SET status = ? WHERE id = ? AND status = 'pending' AND EXISTS (SELECT 1 FROM a) RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM a), EXISTS (SELECT 1 FROM m), EXISTS (SELECT 1 FROM ` + table + ` WHERE id = ?)`
+	args := append(append(make([]any, 0, len(also.Args)+4), also.Args...), id, status, id, id)
+	var done, moved, found bool
+	if err := s.db.QueryRowContext(ctx, s.q(query), args...).Scan(&done, &moved, &found); err != nil {
+		return false, err
+	}
+	switch {
+	case !found:
+		return false, ErrNotFound
+	case !done:
+		return false, ErrAlsoRefused
 	}
 	return moved, nil
 }

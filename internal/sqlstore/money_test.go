@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock/memlock"
 )
@@ -16,6 +18,13 @@ import (
 // withUser gives a test a migrated, empty database of d with one user,
 // u1 "alice", and an empty account.
 func withUser(t *testing.T, d database) (*sqlstore.Store, int64) {
+	t.Helper()
+	s, _, now := withUserDB(t, d)
+	return s, now
+}
+
+// withUserDB is withUser, with the store's database handle.
+func withUserDB(t *testing.T, d database) (*sqlstore.Store, *sql.DB, int64) {
 	t.Helper()
 	db := d.open(t)
 	fresh(t, db)
@@ -27,7 +36,7 @@ func withUser(t *testing.T, d database) (*sqlstore.Store, int64) {
 	if err := s.CreateUser(context.Background(), "u1", "alice", "h", "CNY", now); err != nil {
 		t.Fatal(err)
 	}
-	return s, now
+	return s, db, now
 }
 
 // Money moves exactly once and never below zero, whatever races: 30
@@ -153,6 +162,97 @@ func TestStaleFenceRefused(t *testing.T) {
 				t.Errorf("the refused withdrawal's row = %v; want none", err)
 			}
 			_ = next.Release(ctx)
+		})
+	}
+}
+
+// A settlement and the work that commits with it (Also) commit together
+// or not at all, on every database: on PostgreSQL in one statement (the
+// Also's Stmt), elsewhere in one transaction (its Tx). The Also here marks
+// a row of a table of its own, once, as completing an Idempotency-Key
+// record does.
+func TestSettleAlso(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			s, db, now := withUserDB(t, d)
+			ctx := context.Background()
+			q := func(query string) string {
+				if d.dialect == sqlstore.Postgres {
+					return sqldb.Rebind(query)
+				}
+				return query
+			}
+			if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+			_, _, _ = s.CreateDeposit(ctx, sqlstore.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: now})
+			if _, err := s.SettleDeposit(ctx, "d1", true, now); err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range []string{"w1", "w2"} {
+				if _, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: now}, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0), ('a2', 0), ('a3', 0)`); err != nil {
+				t.Fatal(err)
+			}
+			also := func(id string) sqlstore.Also {
+				const stmt = `UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`
+				return sqlstore.Also{Stmt: stmt, Args: []any{id}, Tx: func(tx *sql.Tx) error {
+					res, err := tx.ExecContext(ctx, q(stmt), id)
+					if err != nil {
+						return err
+					}
+					if n, _ := res.RowsAffected(); n == 0 {
+						return sqlstore.ErrAlsoRefused
+					}
+					return nil
+				}}
+			}
+			state := func(mov, a string) (status string, done int) {
+				t.Helper()
+				if err := db.QueryRowContext(ctx, q(`SELECT status FROM withdrawals WHERE id = ?`), mov).Scan(&status); err != nil {
+					t.Fatal(err)
+				}
+				if err := db.QueryRowContext(ctx, q(`SELECT done FROM also_t WHERE id = ?`), a).Scan(&done); err != nil {
+					t.Fatal(err)
+				}
+				return status, done
+			}
+
+			// Both commit.
+			if moved, err := s.SettleWithdrawal(ctx, "w1", true, now, also("a1")); err != nil || !moved {
+				t.Fatalf("SettleWithdrawal = %v, %v; want moved", moved, err)
+			}
+			if st, done := state("w1", "a1"); st != "succeeded" || done != 1 {
+				t.Errorf("after a settlement: %s, done %d; want succeeded, 1", st, done)
+			}
+			// The Also is refused (a lost lease): nothing commits.
+			if moved, err := s.SettleWithdrawal(ctx, "w2", true, now, also("a1")); !errors.Is(err, sqlstore.ErrAlsoRefused) || moved {
+				t.Errorf("SettleWithdrawal with a refused Also = %v, %v; want ErrAlsoRefused", moved, err)
+			}
+			if st, _ := state("w2", "a2"); st != "pending" {
+				t.Errorf("after a refused Also: %s; want pending", st)
+			}
+			// Settled before: not moved, the Also still commits.
+			if moved, err := s.SettleWithdrawal(ctx, "w1", true, now, also("a2")); err != nil || moved {
+				t.Errorf("SettleWithdrawal of a settled one = %v, %v; want not moved", moved, err)
+			}
+			if st, done := state("w1", "a2"); st != "succeeded" || done != 1 {
+				t.Errorf("after settling again: %s, done %d; want succeeded, 1", st, done)
+			}
+			// No such movement: ErrNotFound, and the Also does not commit.
+			if _, err := s.SettleWithdrawal(ctx, "w9", true, now, also("a3")); !errors.Is(err, sqlstore.ErrNotFound) {
+				t.Errorf("SettleWithdrawal of no movement = %v; want ErrNotFound", err)
+			}
+			if _, done := state("w2", "a3"); done != 0 {
+				t.Errorf("the Also of a missing movement committed")
+			}
+			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 8000 || sum != bal {
+				t.Errorf("balance %v, ledger %v; want 80.00", bal, sum)
+			}
 		})
 	}
 }
