@@ -166,8 +166,9 @@ type batcher struct {
 	mu       sync.Mutex // guards queue and inflight
 	queue    []*call
 	inflight int
-	// shared: the last flush sent more than one call, so other callers are
-	// about (see flush).
+	// shared: the last flush had company (more than one call in its batch,
+	// calls left queued, or another pipeline in flight), so other callers
+	// are about (see flush).
 	shared atomic.Bool
 
 	calls   sync.Pool // of *call, with their channel
