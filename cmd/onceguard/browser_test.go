@@ -132,6 +132,7 @@ type browser struct {
 	mu         sync.Mutex
 	posts      map[string][]string // path -> the Idempotency-Key of each POST, in order
 	gets       map[string]int      // path -> how many GETs
+	answered   map[string]int      // API path -> how many answers arrived
 	docHeaders network.Headers     // the headers of the page's own answer (GET /)
 	problems   []string            // console messages that must not be
 }
@@ -170,7 +171,7 @@ func newBrowser(t *testing.T, path, base string, expected ...string) *browser {
 		}
 		t.Fatalf("the browser %s did not start: %v", path, err)
 	}
-	b := &browser{t: t, base: base, dir: t.ArtifactDir(), posts: map[string][]string{}, gets: map[string]int{}, expected: map[string]bool{}}
+	b := &browser{t: t, base: base, dir: t.ArtifactDir(), posts: map[string][]string{}, gets: map[string]int{}, answered: map[string]int{}, expected: map[string]bool{}}
 	for _, e := range expected {
 		b.expected[e] = true
 	}
@@ -203,6 +204,9 @@ func (b *browser) record(ev any) {
 	case *network.EventResponseReceived:
 		if ev.Type == network.ResourceTypeDocument && ev.Response.URL == b.base+"/" {
 			b.docHeaders = ev.Response.Headers
+		}
+		if path := strings.TrimPrefix(ev.Response.URL, b.base); strings.HasPrefix(path, "/api/v1/") {
+			b.answered[path]++
 		}
 	case *runtime.EventExceptionThrown:
 		d := ev.ExceptionDetails
@@ -284,6 +288,47 @@ func (b *browser) waitRefresh(n int, after string) {
 	for b.getCount("/api/v1/account") <= n {
 		if time.Now().After(deadline) {
 			b.t.Errorf("after %s the page did not refresh the balance and lists (%d GETs of the account, as before)", after, n)
+			b.shot("failure")
+			b.t.FailNow()
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// refreshPaths are what the page GETs when it refreshes its balance and
+// lists.
+var refreshPaths = []string{"/api/v1/account", "/api/v1/ledger", "/api/v1/deposits", "/api/v1/withdrawals", "/api/v1/orders"}
+
+// refreshAnswers returns how many answers to each of refreshPaths the
+// browser has had.
+func (b *browser) refreshAnswers() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := make([]int, len(refreshPaths))
+	for i, p := range refreshPaths {
+		n[i] = b.answered[p]
+	}
+	return n
+}
+
+// waitRefreshAnswered waits until each of refreshPaths has had more
+// answers than in before: a refresh the page started after before was
+// taken has been answered in full, so that none of its requests is still
+// on its way when the test changes something the page would notice (say,
+// ends its session elsewhere).
+func (b *browser) waitRefreshAnswered(before []int, after string) {
+	b.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		now, done := b.refreshAnswers(), true
+		for i := range now {
+			done = done && now[i] > before[i]
+		}
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.t.Errorf("after %s the page's refresh was not answered in full (answers %v, before %v, for %v)", after, now, before, refreshPaths)
 			b.shot("failure")
 			b.t.FailNow()
 		}
@@ -995,8 +1040,12 @@ func TestBrowserSessionAndOrders(t *testing.T) {
 	// The same order again inside the window: 429 in words.
 	b.fill("#order-amount", "30")
 	b.fill("#order-description", "tea")
+	answered := b.refreshAnswers()
 	b.do(chromedp.Click(chromedp.CSS("#order-form button[type=submit]")))
 	b.waitText("#order-form .msg", "Not sent again: this is the same order you submitted a moment ago")
+	// The 429 makes the page refresh its lists: let that finish before the
+	// session ends, or the refresh, not the next action, finds it gone.
+	b.waitRefreshAnswered(answered, "the 429")
 
 	// The session ends elsewhere (its token is the HttpOnly cookie, which
 	// only the browser's own store shows): the page's next action says
