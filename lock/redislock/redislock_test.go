@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/internal/redisscript"
 	"github.com/onceguard/onceguard/lock/locktest"
 	"github.com/onceguard/onceguard/lock/redislock"
 )
@@ -280,5 +281,40 @@ func TestFairQueueOrder(t *testing.T) {
 			t.Errorf("waiter %d served in position %d; want arrival order", got, want)
 		}
 		want++
+	}
+}
+
+// A fence key left unseeded (its INCR created it, then the reseed that
+// raises it to the server's clock failed, say on a connection that broke
+// right after a Redis restart) is reseeded by the next try, not counted up
+// from where it stands: fences stay above every one given before the
+// data loss. In CI the broken reseed happened in rueidislock's
+// TestUnavailable: the next fence was 2.
+func TestUnseededFenceReseeded(t *testing.T) {
+	_, rdb := ownRedis(t)
+	l := redislock.New(rdb, nil)
+	ctx := context.Background()
+	fenceKey := redisscript.Name(redisscript.DefaultPrefix, "k", redisscript.FenceSuffix)
+	for _, left := range []int64{1, 41} { // as the failed reseed left it, and some tries later
+		if err := rdb.Set(ctx, fenceKey, left, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease, err := l.TryAcquire(ctx, "k", time.Second)
+		if err != nil {
+			t.Fatalf("TryAcquire = %v", err)
+		}
+		if lease.Fence() < now.UnixMicro() {
+			t.Errorf("fence over an unseeded key at %d = %d; want at least the server's clock, %d µs", left, lease.Fence(), now.UnixMicro())
+		}
+		if ttl := rdb.PTTL(ctx, fenceKey).Val(); ttl <= 0 {
+			t.Errorf("the reseeded fence key's PTTL = %v; want its retention", ttl)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

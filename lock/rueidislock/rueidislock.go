@@ -194,9 +194,10 @@ func (b *Backend) exec(ctx context.Context, s *rueidis.Lua, keys, args []string)
 // INCR of the fence key, which cost Redis a fraction of a script: the INCR
 // runs right after the SET on the same connection, before this caller can
 // release, so a later holder's INCR is always larger. An INCR after a
-// failed SET only skips a number. When the INCR creates the fence key, one
-// more script seeds it from the server's clock (once per key per
-// FenceRetention). A blocked waiter runs the acquire script, which also
+// failed SET only skips a number. When the INCR finds the fence key
+// unseeded (it created it, or the seed after its creation failed: see
+// redisscript.ReseedBelow), one more script seeds it from the server's
+// clock (once per key per FenceRetention). A blocked waiter runs the acquire script, which also
 // manages the queue and sets the fence to max(last + 1, server µs); with
 // ClockFences, tries run that script too.
 func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
@@ -216,10 +217,10 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 		return lock.Grant{}, wrap("acquire", r.Key, err)
 	}
 	fence, err := res[1].AsInt64()
-	if err == nil && fence == 1 {
-		// A new fence key (first use, or FenceRetention since it was
-		// seeded): seed it from the server's clock, above every fence the
-		// key had before.
+	if err == nil && fence < redisscript.ReseedBelow {
+		// An unseeded fence key (first use, FenceRetention since it was
+		// seeded, or a reseed that failed): seed it from the server's
+		// clock, above every fence the key had before.
 		fence, err = b.exec(ctx, scriptReseed, []string{fenceKey}, []string{b.fence})
 	}
 	if err != nil || fence <= 0 {

@@ -80,8 +80,9 @@ func Name(prefix, key, suffix string) string {
 // commands sent back to back on one connection: SET lock owner NX PX ttl,
 // then INCR of the fence. The INCR runs after the SET and before its
 // sender can release, so a later holder's INCR is always larger; when the
-// INCR created the fence key (it returned 1), Reseed raises it to the
-// server's clock.
+// INCR returned less than ReseedBelow, the fence key was just created (or
+// a reseed that should have followed its creation failed), and Reseed
+// raises it to the server's clock.
 
 // handover: the lock at KEYS[1] is being given up and waiters are
 // queued; KEYS[2] and KEYS[3] are the waiter queue and the waiters'
@@ -206,8 +207,20 @@ end
 return 1
 `
 
+// ReseedBelow: a try whose INCR of the fence returns less than this runs
+// Reseed. A seeded fence is the server's clock in µs or more (about 2^50
+// today), so a smaller one was counted up from a key that was created and
+// never seeded: first use, FenceRetention since the last seed, Redis lost
+// its data, or the reseed after any of those failed (the connection broke
+// right after a restart). Without the last case in the rule, that key
+// would go on counting from 1, with no expiry, below every fence it gave
+// before. 2^40 µs is 1970-01-13: a server whose clock is before that
+// reseeds on every try, which is slower, not wrong.
+const ReseedBelow = 1 << 40
+
 // Reseed: KEYS[1] the fence; ARGV fence retention ms. Runs while the
-// caller holds the lock, after its INCR created the fence key: returns a
+// caller holds the lock, after its INCR found an unseeded fence key (see
+// ReseedBelow): returns a
 // new fence, raised to the server's clock in µs, and gives the key its
 // expiry.
 const Reseed = `
