@@ -292,29 +292,5 @@ func TestFairQueueOrder(t *testing.T) {
 // TestUnavailable: the next fence was 2.
 func TestUnseededFenceReseeded(t *testing.T) {
 	_, rdb := ownRedis(t)
-	l := redislock.New(rdb, nil)
-	ctx := context.Background()
-	fenceKey := redisscript.Name(redisscript.DefaultPrefix, "k", redisscript.FenceSuffix)
-	for _, left := range []int64{1, 41} { // as the failed reseed left it, and some tries later
-		if err := rdb.Set(ctx, fenceKey, left, 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-		now, err := rdb.Time(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		lease, err := l.TryAcquire(ctx, "k", time.Second)
-		if err != nil {
-			t.Fatalf("TryAcquire = %v", err)
-		}
-		if lease.Fence() < now.UnixMicro() {
-			t.Errorf("fence over an unseeded key at %d = %d; want at least the server's clock, %d µs", left, lease.Fence(), now.UnixMicro())
-		}
-		if ttl := rdb.PTTL(ctx, fenceKey).Val(); ttl <= 0 {
-			t.Errorf("the reseeded fence key's PTTL = %v; want its retention", ttl)
-		}
-		if err := lease.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	redistest.UnseededFence(t, rdb, redislock.New(rdb, nil), redisscript.Name(redisscript.DefaultPrefix, "k", redisscript.FenceSuffix))
 }

@@ -374,31 +374,8 @@ func TestFairQueueOrder(t *testing.T) {
 // in CI this test's TestUnavailable once got fence 2 after a restart) is
 // reseeded by the next try, not counted up from where it stands.
 func TestUnseededFenceReseeded(t *testing.T) {
-	_, c := ownRedis(t)
-	l := rueidislock.New(c, nil)
-	ctx := context.Background()
-	fenceKey := redisscript.Name(redisscript.DefaultPrefix, "k", redisscript.FenceSuffix)
-	for _, left := range []int64{1, 41} { // as the failed reseed left it, and some tries later
-		if err := c.Do(ctx, c.B().Set().Key(fenceKey).Value(fmt.Sprint(left)).Build()).Error(); err != nil {
-			t.Fatal(err)
-		}
-		tm, err := c.Do(ctx, c.B().Time().Build()).AsIntSlice()
-		if err != nil || len(tm) != 2 {
-			t.Fatalf("TIME = %v, %v", tm, err)
-		}
-		now := tm[0]*1_000_000 + tm[1]
-		lease, err := l.TryAcquire(ctx, "k", time.Second)
-		if err != nil {
-			t.Fatalf("TryAcquire = %v", err)
-		}
-		if lease.Fence() < now {
-			t.Errorf("fence over an unseeded key at %d = %d; want at least the server's clock, %d µs", left, lease.Fence(), now)
-		}
-		if ttl, _ := c.Do(ctx, c.B().Pttl().Key(fenceKey).Build()).AsInt64(); ttl <= 0 {
-			t.Errorf("the reseeded fence key's PTTL = %v; want its retention", ttl)
-		}
-		if err := lease.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv, c := ownRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	redistest.UnseededFence(t, rdb, rueidislock.New(c, nil), redisscript.Name(redisscript.DefaultPrefix, "k", redisscript.FenceSuffix))
 }
