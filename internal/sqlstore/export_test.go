@@ -1,0 +1,7 @@
+package sqlstore
+
+// The statements the pending indexes serve, for the tests of their plans.
+var (
+	PendingQuery      = pendingQuery
+	PendingCountQuery = pendingCountQuery
+)
