@@ -186,10 +186,19 @@ func (ls *Lease) Release(ctx context.Context) error {
 	if err == nil || errors.Is(err, ErrNotHeld) {
 		ls.released = true
 	}
-	if err == nil {
+	switch {
+	case err == nil:
 		ls.endLocked(ErrReleased)
-	} else {
-		ls.endLocked(lostError(ls.key, err))
+	case errors.Is(err, ErrNotHeld):
+		ls.endLocked(lostError(ls.key, err)) // lost while held: OpLost
+	default:
+		// The release did not reach the backend, or failed there: the
+		// lease ends here (the caller gave it up), but nothing showed it
+		// lost while held. The OpRelease event below reports the error;
+		// the backend lets the lock go when its TTL passes. Unless the
+		// TTL had passed already: then it was lost (ErrExpired).
+		ls.checkLocked()
+		ls.endQuietLocked(lostError(ls.key, err))
 	}
 	ls.locker.observe(Event{Op: OpRelease, Key: ls.key, Duration: time.Since(ls.start), Err: err})
 	return err
@@ -269,15 +278,21 @@ func lostError(key string, err error) error {
 	return fmt.Errorf("%w: %q: %w", ErrLost, key, err)
 }
 
-// endLocked ends the lease with cause, once.
+// endLocked ends the lease with cause, once, and reports any cause but
+// ErrReleased as an OpLost.
 func (ls *Lease) endLocked(cause error) {
+	if !ls.ended && cause != ErrReleased {
+		ls.locker.observe(Event{Op: OpLost, Key: ls.key, Duration: time.Since(ls.start), Err: cause})
+	}
+	ls.endQuietLocked(cause)
+}
+
+// endQuietLocked ends the lease with cause, once, without an event.
+func (ls *Lease) endQuietLocked(cause error) {
 	if ls.ended {
 		return
 	}
 	ls.ended, ls.cause = true, cause
-	if cause != ErrReleased {
-		ls.locker.observe(Event{Op: OpLost, Key: ls.key, Duration: time.Since(ls.start), Err: cause})
-	}
 	if ls.expiry != nil {
 		ls.expiry.Stop()
 	}

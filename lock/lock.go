@@ -50,7 +50,7 @@ type Op int
 const (
 	OpAcquire Op = iota + 1 // TryAcquire or Acquire returned
 	OpRelease               // Release returned
-	OpLost                  // a lease ended without Release: expired, or renewal found it gone
+	OpLost                  // a lease ended while held: expired, renewal found it gone, or Release found it expired or another owner's (Err matches ErrNotHeld)
 )
 
 func (o Op) String() string {
@@ -76,7 +76,10 @@ type Event struct {
 	Duration time.Duration
 	// Err is the result: nil for a lease granted or released, an error
 	// matching ErrNotAcquired, ErrUnavailable, ... otherwise; for OpLost
-	// the cause (matching ErrLost).
+	// the cause (matching ErrLost and ErrNotHeld). A Release that did not
+	// reach the backend (ErrUnavailable) is an OpRelease with that error,
+	// not an OpLost: the lease was not lost while held, and the backend
+	// lets the lock go when its TTL passes.
 	Err error
 }
 

@@ -3,6 +3,8 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -77,5 +79,65 @@ func TestObserve(t *testing.T) {
 	}
 	if d := events[2].Duration; d < 10*time.Millisecond {
 		t.Errorf("the first lease was held %v; want about 20ms", d)
+	}
+}
+
+// unreachable is a backend whose Release cannot reach it.
+type unreachable struct{ fence int64 }
+
+func (u *unreachable) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
+	u.fence++
+	return lock.Grant{Fence: u.fence}, nil
+}
+
+func (*unreachable) Release(ctx context.Context, key, owner string) error {
+	return fmt.Errorf("release: %w", lock.ErrUnavailable)
+}
+
+func (*unreachable) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	return nil
+}
+
+// A Release that cannot reach the backend is an OpRelease with its error,
+// not an OpLost: nothing ended the lease while it was held. One made after
+// the TTL passed is both: the lease was lost (ErrExpired) first.
+func TestObserveReleaseUnreachable(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		var events []lock.Event
+		l := lock.New(&unreachable{}, &lock.Options{Observe: func(e lock.Event) { events = append(events, e) }})
+		ttl := time.Hour
+		if late {
+			ttl = 5 * time.Millisecond
+		}
+		lease, err := l.TryAcquire(t.Context(), "k", ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if late {
+			time.Sleep(3 * ttl)
+		}
+		if err := lease.Release(t.Context()); !errors.Is(err, lock.ErrUnavailable) {
+			t.Fatalf("late=%v: Release = %v; want ErrUnavailable", late, err)
+		}
+		if err := lease.Err(); !errors.Is(err, lock.ErrLost) {
+			t.Errorf("late=%v: lease.Err() = %v; want ErrLost (the lease has ended)", late, err)
+		}
+		var ops []lock.Op
+		for _, e := range events {
+			ops = append(ops, e.Op)
+			if e.Op == lock.OpLost && !errors.Is(e.Err, lock.ErrExpired) {
+				t.Errorf("late=%v: OpLost with %v; want ErrExpired", late, e.Err)
+			}
+			if e.Op == lock.OpRelease && !errors.Is(e.Err, lock.ErrUnavailable) {
+				t.Errorf("late=%v: OpRelease with %v; want ErrUnavailable", late, e.Err)
+			}
+		}
+		want := []lock.Op{lock.OpAcquire, lock.OpRelease}
+		if late {
+			want = []lock.Op{lock.OpAcquire, lock.OpLost, lock.OpRelease}
+		}
+		if !slices.Equal(ops, want) {
+			t.Errorf("late=%v: events %v; want %v", late, ops, want)
+		}
 	}
 }

@@ -36,12 +36,15 @@ import (
 )
 
 // faultLocks is an in-process lock backend that can fail acquires (the
-// backend does not answer) or lose a lease at its release (the lock was
-// found gone: expired under its holder).
+// backend does not answer), lose a lease at its release (the lock was
+// found gone: expired under its holder; or found someone else's), or not
+// answer a release (the lock stays until its TTL).
 type faultLocks struct {
 	*memlock.Backend
-	unavailable   atomic.Bool
-	loseAtRelease atomic.Bool
+	unavailable          atomic.Bool
+	loseAtRelease        atomic.Bool
+	stolenAtRelease      atomic.Bool
+	unreachableAtRelease atomic.Bool
 }
 
 func (f *faultLocks) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
@@ -52,9 +55,15 @@ func (f *faultLocks) Acquire(ctx context.Context, r lock.Request) (lock.Grant, e
 }
 
 func (f *faultLocks) Release(ctx context.Context, key, owner string) error {
+	if f.unreachableAtRelease.Load() {
+		return fmt.Errorf("fault: release %q: %w: i/o timeout", key, lock.ErrUnavailable)
+	}
 	err := f.Backend.Release(ctx, key, owner)
 	if err == nil && f.loseAtRelease.Load() {
 		return fmt.Errorf("fault: %w", lock.ErrExpired)
+	}
+	if err == nil && f.stolenAtRelease.Load() {
+		return fmt.Errorf("fault: held by another owner: %w", lock.ErrNotHeld)
 	}
 	return err
 }
@@ -268,6 +277,64 @@ func TestLockFailuresObserved(t *testing.T) {
 		if v := o.value(t, "onceguard_db_duration_seconds", "op", op); v == 0 {
 			t.Errorf("db_duration_seconds{op=%q} has no samples", op)
 		}
+	}
+}
+
+// A release that does not reach the lock backend is not a lost lock:
+// nothing ended the lease while it was held, and the backend lets it go
+// when its TTL passes. It is logged "lock release failed" (with the cause
+// and the result unavailable), never "lock lost", and lock_lost_total
+// does not count it. A release that finds the lock someone else's, or
+// expired, is a lease lost while held: "lock lost", counted.
+func TestLockReleaseFailureNotLost(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault func(*faultLocks) *atomic.Bool
+		lost  bool
+		cause string
+	}{
+		{"release unreachable", func(f *faultLocks) *atomic.Bool { return &f.unreachableAtRelease }, false, "backend unavailable"},
+		{"release finds another owner", func(f *faultLocks) *atomic.Bool { return &f.stolenAtRelease }, true, "not held"},
+		{"release finds it expired", func(f *faultLocks) *atomic.Bool { return &f.loseAtRelease }, true, "expired"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := newObsHarness(t, nil, nil)
+			if code, _, _ := o.call("POST", "/api/v1/deposits", "dep-1", `{"amount":"100"}`); code != 201 {
+				t.Fatalf("deposit = %d", code)
+			}
+			code, out, _ := o.call("POST", "/api/v1/submit-tokens", "", `{"purpose":"withdrawal"}`)
+			tok, _ := out["token"].(string)
+			if code != 201 || tok == "" {
+				t.Fatalf("submit token = %d %v", code, out)
+			}
+			tc.fault(o.locks).Store(true)
+			code, out, id := o.call("POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`)
+			if code != 201 || out["status"] != "succeeded" {
+				t.Fatalf("withdrawal = %d %v; want 201 succeeded (the write was done under the lock)", code, out)
+			}
+			if v := o.value(t, "onceguard_lock_hold_seconds", "backend", "memory"); v != 1 {
+				t.Errorf("lock_hold_seconds samples = %v; want 1 (the release)", v)
+			}
+			lostLines, failed := o.lines(t, "lock lost"), o.lines(t, "lock release failed")
+			lostCount := o.value(t, "onceguard_lock_lost_total", "backend", "memory")
+			if !tc.lost {
+				if lostCount != 0 || len(lostLines) != 0 {
+					t.Errorf("a release that did not reach the backend: lock_lost_total = %v, lock lost lines %v; want 0 and none", lostCount, lostLines)
+				}
+				if len(failed) != 1 || failed[0]["request_id"] != id || failed[0]["backend"] != "memory" || failed[0]["level"] != "WARN" ||
+					failed[0]["result"] != "unavailable" || failed[0]["lock"] == nil ||
+					!strings.Contains(fmt.Sprint(failed[0]["cause"]), tc.cause) || strings.Contains(fmt.Sprint(failed[0]["cause"]), "lease lost") {
+					t.Errorf("lock release failed lines = %v; want one WARN, with request_id %s, backend memory, result unavailable and the backend's error as the cause", failed, id)
+				}
+				return
+			}
+			if lostCount != 1 || len(failed) != 0 {
+				t.Errorf("a lease lost at its release: lock_lost_total = %v, lock release failed lines %v; want 1 and none", lostCount, failed)
+			}
+			if len(lostLines) != 1 || lostLines[0]["request_id"] != id || lostLines[0]["level"] != "WARN" || !strings.Contains(fmt.Sprint(lostLines[0]["cause"]), tc.cause) {
+				t.Errorf("lock lost lines = %v; want one WARN, with request_id %s and the cause (%q)", lostLines, id, tc.cause)
+			}
+		})
 	}
 }
 

@@ -849,12 +849,27 @@ func (s *server) underLock(ctx context.Context, key string, wait bool, write fun
 		}
 		held := time.Now()
 		err = write(lease.Fence())
-		_ = lease.Release(ctx)
-		// A lease that ended without its release (expired, found gone by
-		// renewal, or gone at release) was lost while held: the fence
-		// refused the write if another holder came in between.
-		if lost := lease.Err(); lost != nil {
+		rerr := lease.Release(ctx)
+		switch lost := lease.Err(); {
+		case lost == nil:
+		case errors.Is(lost, lock.ErrNotHeld):
+			// The lease ended while held: it expired, renewal found it
+			// gone, or the release found it expired or someone else's.
+			// The fence refused the write if another holder came in
+			// between.
 			s.lockLog(ctx).Warn("lock lost", "lock", key, "held_ms", time.Since(held).Milliseconds(), "cause", lost.Error())
+		default:
+			// The release did not reach the backend (ErrUnavailable: it
+			// is down, or did not answer in time) or failed there. That
+			// is not a lost lock: nothing ended the lease while it was
+			// held; the backend still holds it until its TTL passes, so
+			// the next holder may wait that long.
+			cause := lost
+			if rerr != nil {
+				cause = rerr
+			}
+			s.lockLog(ctx).Warn("lock release failed", "lock", key, "held_ms", time.Since(held).Milliseconds(), "result", obs.LockResult(cause),
+				"cause", cause.Error(), "expires_within", s.cfg.LockTTL.String())
 		}
 		if !errors.Is(err, sqlstore.ErrStaleFence) || attempt == 3 {
 			return err
