@@ -130,7 +130,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := env.err(); err != nil {
+	if err := env.err(fs); err != nil {
 		return err
 	}
 	c := *cp
@@ -301,8 +301,12 @@ func pspFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *string) {
 
 // servePSP runs the simulated payment provider over HTTP until ctx ends.
 func servePSP(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs, addr := pspFlags(&envVars{getenv: getenv}, stderr)
+	env := &envVars{getenv: getenv}
+	fs, addr := pspFlags(env, stderr)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := env.err(fs); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", *addr)
@@ -326,18 +330,57 @@ func servePSP(ctx context.Context, args []string, getenv func(string) string, st
 // envVars gives flags their defaults from the environment: a variable
 // that is set (not empty) overrides the built-in default, and one whose
 // value does not parse is an error naming it (env.err), never silently
-// the default.
+// the default; unless its flag is given on the command line, which wins
+// (flag > environment > built-in default). A flag's variable is the one
+// its usage names in brackets at its end ([ONCEGUARD_...]; flagEnv).
 type envVars struct {
 	getenv func(string) string
-	errs   []error
+	errs   []envError
+}
+
+// envError is a variable that did not parse.
+type envError struct {
+	name string
+	err  error
 }
 
 func (e *envVars) bad(name, v, want string) {
-	e.errs = append(e.errs, fmt.Errorf("environment variable %s=%q: want %s", name, v, want))
+	e.errs = append(e.errs, envError{name, fmt.Errorf("environment variable %s=%q: want %s", name, v, want)})
 }
 
-// err is every variable that did not parse, or nil.
-func (e *envVars) err() error { return errors.Join(e.errs...) }
+// err is every variable that did not parse and whose flag was not given
+// on fs's command line, or nil. Call it after fs.Parse: a flag given
+// replaces its variable's value, so a malformed one does not matter then.
+func (e *envVars) err(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) {
+		if name := flagEnv(f); name != "" {
+			given[name] = true
+		}
+	})
+	var errs []error
+	for _, b := range e.errs {
+		if !given[b.name] {
+			errs = append(errs, b.err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// flagEnv is the environment variable f takes its default from: the one
+// its usage names in brackets at its end ("... [ONCEGUARD_LOCK_TTL]"),
+// or "" (TestConfigTable checks that every flag names one).
+func flagEnv(f *flag.Flag) string {
+	u, ok := strings.CutSuffix(f.Usage, "]")
+	if !ok {
+		return ""
+	}
+	i := strings.LastIndex(u, "[")
+	if i < 0 || !strings.HasPrefix(u[i+1:], "ONCEGUARD_") {
+		return ""
+	}
+	return u[i+1:]
+}
 
 func (e *envVars) str(name, def string) string {
 	if v := e.getenv(name); v != "" {

@@ -90,6 +90,179 @@ func TestRunBadEnvironment(t *testing.T) {
 	}
 }
 
+// commandFlags defines cmd's flags on env, as run does.
+func commandFlags(t *testing.T, cmd string, env *envVars) *flag.FlagSet {
+	t.Helper()
+	switch cmd {
+	case "serve":
+		fs, _ := serveFlags(env, io.Discard)
+		return fs
+	case "psp":
+		fs, _ := pspFlags(env, io.Discard)
+		return fs
+	case "storm":
+		fs, _, _ := stormFlags(env, io.Discard)
+		return fs
+	}
+	t.Fatalf("no command %q", cmd)
+	return nil
+}
+
+// A flag given on the command line wins over its environment variable,
+// which wins over the built-in default: a variable that does not parse is
+// no error when its flag is given (the flag's value is used), and still
+// one, naming it, when its flag is not given, even with other flags given.
+func TestEnvFlagPrecedence(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cmd     string
+		env     map[string]string
+		args    []string
+		want    map[string]string // flag -> value after parsing
+		wantErr []string          // variables the error names; none: no error
+		notErr  []string          // variables the error must not name
+	}{
+		{name: "malformed env, flag given", cmd: "serve", env: map[string]string{"ONCEGUARD_LOCK_TTL": "10"},
+			args: []string{"--lock-ttl", "3s"}, want: map[string]string{"lock-ttl": "3s"}},
+		{name: "malformed env, flag given with =", cmd: "serve", env: map[string]string{"ONCEGUARD_RATE_LIMIT": "fast"},
+			args: []string{"--rate-limit=7.5"}, want: map[string]string{"rate-limit": "7.5"}},
+		{name: "malformed env, flag given its default", cmd: "serve", env: map[string]string{"ONCEGUARD_DB_CONNS": "20.5"},
+			args: []string{"-db-conns", "20"}, want: map[string]string{"db-conns": "20"}},
+		{name: "malformed env, no flag", cmd: "serve", env: map[string]string{"ONCEGUARD_LOCK_TTL": "10"},
+			wantErr: []string{"ONCEGUARD_LOCK_TTL"}},
+		{name: "malformed env, another flag given", cmd: "serve", env: map[string]string{"ONCEGUARD_LOCK_TTL": "10"},
+			args: []string{"--token-ttl", "1m"}, wantErr: []string{"ONCEGUARD_LOCK_TTL"}},
+		{name: "two malformed, one flag given", cmd: "serve", env: map[string]string{"ONCEGUARD_LOCK_TTL": "10", "ONCEGUARD_RATE_BURST": "many"},
+			args: []string{"--lock-ttl", "3s"}, wantErr: []string{"ONCEGUARD_RATE_BURST"}, notErr: []string{"ONCEGUARD_LOCK_TTL"}},
+		{name: "valid env, flag given", cmd: "serve", env: map[string]string{"ONCEGUARD_LOCK_TTL": "4s", "ONCEGUARD_ADDR": "127.0.0.1:1", "ONCEGUARD_RATE_LIMIT": "9"},
+			args: []string{"--lock-ttl", "3s", "--addr", "127.0.0.1:2"}, want: map[string]string{"lock-ttl": "3s", "addr": "127.0.0.1:2", "rate-limit": "9"}},
+		{name: "valid env, no flag", cmd: "serve", env: map[string]string{"ONCEGUARD_LOCK_TTL": "4s"},
+			want: map[string]string{"lock-ttl": "4s", "token-ttl": "5m0s"}},
+		{name: "storm: malformed env, flags given", cmd: "storm",
+			env:  map[string]string{"ONCEGUARD_STORM_N": "fifty", "ONCEGUARD_STORM_TIMEOUT": "120", "ONCEGUARD_STORM_JSON": "yes please"},
+			args: []string{"--n", "5", "--timeout", "1m", "--json=false"}, want: map[string]string{"n": "5", "timeout": "1m0s", "json": "false"}},
+		{name: "storm: malformed env, no flag", cmd: "storm", env: map[string]string{"ONCEGUARD_STORM_N": "fifty", "ONCEGUARD_STORM_JSON": "yes please"},
+			args: []string{"--json"}, wantErr: []string{"ONCEGUARD_STORM_N"}, notErr: []string{"ONCEGUARD_STORM_JSON"}},
+		{name: "storm: valid env, flag given", cmd: "storm", env: map[string]string{"ONCEGUARD_STORM_N": "40", "ONCEGUARD_STORM_JSON": "true"},
+			args: []string{"--n", "6"}, want: map[string]string{"n": "6", "json": "true"}},
+		{name: "psp: valid env, flag given", cmd: "psp", env: map[string]string{"ONCEGUARD_PSP_ADDR": "127.0.0.1:1"},
+			args: []string{"--addr", "127.0.0.1:2"}, want: map[string]string{"addr": "127.0.0.1:2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := &envVars{getenv: func(n string) string { return tc.env[n] }}
+			fs := commandFlags(t, tc.cmd, env)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatalf("parse %q: %v", tc.args, err)
+			}
+			err := env.err(fs)
+			if len(tc.wantErr) == 0 && err != nil {
+				t.Fatalf("env %v, flags %q: %v; want no error", tc.env, tc.args, err)
+			}
+			if len(tc.wantErr) > 0 && err == nil {
+				t.Fatalf("env %v, flags %q: no error; want one naming %v", tc.env, tc.args, tc.wantErr)
+			}
+			for _, name := range tc.wantErr {
+				if !strings.Contains(err.Error(), name+"=") || !strings.Contains(err.Error(), tc.env[name]) {
+					t.Errorf("error %q; want it to name %s and its value %q", err, name, tc.env[name])
+				}
+			}
+			for _, name := range tc.notErr {
+				if err != nil && strings.Contains(err.Error(), name) {
+					t.Errorf("error %q names %s, whose flag was given or whose value parsed", err, name)
+				}
+			}
+			for name, want := range tc.want {
+				if got := fs.Lookup(name).Value.String(); got != want {
+					t.Errorf("--%s = %q; want %q", name, got, want)
+				}
+			}
+		})
+	}
+}
+
+// Every flag of every command, its variable set to a value that does not
+// parse: an error naming the variable (for a flag whose type can refuse
+// the value) without the flag, none with it, the flag's value then used.
+func TestEnvFlagPrecedenceEveryFlag(t *testing.T) {
+	const bad = "not-a-value"
+	none := &envVars{getenv: func(string) string { return "" }}
+	for _, cmd := range []string{"serve", "psp", "storm"} {
+		commandFlags(t, cmd, none).VisitAll(func(f *flag.Flag) {
+			name := flagEnv(f)
+			if name == "" {
+				t.Errorf("%s --%s: flagEnv finds no variable in its usage %q", cmd, f.Name, f.Usage)
+				return
+			}
+			fresh := reflect.New(reflect.TypeOf(f.Value).Elem()).Interface().(flag.Value)
+			refuses := fresh.Set(bad) != nil
+			getenv := func(n string) string {
+				if n == name {
+					return bad
+				}
+				return ""
+			}
+
+			env := &envVars{getenv: getenv}
+			fs := commandFlags(t, cmd, env)
+			if err := fs.Parse(nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := env.err(fs); refuses && (err == nil || !strings.Contains(err.Error(), name)) {
+				t.Errorf("%s, %s=%q, no flag: %v; want an error naming %s", cmd, name, bad, err, name)
+			} else if !refuses && err != nil {
+				t.Errorf("%s, %s=%q, no flag: %v; want none (the value is a string)", cmd, name, bad, err)
+			}
+
+			env = &envVars{getenv: getenv}
+			fs = commandFlags(t, cmd, env)
+			if err := fs.Parse([]string{"--" + f.Name + "=" + f.DefValue}); err != nil {
+				t.Fatal(err)
+			}
+			if err := env.err(fs); err != nil {
+				t.Errorf("%s, %s=%q, --%s=%s given: %v; want none (the flag wins)", cmd, name, bad, f.Name, f.DefValue, err)
+			}
+			if got := fs.Lookup(f.Name).Value.String(); got != f.DefValue {
+				t.Errorf("%s --%s=%s given: value %q", cmd, f.Name, f.DefValue, got)
+			}
+		})
+	}
+}
+
+// End to end: serve starts with a malformed variable whose flag is given,
+// and the storm gets past its configuration (to the unreachable target).
+func TestRunEnvOverriddenByFlag(t *testing.T) {
+	getenv := func(n string) string {
+		return map[string]string{"ONCEGUARD_LOCK_TTL": "10", "ONCEGUARD_RATE_LIMIT": "fast", "ONCEGUARD_STORM_N": "fifty"}[n]
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--data-dir", t.TempDir(), "--addr", "127.0.0.1:0", "--lock-ttl", "2s", "--rate-limit", "100"}, getenv, out, io.Discard)
+	}()
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(out.String(), "listening"); {
+		select {
+		case err := <-done:
+			t.Fatalf("serve with its flags over malformed variables = %v; want it to start", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %q", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("serve after cancel = %v; want nil", err)
+	}
+
+	err := run(context.Background(), []string{"storm", "--target", "http://127.0.0.1:1", "--n", "5", "--timeout", "10s"}, getenv, io.Discard, io.Discard)
+	if err == nil || strings.Contains(err.Error(), "ONCEGUARD_STORM_N") || !strings.Contains(err.Error(), "cannot reach the service") {
+		t.Errorf("storm --n 5 with ONCEGUARD_STORM_N=fifty = %v; want past the configuration, to the unreachable target", err)
+	}
+}
+
 // The README's configuration table is every command's flags: each row
 // names a flag of its command with the variable its usage names and its
 // real default, and every flag has its row.

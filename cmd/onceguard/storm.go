@@ -69,7 +69,7 @@ func runStorm(ctx context.Context, args []string, getenv func(string) string, st
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := env.err(); err != nil {
+	if err := env.err(fs); err != nil {
 		return fmt.Errorf("storm: %w", err)
 	}
 	if fs.NArg() > 0 {
