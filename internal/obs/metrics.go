@@ -148,7 +148,7 @@ func NewMetrics() *Metrics {
 		LockAcquires:     counter("lock_acquires_total", "Lock acquires by the backend that answered and the result.", "backend", "result"),
 		LockWait:         hist("lock_wait_seconds", "Time to a lock acquire's answer.", "backend"),
 		LockHold:         hist("lock_hold_seconds", "How long leases were held, to release or loss.", "backend"),
-		LockLost:         counter("lock_lost_total", "Leases that ended without release: expired, or found gone by renewal.", "backend"),
+		LockLost:         counter("lock_lost_total", "Leases lost while held: expired, found gone by renewal, or found expired or another owner's at release (a release the backend did not answer is not counted).", "backend"),
 		FallbackDegraded: gauge("lock_fallback_degraded", "1 while locks are on the database because Redis does not answer."),
 		FallbackSwitches: counter("lock_fallback_switches_total", "Lock breaker switches, by where locks went.", "to"),
 		DB:               hist("db_duration_seconds", "Database calls by operation.", "op"),
