@@ -85,7 +85,7 @@ func TestExpiry(t *testing.T) {
 	for i := range 3000 {
 		k := fmt.Sprint(i)
 		at[k] = base.Add(time.Duration(r.IntN(5_000)) * time.Millisecond) // ~600 a second: several chunks
-		e.push('r', k, at[k])
+		e.push(deadline{k: k, kind: 'r'}, at[k])
 	}
 	if e.due(base) != nil {
 		t.Fatal("a deadline came out before its time")
@@ -129,5 +129,50 @@ func TestPruned(t *testing.T) {
 	_, _ = s.ClaimWindow(ctx, "x", "o", time.Minute, now.Add(2*time.Minute))
 	if r, _, w := s.Len(); r != 0 || w != 1 || s.expiry.n != 1 {
 		t.Errorf("after the TTL: %d records, %d windows, %d deadlines; want 0, 1, 1", r, w, s.expiry.n)
+	}
+}
+
+// Two ids of one hash are both kept, found and removed: the second goes
+// to the overflow map.
+func TestRecordMapCollision(t *testing.T) {
+	var rm recordMap
+	rm.init()
+	rm.hash = func(string) uint64 { return 7 } // every id collides
+	a, b, c := &entry{id: "a"}, &entry{id: "b"}, &entry{id: "c"}
+	for _, e := range []*entry{a, b, c} {
+		h, got := rm.get(e.id)
+		if got != nil {
+			t.Fatalf("get(%q) before put = %p", e.id, got)
+		}
+		rm.put(h, e)
+	}
+	for _, e := range []*entry{a, b, c} {
+		if _, got := rm.get(e.id); got != e {
+			t.Fatalf("get(%q) = %p, want %p", e.id, got, e)
+		}
+	}
+	rm.del(a) // the one in the main map: b and c stay findable
+	if _, got := rm.get("a"); got != nil || !a.gone {
+		t.Fatalf("after del(a): get = %p, gone %v", got, a.gone)
+	}
+	for _, e := range []*entry{b, c} {
+		if _, got := rm.get(e.id); got != e {
+			t.Fatalf("after del(a): get(%q) = %p, want %p", e.id, got, e)
+		}
+	}
+	h, _ := rm.get("a") // a new a takes the free main slot
+	a2 := &entry{id: "a"}
+	rm.put(h, a2)
+	rm.del(c) // from the overflow map
+	if _, got := rm.get("c"); got != nil {
+		t.Fatalf("after del(c): get = %p", got)
+	}
+	for _, e := range []*entry{a2, b} {
+		if _, got := rm.get(e.id); got != e {
+			t.Fatalf("get(%q) = %p, want %p", e.id, got, e)
+		}
+	}
+	if rm.n != 2 {
+		t.Errorf("n = %d, want 2", rm.n)
 	}
 }
