@@ -244,11 +244,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// One allocation carries the call, the handler's context and body.
-	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fp, Recovered: res.Recovered, replayHeaders: cfg.ReplayHeaders}
+	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fp, Recovered: res.Recovered, replayHeaders: &m.replayHeaders}
 	call.ctx = callCtx{Context: ctx, call: call}
-	call.detached = detachedCtx{ctx}
 	// From here the key is ours: every way out completes or frees it.
-	detached := &call.detached
+	detached := (*detachedCall)(call)
 
 	// 6. The repeat-submit window.
 	var windowID string
@@ -320,7 +319,7 @@ func (m *middleware) serve(rec *recorder, r *http.Request, body []byte, call *Ca
 			panic(v)
 		}
 	}()
-	call.body.r.Reset(body)
+	call.body.reset(body)
 	r.Body = &call.body
 	// r.WithContext's copy, made in the Call: no allocation of its own.
 	call.req = *r.WithContext(&call.ctx)
@@ -420,12 +419,14 @@ type Call struct {
 	Fingerprint string
 	Recovered   bool // this request took over a crashed holder's key
 
-	windowID      string
-	replayHeaders []string
+	// Packed into a 512-byte size class: the flags next to Recovered, the
+	// replay headers by pointer, the store's detached context a view of
+	// the Call itself (detachedCall).
 	completed     atomic.Bool
 	forgotten     atomic.Bool
+	windowID      string
+	replayHeaders *[]string    // the middleware's, canonical
 	ctx           callCtx      // the handler's context
-	detached      detachedCtx  // the store's, once the key is ours
 	body          bodyReader   // the handler's body
 	req           http.Request // the handler's request
 }
@@ -437,7 +438,7 @@ type Call struct {
 // so that a replay is byte for byte the first answer.
 func (c *Call) Response(status int, header http.Header, body []byte) Response {
 	resp := Response{Status: status, Header: make(http.Header), Body: body}
-	for _, h := range c.replayHeaders {
+	for _, h := range *c.replayHeaders {
 		if v := header.Values(h); len(v) > 0 {
 			resp.Header[http.CanonicalHeaderKey(h)] = v
 		}
@@ -471,24 +472,52 @@ func (c *callCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// detachedCtx is what context.WithoutCancel(ctx) returns, kept in the
-// Call so that it costs no allocation of its own: the request's values,
-// without its deadline or cancellation, so that a record is completed or
-// freed even when the client went away.
-type detachedCtx struct{ parent context.Context }
+// detachedCall is what context.WithoutCancel(ctx) returns for the
+// request's context ctx, as a view of the Call (no allocation, no field):
+// the request's values, without its deadline or cancellation, so that a
+// record is completed or freed even when the client went away.
+type detachedCall Call
 
-func (detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (detachedCtx) Done() <-chan struct{}       { return nil }
-func (detachedCtx) Err() error                  { return nil }
-func (d *detachedCtx) Value(key any) any        { return d.parent.Value(key) }
+func (*detachedCall) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*detachedCall) Done() <-chan struct{}       { return nil }
+func (*detachedCall) Err() error                  { return nil }
+func (d *detachedCall) Value(key any) any         { return d.ctx.Context.Value(key) }
 
 // bodyReader is the handler's r.Body: the body Middleware read, with the
 // methods of io.NopCloser(bytes.NewReader(body)), kept in the Call.
-type bodyReader struct{ r bytes.Reader }
+type bodyReader struct {
+	b []byte
+	i int
+}
 
-func (b *bodyReader) Read(p []byte) (int, error)         { return b.r.Read(p) }
-func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w) }
-func (*bodyReader) Close() error                         { return nil }
+func (r *bodyReader) reset(b []byte) { r.b, r.i = b, 0 }
+
+func (r *bodyReader) Read(p []byte) (int, error) {
+	if r.i >= len(r.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b[r.i:])
+	r.i += n
+	return n, nil
+}
+
+func (r *bodyReader) WriteTo(w io.Writer) (int64, error) {
+	rest := r.b[r.i:]
+	if len(rest) == 0 {
+		return 0, nil
+	}
+	n, err := w.Write(rest)
+	if n > len(rest) {
+		panic("idempotency: invalid Write count")
+	}
+	r.i += n
+	if err == nil && n != len(rest) {
+		err = io.ErrShortWrite
+	}
+	return int64(n), err
+}
+
+func (*bodyReader) Close() error { return nil }
 
 // readBody reads r's body, up to limit+1 bytes (more is 413), as
 // io.ReadAll(io.LimitReader(r.Body, limit+1)) would, but in one

@@ -45,20 +45,21 @@ type entry struct {
 	id         string
 	h          uint64 // the id's hash in the record map
 	fp         string
-	lease      string // leaseBuf's bytes, or a string of its own after a take-over
+	lease      string // "": leaseBuf's bytes (see curLease); a take-over's own
 	leaseUntil int64
 	expiresAt  int64
 	tokenHash  string
 
 	// Completed: the answer.
 	body   []byte
-	pairs  []string // the header's name, value pairs, each name's together
-	inline [2]string
-	more   *more // made for a rare header or on the first replay
+	pairs  []string  // the header's name, value pairs, each name's together...
+	inline [2]string // ...or its one pair (one is set)
+	more   *more     // made for a rare header or on the first replay
 
 	status   int32
 	state    uint8 // an idempotency.State
 	noHdr    bool  // the header was nil
+	one      bool  // the header's one pair is inline
 	gone     bool  // removed from the record map: its deadline is void
 	leaseBuf [leaseLen]byte
 }
@@ -92,7 +93,7 @@ func (e *entry) record(id string) *idempotency.Record {
 		rec  idempotency.Record
 		resp idempotency.Response
 	}{rec: idempotency.Record{
-		ID: id, Fingerprint: e.fp, State: idempotency.State(e.state), Lease: e.lease,
+		ID: id, Fingerprint: e.fp, State: idempotency.State(e.state), Lease: e.curLease(),
 		LeaseUntil: time.Unix(0, e.leaseUntil), ExpiresAt: time.Unix(0, e.expiresAt), TokenHash: e.tokenHash,
 	}}
 	if e.state == completed {
@@ -108,16 +109,46 @@ func (e *entry) setHeader(h http.Header) {
 		e.noHdr = true
 		return
 	}
-	e.pairs = e.inline[:0] // one value (the common case) fits; append grows it
+	// One value (the common case) is kept inline: no slice pointing into
+	// the entry, for the collector to follow back to it.
 	for k, vs := range h {
 		if len(vs) == 0 {
 			m := e.ensureMore()
 			m.bare = append(m.bare, bare{name: k, isNil: vs == nil})
 		}
 		for _, v := range vs {
-			e.pairs = append(e.pairs, k, v)
+			switch {
+			case e.pairs != nil:
+				e.pairs = append(e.pairs, k, v)
+			case e.one:
+				e.pairs = append(make([]string, 0, 4), e.inline[0], e.inline[1], k, v)
+				e.one, e.inline = false, [2]string{}
+			default:
+				e.inline, e.one = [2]string{k, v}, true
+			}
 		}
 	}
+}
+
+// pairList returns the header's name, value pairs.
+func (e *entry) pairList() []string {
+	if e.one {
+		return e.inline[:]
+	}
+	return e.pairs
+}
+
+// curLease returns the lease of an entry in flight: a take-over's own
+// string, or the one written into leaseBuf (a string over it, made
+// without a pointer kept in the entry).
+func (e *entry) curLease() string {
+	switch {
+	case e.state != inFlight:
+		return ""
+	case e.lease != "":
+		return e.lease
+	}
+	return unsafe.String(&e.leaseBuf[0], leaseLen)
 }
 
 func (e *entry) header() http.Header {
@@ -128,18 +159,19 @@ func (e *entry) header() http.Header {
 	if e.more != nil {
 		bares = e.more.bare
 	}
+	pairs := e.pairList()
 	names := len(bares)
-	for i := 0; i < len(e.pairs); i += 2 {
-		if i == 0 || e.pairs[i] != e.pairs[i-2] {
+	for i := 0; i < len(pairs); i += 2 {
+		if i == 0 || pairs[i] != pairs[i-2] {
 			names++
 		}
 	}
 	h := make(http.Header, names)
-	values := make([]string, len(e.pairs)/2)
-	for i, j := 0, 0; i < len(e.pairs); {
-		name, start := e.pairs[i], j
-		for ; i < len(e.pairs) && e.pairs[i] == name; i, j = i+2, j+1 {
-			values[j] = e.pairs[i+1]
+	values := make([]string, len(pairs)/2)
+	for i, j := 0, 0; i < len(pairs); {
+		name, start := pairs[i], j
+		for ; i < len(pairs) && pairs[i] == name; i, j = i+2, j+1 {
+			values[j] = pairs[i+1]
 		}
 		h[name] = values[start:j:j]
 	}
@@ -407,13 +439,13 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 			}
 		}
 		rec = &entry{id: k, fp: r.Fingerprint, state: inFlight, leaseUntil: now + int64(r.Lease), expiresAt: now + int64(r.TTL)}
-		rec.lease = s.newLease(&rec.leaseBuf)
+		lease := s.newLease(&rec.leaseBuf)
 		if r.Token != nil {
 			rec.tokenHash = r.Token.Hash
 		}
 		s.records.put(h, rec)
 		s.expiry.push(deadline{e: rec, kind: 'r'}, r.Now.Add(r.TTL))
-		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: rec.lease}, nil
+		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, nil
 	case rec.fp != r.Fingerprint:
 		return idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: rec.record(r.ID)}, nil
 	case rec.state == completed:
@@ -435,7 +467,7 @@ func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, rec := s.records.get(k)
-	if rec == nil || rec.state != inFlight || rec.lease != lease {
+	if rec == nil || rec.state != inFlight || rec.curLease() != lease {
 		return idempotency.ErrLeaseLost
 	}
 	rec.state, rec.lease = completed, ""
@@ -450,7 +482,7 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, rec := s.records.get(k)
-	if rec == nil || rec.state != inFlight || rec.lease != lease {
+	if rec == nil || rec.state != inFlight || rec.curLease() != lease {
 		return idempotency.ErrLeaseLost
 	}
 	s.records.del(rec)
