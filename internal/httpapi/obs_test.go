@@ -221,13 +221,10 @@ func (o *obsHarness) lines(t *testing.T, msg string) []map[string]any {
 	return out
 }
 
-// A lock backend that does not answer: the withdrawal is 503 busy, the
-// acquire counted unavailable and logged on the request's line; its
-// submit token is released, not consumed. The retry with the same token
-// runs, and a lease found gone at its release is counted lost and logged
-// with the retry's request id; the token is consumed then.
-func TestLockFailuresObserved(t *testing.T) {
-	o := newObsHarness(t, nil, nil)
+// fundedToken deposits 100 for the harness's user and returns a fresh
+// withdrawal submit token.
+func (o *obsHarness) fundedToken(t *testing.T) string {
+	t.Helper()
 	if code, _, _ := o.call("POST", "/api/v1/deposits", "dep-1", `{"amount":"100"}`); code != 201 {
 		t.Fatalf("deposit = %d", code)
 	}
@@ -236,6 +233,17 @@ func TestLockFailuresObserved(t *testing.T) {
 	if code != 201 || tok == "" {
 		t.Fatalf("submit token = %d %v", code, out)
 	}
+	return tok
+}
+
+// A lock backend that does not answer: the withdrawal is 503 busy, the
+// acquire counted unavailable and logged on the request's line; its
+// submit token is released, not consumed. The retry with the same token
+// runs, and a lease found gone at its release is counted lost and logged
+// with the retry's request id; the token is consumed then.
+func TestLockFailuresObserved(t *testing.T) {
+	o := newObsHarness(t, nil, nil)
+	tok := o.fundedToken(t)
 
 	o.locks.unavailable.Store(true)
 	code, out, id1 := o.call("POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`)
@@ -299,14 +307,7 @@ func TestLockReleaseFailureNotLost(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := newObsHarness(t, nil, nil)
-			if code, _, _ := o.call("POST", "/api/v1/deposits", "dep-1", `{"amount":"100"}`); code != 201 {
-				t.Fatalf("deposit = %d", code)
-			}
-			code, out, _ := o.call("POST", "/api/v1/submit-tokens", "", `{"purpose":"withdrawal"}`)
-			tok, _ := out["token"].(string)
-			if code != 201 || tok == "" {
-				t.Fatalf("submit token = %d %v", code, out)
-			}
+			tok := o.fundedToken(t)
 			tc.fault(o.locks).Store(true)
 			code, out, id := o.call("POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`)
 			if code != 201 || out["status"] != "succeeded" {
