@@ -87,11 +87,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 // serveConfig is the service's configuration (shared/api.md, "Process").
 type serveConfig struct {
-	addr, db, dataDir, redis, pspURL, requireToken, currency, maxAmount string
-	tokenTTL, keyTTL, keyLease, lockTTL, repeatWindow, reconcileEvery   time.Duration
-	dbConns, rateBurst, loginAttempts                                   int
-	rateLimit                                                           float64
-	logLevel, logFormat, clientIPHeader                                 string
+	addr, db, dataDir, redis, pspURL, requireToken, currency, maxAmount               string
+	tokenTTL, keyTTL, keyLease, requestTimeout, lockTTL, repeatWindow, reconcileEvery time.Duration
+	dbConns, rateBurst, loginAttempts                                                 int
+	rateLimit                                                                         float64
+	logLevel, logFormat, clientIPHeader                                               string
 }
 
 // serveFlags defines serve's flags on a new flag set, each with its
@@ -109,6 +109,7 @@ func serveFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *serveConfig) {
 	fs.DurationVar(&c.tokenTTL, "token-ttl", env.dur("ONCEGUARD_TOKEN_TTL", 5*time.Minute), "submit token lifetime [ONCEGUARD_TOKEN_TTL]")
 	fs.DurationVar(&c.keyTTL, "key-ttl", env.dur("ONCEGUARD_KEY_TTL", 24*time.Hour), "Idempotency-Key retention [ONCEGUARD_KEY_TTL]")
 	fs.DurationVar(&c.keyLease, "key-lease", env.dur("ONCEGUARD_KEY_LEASE", 30*time.Second), "how long a key whose request is in flight answers 409; a crashed instance's keys run again after it [ONCEGUARD_KEY_LEASE]")
+	fs.DurationVar(&c.requestTimeout, "request-timeout", env.dur("ONCEGUARD_REQUEST_TIMEOUT", 0), "deadline of a deposit, withdrawal, order or payment request; with a quarter of it more to record a settlement, it must end inside --key-lease, so a slow request never runs twice; 0: 3/5 of --key-lease [ONCEGUARD_REQUEST_TIMEOUT]")
 	fs.DurationVar(&c.lockTTL, "lock-ttl", env.dur("ONCEGUARD_LOCK_TTL", 10*time.Second), "TTL of the per-user and per-order locks, renewed while held: how long a crashed holder blocks others [ONCEGUARD_LOCK_TTL]")
 	fs.DurationVar(&c.repeatWindow, "repeat-window", env.dur("ONCEGUARD_REPEAT_WINDOW", 10*time.Second), "repeat-submit window, 0 off [ONCEGUARD_REPEAT_WINDOW]")
 	fs.DurationVar(&c.reconcileEvery, "reconcile-interval", env.dur("ONCEGUARD_RECONCILE_INTERVAL", 5*time.Second), "how often pending deposits and withdrawals are settled with the provider [ONCEGUARD_RECONCILE_INTERVAL]")
@@ -137,6 +138,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	log, err := obs.NewLogger(stderr, c.logFormat, c.logLevel)
 	if err != nil {
 		return err
+	}
+	if c.keyLease < 10*time.Millisecond {
+		return fmt.Errorf("--key-lease %v: want at least 10ms", c.keyLease)
+	}
+	if c.requestTimeout == 0 {
+		c.requestTimeout = c.keyLease * 3 / 5
+	}
+	if c.requestTimeout < 0 || c.requestTimeout+c.requestTimeout/4 >= c.keyLease {
+		return fmt.Errorf("--request-timeout %v, --key-lease %v: a keyed request (its deadline, then up to a quarter of it to record its settlement) must end inside its key's lease; want request-timeout x 1.25 < key-lease", c.requestTimeout, c.keyLease)
 	}
 	if c.lockTTL < 100*time.Millisecond {
 		return fmt.Errorf("--lock-ttl %v: want at least 100ms", c.lockTTL)
@@ -199,7 +209,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	store.Observe = metrics.DBObserver()
 	handler := httpapi.New(httpapi.Config{
 		Store: store, Keys: timedKeys, Completer: timedKeys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
-		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
+		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, RequestTimeout: c.requestTimeout, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
 		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, LockBackend: coord.backend, Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,
 		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, ClientIPHeader: c.clientIPHeader,
@@ -208,8 +218,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
-		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 32 << 10}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: max(30*time.Second, c.requestTimeout+c.requestTimeout/4+5*time.Second), // the answer of a request that used its whole deadline
+		IdleTimeout:  2 * time.Minute, MaxHeaderBytes: 32 << 10}
 	fmt.Fprintf(stdout, "onceguard %s: listening on http://%s; database %s (keys and submit tokens too); %s; payment provider %s\n",
 		version, ln.Addr(), where, coord.describe, pspWhere)
 	log.Info("listening", "version", version, "addr", "http://"+ln.Addr().String(), "database", where, "coordination", coord.describe, "provider", pspWhere)

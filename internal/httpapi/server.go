@@ -41,16 +41,22 @@ type Config struct {
 	Window       time.Duration   // repeat-submit window (0: off)
 	KeyTTL       time.Duration
 	KeyLease     time.Duration // how long an in-flight key is protected (0: the middleware's 30s)
-	TokenTTL     time.Duration
-	SessionTTL   time.Duration
-	Ping         func(context.Context) error // database liveness, for /readyz
-	Locks        *lock.Locker                // per-user and per-order locks (nil: in process); renewed automatically
-	LockBackend  func() string               // names the lock backend serving now, for log lines (nil: not named)
-	LockTTL      time.Duration               // their TTL: how long a crashed holder blocks the account or order (0: 10s)
-	Windows      idempotency.WindowStore     // the repeat-submit window (nil: Keys)
-	Components   []Component                 // more /readyz components (Redis, the provider)
-	Metrics      *obs.Metrics                // served at /metrics and updated (nil: none)
-	Logger       *slog.Logger                // request and audit lines (nil: none)
+	// RequestTimeout is a keyed request's deadline: its context ends then,
+	// and a settlement after the provider's answer gets a quarter of it
+	// more, so that the request ends inside its key's lease and a retry
+	// never runs it a second time while it is still going (PITFALLS 17).
+	// 0, or more than that allows: 3/5 of the lease (18s of 30s).
+	RequestTimeout time.Duration
+	TokenTTL       time.Duration
+	SessionTTL     time.Duration
+	Ping           func(context.Context) error // database liveness, for /readyz
+	Locks          *lock.Locker                // per-user and per-order locks (nil: in process); renewed automatically
+	LockBackend    func() string               // names the lock backend serving now, for log lines (nil: not named)
+	LockTTL        time.Duration               // their TTL: how long a crashed holder blocks the account or order (0: 10s)
+	Windows        idempotency.WindowStore     // the repeat-submit window (nil: Keys)
+	Components     []Component                 // more /readyz components (Redis, the provider)
+	Metrics        *obs.Metrics                // served at /metrics and updated (nil: none)
+	Logger         *slog.Logger                // request and audit lines (nil: none)
 
 	// RateLimit is the requests a second one client address may send
 	// (RateBurst at once); over it, 429 rate_limited. 0: no limit.
@@ -120,6 +126,13 @@ func New(cfg Config) http.Handler {
 	}
 	if cfg.LoginAttempts == 0 {
 		cfg.LoginAttempts = 5
+	}
+	lease := cfg.KeyLease
+	if lease <= 0 {
+		lease = 30 * time.Second // the middleware's default
+	}
+	if rt := cfg.RequestTimeout; rt <= 0 || rt+rt/4 >= lease {
+		cfg.RequestTimeout = lease * 3 / 5
 	}
 	s := &server{cfg: cfg, log: cfg.Logger, rates: newRates(cfg.RateLimit, cfg.RateBurst), tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: cfg.Locks, routes: map[string]map[string]http.Handler{}}
 	if n := cfg.LoginAttempts; n > 0 {
@@ -681,6 +694,16 @@ func (s *server) createSubmitToken(w http.ResponseWriter, r *http.Request, u sql
 // keyed wraps a money route in the Idempotency-Key middleware, with the
 // contract's order of checks; the route's body rules give the fingerprint.
 func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (string, error), next http.Handler) http.Handler {
+	h := s.keyMiddleware(purpose, fingerprint)(next)
+	// The deadline comes first: the key's lease starts inside it.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+func (s *server) keyMiddleware(purpose string, fingerprint func(*http.Request, []byte) (string, error)) func(http.Handler) http.Handler {
 	return idempotency.Middleware(idempotency.Config{
 		Store: s.cfg.Keys, Tokens: s.tokens, Purpose: purpose, RequireToken: s.cfg.RequireToken[purpose],
 		Windows: s.cfg.Windows, Window: s.window(purpose), TTL: s.cfg.KeyTTL, Lease: s.cfg.KeyLease, MaxBody: MaxBody,
@@ -693,7 +716,7 @@ func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (
 		},
 		Fingerprint: fingerprint,
 		OnEvent:     s.keyEvent,
-	})(next)
+	})
 }
 
 // keyEvent counts and logs what the Idempotency-Key check decided.
@@ -908,7 +931,11 @@ func (s *server) settleAndAnswer(w http.ResponseWriter, r *http.Request, kind ps
 			if kind == psp.Charge {
 				settle = s.cfg.Store.SettleDeposit
 			}
-			dctx, ok, now := context.WithoutCancel(ctx), op.Status == psp.Succeeded, time.Now().UnixMicro()
+			// Recorded even when the request's deadline has passed, but
+			// within a quarter of it more: still inside the key's lease.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RequestTimeout/4)
+			defer cancel()
+			ok, now := op.Status == psp.Succeeded, time.Now().UnixMicro()
 			err, moved := errors.New("no completer"), false
 			if s.cfg.Completer != nil {
 				complete.Stmt, complete.Args, err = s.cfg.Completer.CompleteStmt(dctx, call.ID, call.Lease, resp)

@@ -1,0 +1,79 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/internal/httpapi"
+	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/internal/obs"
+	"github.com/onceguard/onceguard/internal/psp"
+)
+
+// stuckPayouts is a provider whose payouts never answer: each waits for
+// its caller's context (then the outcome is unknown: nothing moved).
+type stuckPayouts struct {
+	psp.Sim
+	payouts atomic.Int32
+}
+
+func (p *stuckPayouts) Do(ctx context.Context, kind psp.Kind, key string, amount money.Amount) (psp.Operation, error) {
+	if kind != psp.Payout {
+		return p.Sim.Do(ctx, kind, key, amount)
+	}
+	p.payouts.Add(1)
+	select {
+	case <-ctx.Done():
+		return psp.Operation{}, fmt.Errorf("%w: %w", psp.ErrUnknownOutcome, ctx.Err())
+	case <-time.After(time.Minute):
+		return psp.Operation{}, psp.ErrUnknownOutcome
+	}
+}
+
+// PITFALLS 17: an in-progress lease shorter than the work lets a slow
+// request run twice. A keyed request has a deadline inside its key's
+// lease: a withdrawal whose payout does not answer ends at the deadline
+// with its answer (pending, for the reconciler) stored, so a retry after
+// the lease gets that answer and does not run it again. Without the
+// deadline the first request would still be waiting for the provider
+// when the lease ran out, and the retry would take the key over and run.
+func TestRequestEndsInsideKeyLease(t *testing.T) {
+	prov := &stuckPayouts{}
+	const lease = time.Second
+	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) {
+		c.KeyLease, c.RequestTimeout = lease, 300*time.Millisecond
+		c.Provider = obs.Provider{Provider: prov, Metrics: c.Metrics}
+	})
+	tok := o.fundedToken(t)
+
+	start := time.Now()
+	w := serveJSON(o.h, o.token, "POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`)
+	took := time.Since(start)
+	var first map[string]any
+	_ = json.Unmarshal(w.Body.Bytes(), &first)
+	if w.Code != 201 || first["status"] != "pending" {
+		t.Fatalf("withdrawal with the payout stuck = %d %v; want 201 pending", w.Code, first)
+	}
+	if took >= 20*time.Second {
+		t.Fatalf("the withdrawal took %v: its deadline (300ms) did not end it", took)
+	}
+
+	time.Sleep(lease + 200*time.Millisecond) // the key's lease has run out
+	w = serveJSON(o.h, o.token, "POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`)
+	var again map[string]any
+	_ = json.Unmarshal(w.Body.Bytes(), &again)
+	if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" || again["id"] != first["id"] || again["status"] != "pending" {
+		t.Errorf("the retry after the lease = %d %v (replayed %q); want the stored 201 pending of %v, replayed", w.Code, again, w.Header().Get("Idempotent-Replayed"), first["id"])
+	}
+	if n := prov.payouts.Load(); n != 1 {
+		t.Errorf("payouts sent = %d; want 1 (the retry must not run the withdrawal again)", n)
+	}
+	_, acct, _ := o.call("GET", "/api/v1/account", "", "")
+	if acct["balance"] != "90.00" {
+		t.Errorf("balance = %v; want 90.00 (debited once)", acct["balance"])
+	}
+}
