@@ -111,6 +111,9 @@ func (s *Store) Withdraw(ctx context.Context, m Movement, fence int64) (got Move
 		return m, false, err
 	}
 	defer tx.Rollback()
+	if err := s.lockRow(ctx, tx, "accounts", "user_id", m.UserID); err != nil {
+		return m, false, err
+	}
 	m.Status = "pending"
 	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
 		m.ID, m.UserID, m.Key, int64(m.Amount), m.Status, m.CreatedAt); err != nil {
@@ -129,6 +132,25 @@ func (s *Store) Withdraw(ctx context.Context, m Movement, fence int64) (got Move
 		return m, false, err
 	}
 	return m, true, tx.Commit()
+}
+
+// lockRow locks the row of table whose column is v, on MySQL, before a
+// transaction inserts under a unique key that concurrent requests for the
+// same account or order share: they then queue on that row instead of on
+// the unique entry. On InnoDB, requests waiting on the unique entry of a
+// transaction that rolls back (its funds were short) deadlock among
+// themselves. PostgreSQL (whose waiters re-check once the holder ends) and
+// SQLite (one writer at a time) need no such lock.
+func (s *Store) lockRow(ctx context.Context, tx *sql.Tx, table, column, v string) error {
+	if s.d != MySQL {
+		return nil
+	}
+	var one int
+	err := tx.QueryRowContext(ctx, `SELECT 1 FROM `+table+` WHERE `+column+` = ? FOR UPDATE`, v).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil // the statements that follow say what is missing
+	}
+	return err
 }
 
 // withdrawOne is Withdraw on PostgreSQL: the debit, the withdrawal's row
@@ -603,6 +625,9 @@ func (s *Store) PayOrder(ctx context.Context, p Payment, fence int64) (Payment, 
 		return p, false, err
 	}
 	defer tx.Rollback()
+	if err := s.lockRow(ctx, tx, "orders", "id", p.OrderID); err != nil {
+		return p, false, err
+	}
 	p.Amount, p.Status = o.Amount, "succeeded"
 	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO payments (id, order_id, user_id, idempotency_key, amount, status, paid_order_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
 		p.ID, p.OrderID, p.UserID, p.Key, int64(p.Amount), p.Status, p.OrderID, p.CreatedAt); err != nil {
