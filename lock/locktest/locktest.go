@@ -10,8 +10,9 @@
 // release fail once the lease is gone (with ErrExpired or ErrNotHeld), that
 // fencing tokens strictly increase across holders, that the lost-lease
 // signal fires, that a blocking wait honours its context and leaves no
-// trace, that release wakes a waiter long before the TTL, bad input, and
-// that no goroutine is left behind.
+// trace, that release wakes a waiter long before the TTL (also when the
+// release comes between the waiter's failed attempt and its subscription),
+// bad input, and that no goroutine is left behind.
 package locktest
 
 import (
@@ -54,6 +55,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) lock.Backend, leak ...golea
 	run("AutoRenewTransient", testAutoRenewTransient)
 	run("BlockingWaitDeadline", testBlockingWaitDeadline)
 	run("ReleaseWakesWaiter", testReleaseWakesWaiter)
+	run("ReleaseBeforeSubscribe", testReleaseBeforeSubscribe)
 	run("ReleaseWithCancelledContext", testReleaseCancelled)
 	run("DoubleRelease", testDoubleRelease)
 	run("BadInput", testBadInput)
@@ -265,18 +267,42 @@ func (s *stealing) Refresh(ctx context.Context, key, owner string, ttl time.Dura
 	return s.Backend.Refresh(ctx, key, owner, ttl)
 }
 
+// Renewal that finds the lock held by another owner (ErrNotHeld proper,
+// not ErrExpired) ends the lease at once: the loss is not a transient error
+// to retry until the local deadline (pitfall 10). The cause tells the two
+// apart deterministically: a lease that only ran out locally ends with
+// ErrExpired, a lease that renewal found taken with ErrNotHeld alone.
 func testAutoRenewLoss(t *testing.T, b lock.Backend, key string) {
 	s := &stealing{Backend: b}
 	l := lock.New(s, &lock.Options{AutoRenew: true})
-	lease := mustTry(t, l, key, 1500*time.Millisecond)
+	const ttl = 1500 * time.Millisecond // renewed every 500ms
+	lease := mustTry(t, l, key, ttl)
 	s.stolen.Store(true)
+	stolen := time.Now()
 	select {
 	case <-lease.Done():
-	case <-time.After(8 * time.Second):
-		t.Fatal("Done not closed after renewal found the lock gone; want closed at the next renewal")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed 10s after renewal found the lock gone; want closed at the next renewal")
 	}
-	if err := lease.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrNotHeld) {
+	// Generous: the next renewal is due within TTL/3 of the theft; only a
+	// lease that ignored the loss and lived on (refreshing nothing) would
+	// get near two TTLs.
+	if d := time.Since(stolen); d >= 2*ttl {
+		t.Errorf("Done closed %v after the lock was taken; want before %v (at the next renewal, not the lease's deadline or later)", d, 2*ttl)
+	}
+	err := lease.Err()
+	if !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrNotHeld) {
 		t.Errorf("Err = %v; want ErrLost and ErrNotHeld", err)
+	}
+	if errors.Is(err, lock.ErrExpired) {
+		t.Errorf("Err = %v; want the renewal's ErrNotHeld (another owner holds the lock), not ErrExpired: "+
+			"the lease ran out at its local deadline, so renewal treated the loss as transient", err)
+	}
+	if cause := context.Cause(lease.Context()); !errors.Is(cause, lock.ErrNotHeld) || errors.Is(cause, lock.ErrExpired) {
+		t.Errorf("context cause = %v; want ErrNotHeld from renewal, not ErrExpired", cause)
+	}
+	if err := lease.Refresh(ctxT(t), ttl); !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("Refresh of the lost lease = %v; want ErrNotHeld (a lost lease is never revived)", err)
 	}
 	s.stolen.Store(false)
 	if err := lease.Release(ctxT(t)); err != nil {
@@ -385,6 +411,102 @@ func testReleaseWakesWaiter(t *testing.T, b lock.Backend, key string) {
 		t.Fatalf("blocked Acquire = %v; want a lease after release", err)
 	case <-time.After(ttl / 2):
 		t.Fatal("waiter still blocked long after release; want it woken")
+	}
+}
+
+// racingWaiter wraps a backend that implements lock.Waiter. Its first Wait
+// signals subscribing and, before it subscribes, waits for released: the
+// holder's release lands between the waiter's failed attempt and its
+// subscription, so its notification reaches nobody.
+type racingWaiter struct {
+	lock.Backend
+	waiter      lock.Waiter
+	once        sync.Once
+	subscribing chan struct{} // closed by the first Wait
+	released    chan struct{} // closed by the test once the holder released
+}
+
+func (r *racingWaiter) Wait(ctx context.Context, key, owner string) (<-chan struct{}, func(), error) {
+	first := false
+	r.once.Do(func() { first = true })
+	if first {
+		close(r.subscribing)
+		select {
+		case <-r.released:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
+	return r.waiter.Wait(ctx, key, owner)
+}
+
+func (r *racingWaiter) Leave(ctx context.Context, key, owner string) error {
+	return r.waiter.Leave(ctx, key, owner)
+}
+
+// A release published before the waiter subscribed must not leave it asleep
+// until its polling fallback (pitfall 11): the Locker subscribes first and
+// then tries again, and that try finds the lock free (or handed over to it).
+// MaxBackoff is 30s and the holder's TTL longer, so neither polling nor
+// expiry can hide a missed wake-up within the few seconds allowed.
+// Backends that do not implement lock.Waiter poll, and skip this test.
+func testReleaseBeforeSubscribe(t *testing.T, b lock.Backend, key string) {
+	w, ok := b.(lock.Waiter)
+	if !ok {
+		t.Skip("backend does not implement lock.Waiter: waiters poll")
+	}
+	r := &racingWaiter{Backend: b, waiter: w, subscribing: make(chan struct{}), released: make(chan struct{})}
+	l := lock.New(r, &lock.Options{MaxBackoff: 30 * time.Second})
+	holder := mustTry(t, l, key, 2*time.Minute)
+
+	type result struct {
+		lease *lock.Lease
+		err   error
+	}
+	ctx, cancel := context.WithCancel(ctxT(t))
+	res := make(chan result, 1)
+	pending := true
+	go func() {
+		lease, err := l.Acquire(ctx, key, 10*time.Second)
+		res <- result{lease, err}
+	}()
+	defer func() {
+		// On any failure: end the wait and leave no goroutine or lock behind.
+		cancel()
+		if pending {
+			if got := <-res; got.lease != nil {
+				_ = got.lease.Release(context.Background())
+			}
+		}
+		_ = holder.Release(context.Background())
+	}()
+
+	select {
+	case <-r.subscribing:
+	case got := <-res:
+		pending = false
+		t.Fatalf("Acquire of a held lock = %v, %v before it subscribed; want it blocked", got.lease, got.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("blocked Acquire never called Wait; want it to subscribe after its failed attempt")
+	}
+	mustRelease(t, holder) // before the waiter's subscription is in place
+	released := time.Now()
+	close(r.released)
+
+	const bound = 5 * time.Second // a few round trips, generously; polling would take 15s or more
+	select {
+	case got := <-res:
+		pending = false
+		if got.err != nil {
+			t.Fatalf("blocked Acquire = %v; want a lease after the release", got.err)
+		}
+		if got.lease.Fence() <= holder.Fence() {
+			t.Errorf("waiter's fence %d; want > %d", got.lease.Fence(), holder.Fence())
+		}
+		mustRelease(t, got.lease)
+	case <-time.After(bound):
+		t.Fatalf("waiter still blocked %v after a release made between its failed attempt and its subscription; "+
+			"want the attempt after subscribing to take the lock (a missed wake-up left it asleep until its 30s polling fallback)", time.Since(released).Round(time.Millisecond))
 	}
 }
 
