@@ -639,11 +639,14 @@ func (s *Store) PayOrder(ctx context.Context, p Payment, fence int64) (Payment, 
 		var amount int64
 		qerr := s.db.QueryRowContext(ctx, s.q(`SELECT id, order_id, amount, status, created_at FROM payments WHERE user_id = ? AND order_id = ? AND idempotency_key = ?`), p.UserID, p.OrderID, p.Key).
 			Scan(&existing.ID, &existing.OrderID, &amount, &existing.Status, &existing.CreatedAt)
-		if qerr == nil {
+		switch {
+		case qerr == nil:
 			existing.UserID, existing.Key, existing.Amount = p.UserID, p.Key, money.Amount(amount)
 			return existing, false, nil
+		case errors.Is(qerr, sql.ErrNoRows): // another key's payment has the order
+			return p, false, ErrAlreadyPaid
 		}
-		return p, false, ErrAlreadyPaid
+		return p, false, qerr // not known: not said to be paid
 	}
 	after, err := s.adjust(ctx, tx, p.UserID, -p.Amount, p.CreatedAt)
 	if err != nil {
