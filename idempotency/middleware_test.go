@@ -174,6 +174,86 @@ func TestFirstUseAndReplay(t *testing.T) {
 	}
 }
 
+// Pitfall 19: a handler's credentials and custom headers never reach a
+// replay, nor the stored record: only the allow-listed headers
+// (Config.ReplayHeaders, by default Content-Type, Content-Language,
+// Location) are kept. Both ways of storing an answer: by the middleware,
+// and by the handler itself through Call.Response (as CompleteTx does).
+func TestReplayWithholdsSecretHeaders(t *testing.T) {
+	secrets := map[string]string{
+		"Authorization": "Bearer sekrit-authorization",
+		"X-Api-Token":   "sekrit-api-token",
+		"Set-Cookie":    "session=sekrit-cookie; HttpOnly; SameSite=Strict",
+		"X-Secret":      "sekrit-custom",
+	}
+	allowed := map[string]bool{"Content-Type": true, "Content-Language": true, "Location": true, "Idempotent-Replayed": true, "Cache-Control": true}
+	const body = `{"id":"1"}`
+	for _, selfComplete := range []bool{false, true} {
+		t.Run(fmt.Sprintf("handler completes=%v", selfComplete), func(t *testing.T) {
+			store := &memstore.Store{}
+			h := idempotency.Middleware(idempotency.Config{
+				Store:     store,
+				Principal: func(r *http.Request) (string, error) { return "alice", nil },
+			})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				for k, v := range secrets {
+					w.Header().Set(k, v)
+				}
+				w.Header().Set("Content-Type", "application/json")
+				if selfComplete {
+					call, _ := idempotency.FromContext(r.Context())
+					resp := call.Response(http.StatusCreated, w.Header(), []byte(body))
+					if err := store.Complete(r.Context(), call.ID, call.Lease, resp, time.Now()); err != nil {
+						t.Errorf("Complete = %v", err)
+					}
+					call.MarkCompleted()
+				}
+				w.WriteHeader(http.StatusCreated)
+				_, _ = io.WriteString(w, body)
+			}))
+			send := func() *httptest.ResponseRecorder {
+				r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"1"}`))
+				r.Header.Set("Idempotency-Key", "k")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				return w
+			}
+			first := send()
+			if first.Code != http.StatusCreated || first.Header().Get("Set-Cookie") == "" || first.Header().Get("X-Secret") == "" {
+				t.Fatalf("first = %d %v; want the handler's 201 with its own headers", first.Code, first.Header())
+			}
+			again := send()
+			if again.Code != http.StatusCreated || again.Body.String() != body || again.Header().Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("replay = %d %q %v; want the stored 201", again.Code, again.Body, again.Header())
+			}
+			if got := again.Header().Get("Content-Type"); got != "application/json" {
+				t.Errorf("replayed Content-Type = %q; want application/json (allow-listed)", got)
+			}
+			for k, v := range again.Header() {
+				if !allowed[k] {
+					t.Errorf("replay carries %s: %q; only allow-listed headers may be replayed", k, v)
+				}
+				for _, s := range v {
+					if strings.Contains(s, "sekrit") {
+						t.Errorf("replay carries a secret in %s: %q", k, s)
+					}
+				}
+			}
+			// Nor is any secret at rest in the stored record.
+			fp, _ := idempotency.Fingerprint([]byte(`{"amount":"1"}`))
+			id := idempotency.RecordID(idempotency.Scope{Principal: "alice", Method: http.MethodPost, Path: "/withdrawals"}, "k")
+			res, err := store.Begin(context.Background(), idempotency.BeginRequest{ID: id, Fingerprint: fp, Lease: time.Minute, TTL: time.Hour, Now: time.Now()})
+			if err != nil || res.Outcome != idempotency.Replay || res.Record == nil || res.Record.Response == nil {
+				t.Fatalf("Begin of the stored key = %+v, %v; want Replay", res, err)
+			}
+			for k, v := range res.Record.Response.Header {
+				if k != "Content-Type" {
+					t.Errorf("stored record keeps %s: %q; want only Content-Type", k, v)
+				}
+			}
+		})
+	}
+}
+
 func TestKeySyntax(t *testing.T) {
 	e := newEnv(t, nil)
 	long := strings.Repeat("k", 255)
@@ -320,6 +400,55 @@ func TestRepeatWindow(t *testing.T) {
 	// A 429 used up no key: once the window passes, the same key runs.
 	if w := e.do("alice", "/withdrawals", "key-x", `{"amount":"6"}`); w.Code != 201 {
 		t.Errorf("other body in the window = %d; want 201", w.Code)
+	}
+}
+
+// Pitfall 18 on the repeat-submit window: a request whose handler answered
+// 5xx, or panicked, frees its window entry (shared/api.md: "A 5xx outcome
+// frees the entry"), so the same body under a new key inside the window
+// runs instead of answering 429 duplicate_submission. An accepted request
+// holds the entry.
+func TestRepeatWindowFreedOnFailure(t *testing.T) {
+	for _, how := range []string{"5xx", "panic"} {
+		t.Run(how, func(t *testing.T) {
+			var cfg idempotency.Config
+			e := newEnv(t, func(c *idempotency.Config) {
+				c.Windows, c.Window = c.Store.(idempotency.WindowStore), 10*time.Second
+				cfg = *c
+			})
+			var failNext atomic.Bool
+			failNext.Store(true)
+			e.handler = idempotency.Middleware(cfg)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if failNext.Swap(false) {
+					if how == "panic" {
+						e.bank.runs.Add(1)
+						panic("handler failed")
+					}
+					e.bank.status = http.StatusInternalServerError
+					defer func() { e.bank.status = 0 }()
+				}
+				e.bank.ServeHTTP(w, r)
+			}))
+			func() {
+				defer func() {
+					if v := recover(); (v != nil) != (how == "panic") {
+						t.Fatalf("first request panicked with %v; want a panic only from the panicking handler", v)
+					}
+				}()
+				if w := e.do("alice", "/withdrawals", "first", `{"amount":"5"}`); how == "5xx" && w.Code != http.StatusInternalServerError {
+					t.Fatalf("first = %d %s; want the handler's 500", w.Code, w.Body)
+				}
+			}()
+			if w := e.do("alice", "/withdrawals", "second", `{"amount":"5"}`); w.Code != http.StatusCreated {
+				t.Errorf("same body, new key, inside the window after a %s = %d %q; want 201 (the failure freed the window entry)", how, w.Code, code(t, w))
+			}
+			if w := e.do("alice", "/withdrawals", "third", `{"amount":"5"}`); w.Code != http.StatusTooManyRequests || code(t, w) != "duplicate_submission" {
+				t.Errorf("same body, another key, after the accepted one = %d %q; want 429 duplicate_submission", w.Code, code(t, w))
+			}
+			if runs := e.bank.runs.Load(); runs != 2 || e.count("released") != 1 || e.count("duplicate_submission") != 1 {
+				t.Errorf("runs %d, released %d, duplicate_submission %d; want 2, 1, 1", runs, e.count("released"), e.count("duplicate_submission"))
+			}
+		})
 	}
 }
 

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/faultproxy"
 	"github.com/onceguard/onceguard/internal/obs"
@@ -153,6 +156,104 @@ func TestServeObservability(t *testing.T) {
 	}
 	if requests < 16 || audits != 2 || !sawTrace {
 		t.Errorf("%d request lines, %d audit lines, trace-42 seen %v; want one per request (≥ 16), 2 audits (deposit, withdrawal), and the client's id", requests, audits, sawTrace)
+	}
+}
+
+// Pitfall 20: /metrics never names a key, a token, a user or a resource.
+// After keyed requests with distinctive keys (a deposit, its replay and a
+// reuse, an order, its payment, a submit token, a payment of an order id
+// the client made up) and requests on distinctive paths, no key, no hash
+// of one (full SHA-256 hex, the logs' short form, the record id), no user
+// id or name, no order, payment or deposit id and no request id appears
+// anywhere in the metrics text; the requests are counted by route pattern.
+func TestServeMetricsNoSecrets(t *testing.T) {
+	base := startServe(t)
+	const username = "zqx_metrics_user_4b1d"
+	alice := signUp(t, base, username)
+	acct := alice.do("GET", "/api/v1/account", "", "")
+	userID, _ := acct.body["user_id"].(string)
+	if userID == "" {
+		t.Fatalf("account = %s; want a user_id", acct.raw)
+	}
+	const (
+		depKey   = "ZqDepositKey-5e7a1c9b-distinctive"
+		orderKey = "ZqOrderKey-77aa91d0-distinctive"
+		payKey   = "ZqPayKey-c3f1e2a8-distinctive"
+		ghostKey = "ZqGhostKey-0b9d4e6f-distinctive"
+		ghostID  = "ZqGhostOrder9f3e1a7c"
+		route    = "zq-secret-route-31337"
+		trace    = "zqtrace-ff01ab23"
+	)
+	dep := alice.do("POST", "/api/v1/deposits", depKey, `{"amount":"100"}`)
+	alice.expect(dep, 201, "")
+	depID, _ := dep.body["id"].(string)
+	if a := alice.do("POST", "/api/v1/deposits", depKey, `{"amount":"100"}`); a.status != 201 || a.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("deposit replay = %d %s; want the stored 201", a.status, a.raw)
+	}
+	alice.expect(alice.do("POST", "/api/v1/deposits", depKey, `{"amount":"99"}`), 422, "idempotency_key_reused")
+	ord := alice.do("POST", "/api/v1/orders", orderKey, `{"amount":"20.00","description":"zq tea"}`)
+	alice.expect(ord, 201, "")
+	orderID, _ := ord.body["id"].(string)
+	orderNo, _ := ord.body["order_no"].(string)
+	pay := alice.do("POST", "/api/v1/orders/"+orderID+"/payment", payKey, `{"method":"wallet"}`)
+	alice.expect(pay, 201, "")
+	paymentID, _ := pay.body["payment_id"].(string)
+	alice.expect(alice.do("GET", "/api/v1/orders/"+orderID, "", ""), 200, "")
+	alice.expect(alice.do("POST", "/api/v1/orders/"+ghostID+"/payment", ghostKey, `{"method":"wallet"}`), 404, "not_found")
+	alice.expect(alice.do("GET", "/api/v1/orders/"+ghostID, "", ""), 404, "not_found")
+	alice.expect(alice.do("GET", "/api/v1/"+route, "", ""), 404, "not_found")
+	tok := alice.submitToken("withdrawal")
+	alice.expect(alice.do("POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`), 201, "")
+	req, _ := http.NewRequest("GET", base+"/api/v1/account", nil)
+	req.Header.Set("Authorization", "Bearer "+alice.token)
+	req.Header.Set("X-Request-Id", trace)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	for name, v := range map[string]string{"deposit id": depID, "order id": orderID, "order_no": orderNo, "payment id": paymentID} {
+		if v == "" {
+			t.Fatalf("no %s in the answers", name)
+		}
+	}
+
+	m := scrape(t, base)
+	// Not vacuous: the requests were counted, by route pattern.
+	for _, labels := range []map[string]string{
+		{"route": "/api/v1/orders/{id}/payment", "method": "POST", "code": "201"},
+		{"route": "/api/v1/orders/{id}/payment", "method": "POST", "code": "404"},
+		{"route": "/api/v1/orders/{id}", "method": "GET", "code": "200"},
+		{"route": "/api/v1/deposits", "method": "POST", "code": "422"},
+		{"route": "unmatched", "method": "GET", "code": "404"},
+	} {
+		if v, ok := metricValue(m, "onceguard_http_requests_total", labels); !ok || v < 1 {
+			t.Errorf("onceguard_http_requests_total%v = %v (found %v); want at least 1", labels, v, ok)
+		}
+	}
+	full := func(s string) string { sum := sha256.Sum256([]byte(s)); return hex.EncodeToString(sum[:]) }
+	secrets := map[string]string{
+		"user id": userID, "username": username, "session token": alice.token, "request id": trace,
+		"deposit id": depID, "order id": orderID, "order_no": orderNo, "payment id": paymentID,
+		"made-up order id": ghostID, "unknown path segment": route, "submit token": tok,
+		"deposit record id": idempotency.RecordID(idempotency.Scope{Principal: userID, Method: "POST", Path: "/api/v1/deposits"}, depKey),
+	}
+	for name, key := range map[string]string{"deposit key": depKey, "order key": orderKey, "payment key": payKey, "made-up order's key": ghostKey, "submit token": tok} {
+		secrets[name] = key
+		secrets[name+"'s SHA-256"] = full(key) // for the token: its stored form, token.Hash
+		secrets[name+"'s short hash"] = obs.Hash(key)
+	}
+	for name, s := range secrets {
+		if s == "" {
+			t.Fatalf("%s is empty", name)
+		}
+		if i := strings.Index(m, s); i >= 0 {
+			line := m[strings.LastIndex(m[:i], "\n")+1:]
+			if j := strings.IndexByte(line, '\n'); j >= 0 {
+				line = line[:j]
+			}
+			t.Errorf("/metrics contains the %s %q: %s", name, s, line)
+		}
 	}
 }
 

@@ -167,6 +167,108 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		}
 	})
 
+	// Pitfall 21: one submit token sent at once as the key of two
+	// different requests (two scopes, two records). Binding it and creating
+	// the record are one atomic step: exactly one Begin starts, the other
+	// is refused with ErrUsed and leaves no record behind; the refusal
+	// burns nothing; abandoning the winner makes the token usable again.
+	t.Run("TokenBindRace", func(t *testing.T) {
+		s := newStore(t)
+		tk := token.New(s, nil)
+		user := "u-" + uniq(t, "u")[:12]
+		const rounds = 20
+		for round := range rounds {
+			is, err := tk.Issue(ctx, user, "withdrawal")
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Now()
+			scopes := [2]string{uniq(t, fmt.Sprint("scope-a-", round)), uniq(t, fmt.Sprint("scope-b-", round))}
+			ids := [2]string{uniq(t, "a-"+is.Token), uniq(t, "b-"+is.Token)}
+			claim := func(tok string, i int) *idempotency.TokenClaim {
+				return &idempotency.TokenClaim{Hash: token.Hash(tok), Subject: user, Purpose: "withdrawal", Scope: scopes[i]}
+			}
+			var (
+				results [2]idempotency.BeginResult
+				errs    [2]error
+				wg      sync.WaitGroup
+				ready   sync.WaitGroup
+			)
+			gate := make(chan struct{})
+			ready.Add(2)
+			for i := range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ready.Done()
+					<-gate
+					results[i], errs[i] = s.Begin(ctx, idempotency.BeginRequest{ID: ids[i], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim(is.Token, i), Now: now})
+				}()
+			}
+			ready.Wait() // both at the barrier
+			close(gate)
+			wg.Wait()
+
+			winner := -1
+			for i := range 2 {
+				if errs[i] == nil && results[i].Outcome == idempotency.Started && results[i].Lease != "" {
+					if winner >= 0 {
+						t.Fatalf("round %d: one token, two scopes: both Begins started (%+v, %+v); want exactly one", round, results[0], results[1])
+					}
+					winner = i
+				}
+			}
+			if winner < 0 {
+				t.Fatalf("round %d: neither Begin started: %+v %v, %+v %v; want exactly one Started", round, results[0], errs[0], results[1], errs[1])
+			}
+			loser := 1 - winner
+			if err := errs[loser]; !errors.Is(err, token.ErrUsed) || !errors.Is(err, token.ErrInvalid) {
+				t.Fatalf("round %d: the losing Begin = %+v, %v; want token.ErrUsed (matching token.ErrInvalid)", round, results[loser], err)
+			}
+			// The token is bound to the winner's scope, not the loser's.
+			if err := tk.Check(ctx, is.Token, user, "withdrawal", scopes[winner]); err != nil {
+				t.Errorf("round %d: token in the winner's scope = %v; want usable (bound there)", round, err)
+			}
+			if err := tk.Check(ctx, is.Token, user, "withdrawal", scopes[loser]); !errors.Is(err, token.ErrUsed) {
+				t.Errorf("round %d: token in the loser's scope = %v; want ErrUsed", round, err)
+			}
+			// The refusal created no record: the loser's id, with a fresh
+			// token of its scope, starts afresh (a stray in-flight record
+			// would answer InProgress, or Recovered after its lease).
+			fresh, err := tk.Issue(ctx, user, "withdrawal")
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.Begin(ctx, idempotency.BeginRequest{ID: ids[loser], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim(fresh.Token, loser), Now: now})
+			if err != nil || res.Outcome != idempotency.Started || res.Recovered {
+				t.Fatalf("round %d: Begin of the loser's id with a fresh token = %+v, %v; want a fresh Started (no stray record)", round, res, err)
+			}
+			if err := s.Abandon(ctx, ids[loser], res.Lease); err != nil {
+				t.Fatalf("round %d: Abandon of the fresh token's record = %v", round, err)
+			}
+			// The winner gives up (a 5xx): the token is usable again, and
+			// the loser's request can now take it.
+			if err := s.Abandon(ctx, ids[winner], results[winner].Lease); err != nil {
+				t.Fatalf("round %d: Abandon of the winner = %v", round, err)
+			}
+			if err := tk.Check(ctx, is.Token, user, "withdrawal", scopes[loser]); err != nil {
+				t.Errorf("round %d: token after the winner's Abandon = %v; want usable again", round, err)
+			}
+			res, err = s.Begin(ctx, idempotency.BeginRequest{ID: ids[loser], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim(is.Token, loser), Now: now})
+			if err != nil || res.Outcome != idempotency.Started || res.Recovered {
+				t.Fatalf("round %d: the token in the loser's scope after the winner's Abandon = %+v, %v; want a fresh Started", round, res, err)
+			}
+			if err := tk.Check(ctx, is.Token, user, "withdrawal", scopes[winner]); !errors.Is(err, token.ErrUsed) {
+				t.Errorf("round %d: token in the old winner's scope after rebinding = %v; want ErrUsed", round, err)
+			}
+			if err := s.Complete(ctx, ids[loser], res.Lease, idempotency.Response{Status: 201}, now); err != nil {
+				t.Fatalf("round %d: Complete = %v", round, err)
+			}
+		}
+	})
+
+	t.Run("WindowFreedAfterFailure", func(t *testing.T) { windowFreed(t, newStore(t)) })
+
 	t.Run("Window", func(t *testing.T) {
 		s := newStore(t)
 		id, now := uniq(t, "w"), time.Now()
@@ -266,5 +368,73 @@ func storms(t *testing.T, s idempotency.FullStore) {
 	codes = storm(50, func(i int) string { return fmt.Sprintf("k-%d", i) }, user+"-w")
 	if runs.Load() != 1 || codes[201] != 1 || codes[429] != 49 {
 		t.Errorf("50 keys, one body: handler ran %d times, answers %v; want 1 run, one 201, 49 429s", runs.Load(), codes)
+	}
+}
+
+// windowFreed checks pitfall 18 on the store's window: a request whose
+// handler answers 5xx, or panics, frees its repeat-window entry, so the
+// same body under a new key inside the window runs (not 429); an accepted
+// one holds it.
+func windowFreed(t *testing.T, s idempotency.FullStore) {
+	const (
+		ok = iota
+		fail
+		panics
+	)
+	var mode, runs atomic.Int32
+	h := idempotency.Middleware(idempotency.Config{
+		Store: s, Windows: s, Window: time.Minute,
+		Principal: func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil },
+	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		switch mode.Load() {
+		case fail:
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write([]byte(`{"code":"internal"}`))
+		case panics:
+			panic("handler failed")
+		default:
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"ok":true}`))
+		}
+	}))
+	send := func(user, key string) (code int, panicked bool) {
+		defer func() {
+			if recover() != nil {
+				panicked = true
+			}
+		}()
+		r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"5"}`))
+		r.Header.Set("Idempotency-Key", key)
+		r.Header.Set("X-User", user)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code, false
+	}
+	for _, how := range []struct {
+		name string
+		mode int32
+	}{{"5xx", fail}, {"panic", panics}} {
+		user := fmt.Sprintf("u%d-%s", time.Now().UnixNano(), how.name)
+		runs.Store(0)
+		mode.Store(how.mode)
+		code, panicked := send(user, "first")
+		if how.mode == fail && (code != http.StatusInternalServerError || panicked) {
+			t.Fatalf("%s: first = %d (panicked %v); want the handler's 500", how.name, code, panicked)
+		}
+		if how.mode == panics && !panicked {
+			t.Fatalf("%s: first = %d; want the handler's panic propagated", how.name, code)
+		}
+		mode.Store(ok)
+		if code, _ := send(user, "second"); code != http.StatusCreated {
+			t.Errorf("%s: same body, new key, inside the window after a failed first = %d; want 201 (the failure freed its window entry)", how.name, code)
+		}
+		// The window is on: the accepted second holds it.
+		if code, _ := send(user, "third"); code != http.StatusTooManyRequests {
+			t.Errorf("%s: same body, another key, after an accepted request = %d; want 429", how.name, code)
+		}
+		if n := runs.Load(); n != 2 {
+			t.Errorf("%s: handler ran %d times; want 2 (the failed first and the second)", how.name, n)
+		}
 	}
 }
