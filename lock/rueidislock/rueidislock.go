@@ -255,15 +255,40 @@ func (b *Backend) acquireScript(ctx context.Context, r lock.Request) (lock.Grant
 
 // Release implements lock.Backend.
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
-	n, err := b.exec(ctx, scriptRelease, b.queueKeys(key), []string{owner})
+	n, err := b.execOwned(ctx, scriptRelease, b.queueKeys(key), []string{owner})
 	return result("release", key, n, err)
 }
 
 // Refresh implements lock.Backend.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	_, lockKey := b.name(key, "")
-	n, err := b.exec(ctx, scriptRefresh, []string{lockKey}, []string{owner, strconv.FormatInt(ttl.Milliseconds(), 10)})
+	n, err := b.execOwned(ctx, scriptRefresh, []string{lockKey}, []string{owner, strconv.FormatInt(ttl.Milliseconds(), 10)})
 	return result("refresh", key, n, err)
+}
+
+// execOwned runs a script that compares the lock's owner (release,
+// refresh), and again (twice at most, 20 and 40 ms apart) when the
+// connection it went out on was found broken (a Redis restart or failover
+// breaks every connection; rueidis retries only read-only commands). Comparing by owner makes that
+// safe: run twice, the second answers what Redis holds after the first.
+func (b *Backend) execOwned(ctx context.Context, s *rueidis.Lua, keys, args []string) (int64, error) {
+	n, err := b.exec(ctx, s, keys, args)
+	for try := 1; try < 3 && err != nil && brokenConn(err); try++ {
+		select { // a moment for the client to reconnect
+		case <-ctx.Done():
+			return n, err
+		case <-time.After(time.Duration(try) * 20 * time.Millisecond):
+		}
+		n, err = b.exec(ctx, s, keys, args)
+	}
+	return n, err
+}
+
+// brokenConn reports an error of a connection that broke, not of Redis
+// or of a deadline.
+func brokenConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // Wait implements lock.Waiter: it subscribes to the lock's channel.
