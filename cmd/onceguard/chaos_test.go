@@ -1046,7 +1046,7 @@ func TestChaos(t *testing.T) {
 // requests keep succeeding. The repeat window is on (in Redis, then in the
 // database).
 func testChaosRedisSlow(t *testing.T) {
-	e := startChaos(t, chaosConfig{name: "redis-slow", flags: []string{"--lock-ttl", "2s", "--key-lease", "5s"}})
+	e := startChaos(t, chaosConfig{name: "redis-slow", flags: []string{"--lock-ttl", "2s", "--key-lease", "10s"}})
 	e.startStorm(3)
 	e.waitStorm(20, 10*time.Second)
 	e.fault("Redis +200ms each way for 1.5s", func() { e.redisP.SetLatency(200 * time.Millisecond) })
@@ -1064,7 +1064,7 @@ func testChaosRedisSlow(t *testing.T) {
 // 503), /readyz says degraded, and after healing the service returns to
 // Redis.
 func testChaosRedisBlackhole(t *testing.T) {
-	e := startChaos(t, chaosConfig{name: "redis-blackhole", flags: []string{"--lock-ttl", "2s", "--key-lease", "5s"}})
+	e := startChaos(t, chaosConfig{name: "redis-blackhole", flags: []string{"--lock-ttl", "2s", "--key-lease", "10s"}})
 	e.startStorm(3)
 	e.waitStorm(20, 10*time.Second)
 	e.fault("Redis black-holed for 2s", e.redisP.Blackhole)
@@ -1093,7 +1093,7 @@ func testChaosRedisBlackhole(t *testing.T) {
 // the fences and the database's constraints keep the money right, and the
 // stale-fence retries keep the clients out of it.
 func testChaosRedisRestart(t *testing.T) {
-	e := startChaos(t, chaosConfig{name: "redis-restart", tokens: true, flags: []string{"--lock-ttl", "2s", "--key-lease", "5s", "--repeat-window", "0"}})
+	e := startChaos(t, chaosConfig{name: "redis-restart", tokens: true, flags: []string{"--lock-ttl", "2s", "--key-lease", "10s", "--repeat-window", "0"}})
 	e.fault("PostgreSQL +5ms each way throughout", func() { e.dbP.SetLatency(5 * time.Millisecond) })
 	e.startStorm(3)
 	for i := range 2 {
@@ -1170,7 +1170,7 @@ func testChaosDBReset(t *testing.T) {
 // reconciler (every 100 ms) settles them by asking under the movement's
 // id, and the provider's records match the service's one to one.
 func testChaosProviderTimeout(t *testing.T) {
-	e := startChaos(t, chaosConfig{name: "provider-timeout", flags: []string{"--lock-ttl", "2s", "--key-lease", "5s", "--repeat-window", "0"}})
+	e := startChaos(t, chaosConfig{name: "provider-timeout", flags: []string{"--lock-ttl", "2s", "--key-lease", "10s", "--repeat-window", "0"}})
 	e.startStorm(3)
 	e.waitStorm(20, 10*time.Second)
 	for i := range 10 {
