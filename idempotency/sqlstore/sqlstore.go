@@ -52,6 +52,14 @@ type Options struct {
 	// PruneEvery is how many Begins pass between two prunes of expired
 	// rows. Default: 512.
 	PruneEvery uint64
+	// Timeout bounds each call's database work (CompleteTx's excepted:
+	// it runs in the caller's transaction, on the caller's context).
+	// Middleware makes its calls after the handler on a context without a
+	// deadline, so that a client going away cannot stop a record from
+	// being completed or freed; this keeps a stalled database from holding
+	// those calls, and the request, for as long as the connection lives.
+	// Default: 5s (as lock.Options.ReleaseTimeout); negative: none.
+	Timeout time.Duration
 }
 
 // Store implements idempotency.FullStore on a *sql.DB. It is safe for
@@ -77,8 +85,11 @@ func New(db *sql.DB, dialect Dialect, opts *Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: nil *sql.DB")
 	}
-	o := Options{Prefix: "onceguard_", PruneEvery: 512}
+	o := Options{Prefix: "onceguard_", PruneEvery: 512, Timeout: 5 * time.Second}
 	if opts != nil {
+		if opts.Timeout != 0 {
+			o.Timeout = opts.Timeout
+		}
 		if opts.Prefix != "" {
 			o.Prefix = opts.Prefix
 		}
@@ -124,8 +135,19 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 func us(t time.Time) int64 { return t.UnixMicro() }
 
+// bound returns ctx with Options.Timeout's deadline, if it has none as
+// early.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.opts.Timeout < 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.opts.Timeout)
+}
+
 // Begin implements idempotency.Store.
 func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		return idempotency.BeginResult{}, err
 	}
@@ -280,6 +302,8 @@ func retryable(err error) bool {
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency.Response, now time.Time) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	return s.complete(ctx, s.db, id, lease, resp)
 }
 
@@ -347,6 +371,8 @@ func completeArgs(id, lease string, resp idempotency.Response) ([]any, error) {
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, id, lease string) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		return err
 	}
@@ -375,6 +401,8 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 
 // ClaimWindow implements idempotency.WindowStore.
 func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		return 0, err
 	}
@@ -398,6 +426,8 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.D
 
 // FreeWindow implements idempotency.WindowStore.
 func (s *Store) FreeWindow(ctx context.Context, id, owner string) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		return err
 	}
@@ -407,6 +437,8 @@ func (s *Store) FreeWindow(ctx context.Context, id, owner string) error {
 
 // PutToken implements token.Store.
 func (s *Store) PutToken(ctx context.Context, r token.Record) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		return err
 	}
@@ -416,6 +448,8 @@ func (s *Store) PutToken(ctx context.Context, r token.Record) error {
 
 // GetToken implements token.Store.
 func (s *Store) GetToken(ctx context.Context, hash string) (token.Record, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		return token.Record{}, err
 	}
@@ -438,6 +472,8 @@ func (s *Store) getToken(ctx context.Context, q querier, hash string) (token.Rec
 
 // BindToken implements token.Store. A token bound on its own is kept 24h.
 func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope string, now time.Time) (bool, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		return false, err
 	}
@@ -457,6 +493,8 @@ func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope str
 
 // UnbindToken implements token.Store.
 func (s *Store) UnbindToken(ctx context.Context, hash, scope string) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		return err
 	}

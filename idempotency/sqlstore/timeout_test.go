@@ -1,0 +1,58 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/faultproxy"
+)
+
+// A call on a context without a deadline (Middleware's, after the
+// handler) returns within Options.Timeout when the database stops
+// answering, instead of waiting as long as the connection lives.
+func TestTimeoutBoundsStalledDatabase(t *testing.T) {
+	dsn := os.Getenv("ONCEGUARD_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("ONCEGUARD_TEST_POSTGRES not set; skipping the integration test")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Heal(); _ = p.Close() })
+	u.Host = p.Addr()
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	s, err := sqlstore.New(db, sqlstore.Postgres, &sqlstore.Options{Prefix: "timeout_", Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, now := context.Background(), time.Now()
+	res, err := s.Begin(ctx, idempotency.BeginRequest{ID: "stall-" + now.Format(time.RFC3339Nano), Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+	if err != nil || res.Outcome != idempotency.Started {
+		t.Fatalf("Begin = %+v, %v", res, err)
+	}
+	p.Blackhole()
+	start := time.Now()
+	err = s.Complete(ctx, "stall-"+now.Format(time.RFC3339Nano), res.Lease, idempotency.Response{Status: 201}, now)
+	if took := time.Since(start); err == nil || took > 10*time.Second {
+		t.Fatalf("Complete with the database black-holed = %v after %v; want an error within the 300ms timeout", err, took)
+	}
+	start = time.Now()
+	if _, err := s.ClaimWindow(ctx, "w", "o", time.Second, now); err == nil || time.Since(start) > 10*time.Second {
+		t.Errorf("ClaimWindow with the database black-holed = %v after %v; want an error within the timeout", err, time.Since(start))
+	}
+}
