@@ -2,12 +2,7 @@ package redislock_test
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"fmt"
-	"regexp"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceguard/onceguard/internal/redistest"
-	"github.com/onceguard/onceguard/lock/internal/redisscript"
+	"github.com/onceguard/onceguard/lock/internal/ttlcheck"
 	"github.com/onceguard/onceguard/lock/redislock"
 )
 
@@ -61,10 +56,6 @@ func (r *recorder) sent() [][]string {
 	return append([][]string(nil), r.cmds...)
 }
 
-// absoluteExpiry matches the Redis forms that take an expiry as a Unix
-// time, computed from some clock, rather than as a duration.
-var absoluteExpiry = regexp.MustCompile(`(?i)\b(PXAT|EXAT|PEXPIREAT|EXPIREAT)\b`)
-
 // Redis TTLs must be relative (pitfall 3): the backend sends every TTL as a
 // duration in milliseconds, PX or PEXPIRE (in a command or in the scripts,
 // as an argument they use that way), never PXAT/PEXPIREAT/EXAT/EXPIREAT
@@ -76,7 +67,7 @@ func TestTTLsSentRelative(t *testing.T) {
 	rec := &recorder{}
 	rdb.AddHook(rec)
 	l := redislock.New(rdb, nil)
-	scripts := scriptIDs(t) // first: the flow below stops at its first failure
+	scripts := ttlcheck.Scripts(t) // first: the flow below stops at its first failure
 	ctx := context.Background()
 	key := fmt.Sprintf("ttl-relative/%d", time.Now().UnixNano())
 
@@ -100,95 +91,5 @@ func TestTTLsSentRelative(t *testing.T) {
 		t.Fatalf("Release = %v", err)
 	}
 
-	checkSent(t, scripts, rec.sent(), ms(tryTTL), ms(refreshTTL), ms(waitTTL))
-}
-
-func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
-
-// scriptIDs checks that no lock script sets an absolute expiry and that
-// the acquire and refresh scripts use their TTL argument as a PX or
-// PEXPIRE duration, and returns the scripts by SHA-1 and by source (EVAL
-// after NOSCRIPT) for checkSent.
-func scriptIDs(t *testing.T) map[string]string {
-	t.Helper()
-	scripts := map[string]string{}
-	for name, src := range map[string]string{
-		"acquire": redisscript.Acquire, "release": redisscript.Release, "refresh": redisscript.Refresh,
-		"leave": redisscript.Leave, "raise": redisscript.Raise, "reseed": redisscript.Reseed,
-	} {
-		sum := sha1.Sum([]byte(src))
-		scripts[hex.EncodeToString(sum[:])], scripts[src] = name, name
-		if m := absoluteExpiry.FindString(src); m != "" {
-			t.Errorf("script %s uses %s; want relative PX/PEXPIRE only", name, m)
-		}
-	}
-	for _, u := range []struct{ name, src, use string }{
-		{"acquire", redisscript.Acquire, "'PX', ARGV[2]"},
-		{"refresh", redisscript.Refresh, "'PEXPIRE', KEYS[1], ARGV[2]"},
-	} {
-		if !strings.Contains(u.src, u.use) {
-			t.Errorf("script %s does not contain %s; want its TTL argument (ARGV[2]) used as a relative duration", u.name, u.use)
-		}
-	}
-	return scripts
-}
-
-// checkSent checks the commands sent for a try with TTL try, a refresh to
-// refresh, and a blocking acquire with TTL wait, each released.
-func checkSent(t *testing.T, scripts map[string]string, cmds [][]string, try, refresh, wait string) {
-	t.Helper()
-	seen := map[string]bool{}
-	for _, c := range cmds {
-		name := strings.ToLower(c[0])
-		for _, a := range c {
-			switch strings.ToLower(a) {
-			case "pxat", "exat", "pexpireat", "expireat":
-				t.Errorf("sent %q; want relative TTLs only (PX, PEXPIRE)", c)
-			}
-			// A Unix time in s, ms or µs: no TTL in this test is that long.
-			if n, err := strconv.ParseInt(a, 10, 64); err == nil && n >= 1e9 {
-				t.Errorf("sent %q with %d, a timestamp; want TTLs as durations in ms", c, n)
-			}
-		}
-		switch name {
-		case "set":
-			// The try: SET lock owner NX PX ttl.
-			if len(c) == 6 && strings.EqualFold(c[3], "nx") {
-				if !strings.EqualFold(c[4], "px") || c[5] != try {
-					t.Errorf("try sent %q; want SET ... NX PX %s", c, try)
-				}
-				seen["set px"] = true
-			}
-		case "evalsha", "eval":
-			if len(c) < 3 {
-				t.Errorf("sent %q; want a script run", c)
-				continue
-			}
-			script, ok := scripts[c[1]]
-			if !ok {
-				t.Errorf("sent %q; want one of the redisscript scripts", c)
-				continue
-			}
-			nkeys, _ := strconv.Atoi(c[2])
-			argv := c[min(3+nkeys, len(c)):]
-			switch script {
-			case "acquire": // owner, ttl, fence retention, wait
-				if len(argv) != 4 || argv[1] != wait {
-					t.Errorf("acquire script sent with ARGV %q; want ARGV[2] = the TTL in ms, %s", argv, wait)
-				}
-			case "refresh": // owner, ttl
-				if len(argv) != 2 || argv[1] != refresh {
-					t.Errorf("refresh script sent with ARGV %q; want ARGV[2] = the TTL in ms, %s", argv, refresh)
-				}
-			}
-			seen[script] = true
-		case "pexpireat", "expireat":
-			t.Errorf("sent %q; want PEXPIRE with a duration", c)
-		}
-	}
-	for _, want := range []string{"set px", "acquire", "refresh", "release"} {
-		if !seen[want] {
-			t.Errorf("no %s sent (saw %q); the test did not see what it checks", want, cmds)
-		}
-	}
+	ttlcheck.CheckSent(t, scripts, rec.sent(), ttlcheck.MS(tryTTL), ttlcheck.MS(refreshTTL), ttlcheck.MS(waitTTL))
 }
