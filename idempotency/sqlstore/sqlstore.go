@@ -52,13 +52,14 @@ type Options struct {
 	// PruneEvery is how many Begins pass between two prunes of expired
 	// rows. Default: 512.
 	PruneEvery uint64
-	// Timeout bounds each call's database work (CompleteTx's excepted:
-	// it runs in the caller's transaction, on the caller's context).
-	// Middleware makes its calls after the handler on a context without a
-	// deadline, so that a client going away cannot stop a record from
-	// being completed or freed; this keeps a stalled database from holding
-	// those calls, and the request, for as long as the connection lives.
-	// Default: 5s (as lock.Options.ReleaseTimeout); negative: none.
+	// Timeout bounds the database work of a call whose context has no
+	// deadline (CompleteTx's excepted: it runs in the caller's
+	// transaction). Middleware makes its calls after the handler on such a
+	// context, so that a client going away cannot stop a record from being
+	// completed or freed; this keeps a stalled database from holding those
+	// calls, and the request, for as long as the connection lives. It is
+	// generous because SQLite's writers queue (its busy timeout applies to
+	// each wait). Default: 30s; negative: none.
 	Timeout time.Duration
 }
 
@@ -85,7 +86,7 @@ func New(db *sql.DB, dialect Dialect, opts *Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: nil *sql.DB")
 	}
-	o := Options{Prefix: "onceguard_", PruneEvery: 512, Timeout: 5 * time.Second}
+	o := Options{Prefix: "onceguard_", PruneEvery: 512, Timeout: 30 * time.Second}
 	if opts != nil {
 		if opts.Timeout != 0 {
 			o.Timeout = opts.Timeout
@@ -135,10 +136,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 func us(t time.Time) int64 { return t.UnixMicro() }
 
-// bound returns ctx with Options.Timeout's deadline, if it has none as
-// early.
+// bound returns ctx with Options.Timeout's deadline if it has none.
 func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	if s.opts.Timeout < 0 {
+	if _, ok := ctx.Deadline(); ok || s.opts.Timeout < 0 {
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, s.opts.Timeout)
