@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,5 +140,41 @@ func TestObserveReleaseUnreachable(t *testing.T) {
 		if !slices.Equal(ops, want) {
 			t.Errorf("late=%v: events %v; want %v", late, ops, want)
 		}
+	}
+}
+
+// refreshCounter counts refreshes that reach the backend.
+type refreshCounter struct {
+	lock.Backend
+	refreshes atomic.Int64
+}
+
+func (r *refreshCounter) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	r.refreshes.Add(1)
+	return r.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// PITFALLS 2: an auto-renewed lease is refreshed about every third of its
+// TTL: often enough that one slow refresh does not lose it, not so often
+// that it loads the backend. Held for 10 TTLs, that is about 30
+// refreshes; the bounds are loose for a loaded machine (a slower ticker
+// would show fewer than 10, one at TTL/10 more than 100).
+func TestAutoRenewRate(t *testing.T) {
+	b := &refreshCounter{Backend: &memlock.Backend{}}
+	l := lock.New(b, &lock.Options{AutoRenew: true})
+	const ttl = 150 * time.Millisecond
+	lease, err := l.TryAcquire(t.Context(), "renewed", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * ttl)
+	if err := lease.Err(); err != nil {
+		t.Fatalf("lease lost while renewed: %v", err)
+	}
+	if err := lease.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.refreshes.Load(); n < 10 || n > 60 {
+		t.Errorf("%d refreshes over 10 TTLs; want about 30 (every TTL/3)", n)
 	}
 }
