@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -67,29 +66,5 @@ func TestTTLsSentRelative(t *testing.T) {
 	rec := &recorder{}
 	rdb.AddHook(rec)
 	l := redislock.New(rdb, nil)
-	scripts := ttlcheck.Scripts(t) // first: the flow below stops at its first failure
-	ctx := context.Background()
-	key := fmt.Sprintf("ttl-relative/%d", time.Now().UnixNano())
-
-	// Distinct odd TTLs, so each is found where it belongs.
-	const tryTTL, refreshTTL, waitTTL = 7777 * time.Millisecond, 8888 * time.Millisecond, 6666 * time.Millisecond
-	lease, err := l.TryAcquire(ctx, key, tryTTL)
-	if err != nil {
-		t.Fatalf("TryAcquire = %v", err)
-	}
-	if err := lease.Refresh(ctx, refreshTTL); err != nil {
-		t.Fatalf("Refresh = %v", err)
-	}
-	if err := lease.Release(ctx); err != nil {
-		t.Fatalf("Release = %v", err)
-	}
-	lease, err = l.Acquire(ctx, key, waitTTL) // blocking: the acquire script
-	if err != nil {
-		t.Fatalf("Acquire = %v", err)
-	}
-	if err := lease.Release(ctx); err != nil {
-		t.Fatalf("Release = %v", err)
-	}
-
-	ttlcheck.CheckSent(t, scripts, rec.sent(), ttlcheck.MS(tryTTL), ttlcheck.MS(refreshTTL), ttlcheck.MS(waitTTL))
+	ttlcheck.Run(t, l, rec.sent)
 }

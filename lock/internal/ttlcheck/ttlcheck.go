@@ -4,14 +4,17 @@
 package ttlcheck
 
 import (
+	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/internal/redisscript"
 )
 
@@ -108,4 +111,35 @@ func CheckSent(t testing.TB, scripts map[string]string, cmds [][]string, try, re
 			t.Errorf("no %s sent (saw %q); the test did not see what it checks", want, cmds)
 		}
 	}
+}
+
+// Run takes l's locks the ways that send a TTL (a try, a refresh, a
+// blocking acquire, each released) and checks with CheckSent what sent
+// returns afterwards: the commands l's client sent.
+func Run(t testing.TB, l *lock.Locker, sent func() [][]string) {
+	t.Helper()
+	scripts := Scripts(t) // first: the flow below stops at its first failure
+	ctx := context.Background()
+	key := fmt.Sprintf("ttl-relative/%d", time.Now().UnixNano())
+
+	// Distinct odd TTLs, so each is found where it belongs.
+	const tryTTL, refreshTTL, waitTTL = 7777 * time.Millisecond, 8888 * time.Millisecond, 6666 * time.Millisecond
+	lease, err := l.TryAcquire(ctx, key, tryTTL)
+	if err != nil {
+		t.Fatalf("TryAcquire = %v", err)
+	}
+	if err := lease.Refresh(ctx, refreshTTL); err != nil {
+		t.Fatalf("Refresh = %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release = %v", err)
+	}
+	lease, err = l.Acquire(ctx, key, waitTTL) // blocking: the acquire script
+	if err != nil {
+		t.Fatalf("Acquire = %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release = %v", err)
+	}
+	CheckSent(t, scripts, sent(), MS(tryTTL), MS(refreshTTL), MS(waitTTL))
 }
