@@ -38,6 +38,7 @@ import (
 	"errors"
 	"net/http"
 	"time"
+	"unsafe"
 
 	"github.com/onceguard/onceguard/token"
 )
@@ -198,11 +199,12 @@ func digestSum(parts ...string) [sha256.Size]byte {
 }
 
 // hexPair returns a and b in hex, as Fingerprint and RecordID would, in
-// one allocation.
+// one allocation: encoded straight into it (a string over a buffer nothing
+// writes again), not on the stack and then copied.
 func hexPair(a, b *[sha256.Size]byte) (string, string) {
-	var out [4 * sha256.Size]byte
+	out := make([]byte, 4*sha256.Size)
 	hex.Encode(out[:2*sha256.Size], a[:])
 	hex.Encode(out[2*sha256.Size:], b[:])
-	both := string(out[:])
+	both := unsafe.String(&out[0], len(out))
 	return both[:2*sha256.Size], both[2*sha256.Size:]
 }

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/onceguard/onceguard/idempotency"
 )
@@ -85,7 +86,7 @@ func TestExpiry(t *testing.T) {
 	for i := range 3000 {
 		k := fmt.Sprint(i)
 		at[k] = base.Add(time.Duration(r.IntN(5_000)) * time.Millisecond) // ~600 a second: several chunks
-		e.push(deadline{k: k, kind: 'r'}, at[k])
+		e.push(deadline{k: k, kind: 't'}, at[k])
 	}
 	if e.due(base) != nil {
 		t.Fatal("a deadline came out before its time")
@@ -93,7 +94,7 @@ func TestExpiry(t *testing.T) {
 	prev := base
 	for now := base; len(at) > 0; now = now.Add(100 * time.Millisecond) {
 		for b := e.due(now); b != nil; b = e.due(now) {
-			b.each(func(d deadline) {
+			b.keys.each(func(d deadline) {
 				when, ok := at[d.k]
 				if !ok || now.Before(when) || when.Before(prev.Add(-time.Second)) {
 					t.Fatalf("at %v: deadline %q (%v, known %v) out of order or early", now, d.k, when, ok)
@@ -174,5 +175,45 @@ func TestRecordMapCollision(t *testing.T) {
 	}
 	if rm.n != 2 {
 		t.Errorf("n = %d, want 2", rm.n)
+	}
+}
+
+// A record takes a 160-byte size class (see entry); a field added to it
+// belongs in more unless most records need it.
+func TestEntrySize(t *testing.T) {
+	if n := unsafe.Sizeof(entry{}); n > 160 {
+		t.Errorf("entry is %d bytes; want at most 160", n)
+	}
+}
+
+// A taken-over record answers to the new lease only, and keeps it once
+// completed no more: the crashed holder's lease never matches again.
+func TestTakeOverLease(t *testing.T) {
+	var s Store
+	ctx := t.Context()
+	now := time.Unix(1_700_000_000, 0)
+	req := idempotency.BeginRequest{ID: "a", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: now}
+	first, err := s.Begin(ctx, req)
+	if err != nil || first.Outcome != idempotency.Started {
+		t.Fatalf("first Begin: %+v, %v", first, err)
+	}
+	req.Now = now.Add(2 * time.Second)
+	second, err := s.Begin(ctx, req)
+	if err != nil || second.Outcome != idempotency.Started || !second.Recovered || second.Lease == first.Lease {
+		t.Fatalf("Begin after the lease: %+v, %v; want a take-over with a new lease", second, err)
+	}
+	resp := idempotency.Response{Status: 201, Body: []byte("x")}
+	if err := s.Complete(ctx, "a", first.Lease, resp, req.Now); err != idempotency.ErrLeaseLost {
+		t.Fatalf("Complete with the crashed holder's lease: %v; want ErrLeaseLost", err)
+	}
+	if err := s.Complete(ctx, "a", second.Lease, resp, req.Now); err != nil {
+		t.Fatalf("Complete with the new lease: %v", err)
+	}
+	if err := s.Complete(ctx, "a", second.Lease, resp, req.Now); err != idempotency.ErrLeaseLost {
+		t.Fatalf("Complete again: %v; want ErrLeaseLost", err)
+	}
+	got, err := s.Begin(ctx, req)
+	if err != nil || got.Outcome != idempotency.Replay || got.Record.Lease != "" || string(got.Record.Response.Body) != "x" {
+		t.Fatalf("Begin after completion: %+v, %v; want a replay of x without a lease", got, err)
 	}
 }

@@ -12,7 +12,6 @@ package memstore
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"hash/maphash"
 	mrand "math/rand/v2"
 	"net/http"
@@ -38,23 +37,21 @@ type Store struct {
 
 // entry is a key's record, with its answer once completed: the fields of
 // an idempotency.Record, in one allocation with room for its lease and a
-// small header. Times are Unix nanoseconds: no pointer to a time.Location
-// per record. Small fields come last, so that the record fits a 208-byte
-// size class.
+// header of one value. Times are Unix nanoseconds: no pointer to a
+// time.Location per record. What few records need is in more, so that a
+// record fits a 160-byte size class.
 type entry struct {
 	id         string
 	h          uint64 // the id's hash in the record map
 	fp         string
-	lease      string // "": leaseBuf's bytes (see curLease); a take-over's own
 	leaseUntil int64
 	expiresAt  int64
 	tokenHash  string
 
 	// Completed: the answer.
 	body   []byte
-	pairs  []string  // the header's name, value pairs, each name's together...
-	inline [2]string // ...or its one pair (one is set)
-	more   *more     // made for a rare header or on the first replay
+	inline [2]string // the header's one pair (one is set), else more.pairs
+	more   *more     // made for a take-over, a rare header or the first replay
 
 	status   int32
 	state    uint8 // an idempotency.State
@@ -66,6 +63,8 @@ type entry struct {
 
 // more is what few entries need.
 type more struct {
+	lease  string              // a take-over's lease ("": leaseBuf's, see curLease)
+	pairs  []string            // the header's name, value pairs, each name's together
 	bare   []bare              // header names without values
 	replay *idempotency.Record // made on the first replay
 }
@@ -118,10 +117,10 @@ func (e *entry) setHeader(h http.Header) {
 		}
 		for _, v := range vs {
 			switch {
-			case e.pairs != nil:
-				e.pairs = append(e.pairs, k, v)
+			case e.more != nil && e.more.pairs != nil:
+				e.more.pairs = append(e.more.pairs, k, v)
 			case e.one:
-				e.pairs = append(make([]string, 0, 4), e.inline[0], e.inline[1], k, v)
+				e.ensureMore().pairs = append(make([]string, 0, 4), e.inline[0], e.inline[1], k, v)
 				e.one, e.inline = false, [2]string{}
 			default:
 				e.inline, e.one = [2]string{k, v}, true
@@ -132,10 +131,13 @@ func (e *entry) setHeader(h http.Header) {
 
 // pairList returns the header's name, value pairs.
 func (e *entry) pairList() []string {
-	if e.one {
+	switch {
+	case e.one:
 		return e.inline[:]
+	case e.more != nil:
+		return e.more.pairs
 	}
-	return e.pairs
+	return nil
 }
 
 // curLease returns the lease of an entry in flight: a take-over's own
@@ -145,8 +147,8 @@ func (e *entry) curLease() string {
 	switch {
 	case e.state != inFlight:
 		return ""
-	case e.lease != "":
-		return e.lease
+	case e.more != nil && e.more.lease != "":
+		return e.more.lease
 	}
 	return unsafe.String(&e.leaseBuf[0], leaseLen)
 }
@@ -185,14 +187,13 @@ func (e *entry) header() http.Header {
 	return h
 }
 
-// deadline says that an entry of a kind may be dropped, if its own time
-// has come (a later write may have extended it): a record (e), or the
-// token or window entry k. A record's deadline points at it, so a sweep
-// reads neither its id nor the map to find it.
+// deadline says that the token or window entry k may be dropped, if its
+// own time has come (a later write may have extended it). A record's
+// deadline is a pointer to it (bucket.recs): a sweep reads neither its id
+// nor the map to find it, and files it in 8 bytes.
 type deadline struct {
 	k    string // a token's or window entry's id
-	e    *entry // a record
-	kind byte   // 'r' record, 't' token, 'w' window
+	kind byte   // 't' token, 'w' window
 }
 
 // expiry files deadlines by the second after the one they fall in: a
@@ -208,33 +209,50 @@ type expiry struct {
 	n       int     // deadlines filed
 }
 
-// bucket is one second's deadlines, in chunks of a fixed size: a busy
-// second's bucket grows without copying what it holds.
+// bucket is one second's deadlines: its records' and its other entries'.
 type bucket struct {
-	chunks []*[chunkLen]deadline
-	n      int
+	recs chunks[*entry]
+	keys chunks[deadline]
+}
+
+// chunks is a list in chunks of a fixed size: a busy second's bucket grows
+// without copying what it holds.
+type chunks[T any] struct {
+	c []*[chunkLen]T
+	n int
 }
 
 const chunkLen = 128
 
-func (b *bucket) add(d deadline) {
-	if b.n%chunkLen == 0 {
-		b.chunks = append(b.chunks, new([chunkLen]deadline))
+func (l *chunks[T]) add(x T) {
+	if l.n%chunkLen == 0 {
+		l.c = append(l.c, new([chunkLen]T))
 	}
-	b.chunks[b.n/chunkLen][b.n%chunkLen] = d
-	b.n++
+	l.c[l.n/chunkLen][l.n%chunkLen] = x
+	l.n++
 }
 
-// each calls f for every deadline in b.
-func (b *bucket) each(f func(deadline)) {
-	for i, c := range b.chunks {
-		for _, d := range c[:min(chunkLen, b.n-i*chunkLen)] {
-			f(d)
+// each calls f for every element of l, in order.
+func (l *chunks[T]) each(f func(T)) {
+	for i, c := range l.c {
+		for _, x := range c[:min(chunkLen, l.n-i*chunkLen)] {
+			f(x)
 		}
 	}
 }
 
 func (e *expiry) push(d deadline, at time.Time) {
+	e.bucket(at).keys.add(d)
+	e.n++
+}
+
+func (e *expiry) pushRecord(r *entry, at time.Time) {
+	e.bucket(at).recs.add(r)
+	e.n++
+}
+
+// bucket returns the bucket of deadlines at.
+func (e *expiry) bucket(at time.Time) *bucket {
 	sec := at.Unix() + 1 // due once now >= sec, which is after at
 	if e.lastB == nil || sec != e.last {
 		b := e.buckets[sec]
@@ -248,8 +266,7 @@ func (e *expiry) push(d deadline, at time.Time) {
 		}
 		e.last, e.lastB = sec, b
 	}
-	e.lastB.add(d)
-	e.n++
+	return e.lastB
 }
 
 // due removes and returns the next bucket due at now, or nil.
@@ -263,7 +280,7 @@ func (e *expiry) due(now time.Time) *bucket {
 	if e.last == sec {
 		e.lastB = nil
 	}
-	e.n -= b.n
+	e.n -= b.recs.n + b.keys.n
 	return b
 }
 
@@ -326,10 +343,17 @@ func (rm *recordMap) init() {
 	rm.seed, rm.m = maphash.MakeSeed(), make(map[uint64]*entry)
 }
 
-// get returns id's hash and its entry, or nil.
-func (rm *recordMap) get(id string) (uint64, *entry) {
+// slot is where get looked for an id: its hash, and whether the main
+// map held an entry (the id's or another's) under it.
+type slot struct {
+	h     uint64
+	taken bool
+}
+
+// get returns where id goes and its entry, or nil.
+func (rm *recordMap) get(id string) (slot, *entry) {
 	if rm.m == nil {
-		return 0, nil
+		return slot{}, nil
 	}
 	var h uint64
 	if rm.hash != nil {
@@ -337,25 +361,28 @@ func (rm *recordMap) get(id string) (uint64, *entry) {
 	} else {
 		h = maphash.String(rm.seed, id)
 	}
-	if e := rm.m[h]; e != nil && e.id == id {
-		return h, e
+	e := rm.m[h]
+	if e != nil && e.id == id {
+		return slot{h, true}, e
 	}
 	if len(rm.overflow) > 0 {
-		return h, rm.overflow[id]
+		return slot{h, e != nil}, rm.overflow[id]
 	}
-	return h, nil
+	return slot{h, e != nil}, nil
 }
 
-// put adds e, whose id (of hash h) is not in rm.
-func (rm *recordMap) put(h uint64, e *entry) {
-	e.h = h
-	if o := rm.m[h]; o != nil {
+// put adds e, whose id is not in rm, where get found no entry for it
+// (a del since then may have freed the slot; nothing else changes it).
+// An empty slot is filled without looking it up again.
+func (rm *recordMap) put(sl slot, e *entry) {
+	e.h = sl.h
+	if sl.taken && rm.m[sl.h] != nil {
 		if rm.overflow == nil {
 			rm.overflow = make(map[string]*entry)
 		}
 		rm.overflow[e.id] = e
 	} else {
-		rm.m[h] = e
+		rm.m[sl.h] = e
 	}
 	rm.n++
 }
@@ -390,12 +417,13 @@ func (s *Store) init(now time.Time) {
 		s.windows = make(map[string]window)
 	}
 	for b := s.expiry.due(now); b != nil; b = s.expiry.due(now) {
-		b.each(func(d deadline) {
+		b.recs.each(func(r *entry) {
+			if !r.gone && now.UnixNano() >= r.expiresAt {
+				s.records.del(r)
+			}
+		})
+		b.keys.each(func(d deadline) {
 			switch d.kind {
-			case 'r':
-				if r := d.e; !r.gone && now.UnixNano() >= r.expiresAt {
-					s.records.del(r)
-				}
 			case 't':
 				if t := s.tokens[d.k]; t != nil && !now.Before(t.keep) {
 					delete(s.tokens, d.k)
@@ -426,7 +454,7 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 	defer s.mu.Unlock()
 	s.init(r.Now)
 	now := r.Now.UnixNano()
-	h, rec := s.records.get(k)
+	sl, rec := s.records.get(k)
 	if rec != nil && now >= rec.expiresAt {
 		s.records.del(rec)
 		rec = nil
@@ -443,8 +471,8 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 		if r.Token != nil {
 			rec.tokenHash = r.Token.Hash
 		}
-		s.records.put(h, rec)
-		s.expiry.push(deadline{e: rec, kind: 'r'}, r.Now.Add(r.TTL))
+		s.records.put(sl, rec)
+		s.expiry.pushRecord(rec, r.Now.Add(r.TTL))
 		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, nil
 	case rec.fp != r.Fingerprint:
 		return idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: rec.record(r.ID)}, nil
@@ -457,8 +485,9 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 	// A string of its own: the crashed holder's lease, which aliases
 	// leaseBuf, must keep its value (and stop matching).
 	var buf [leaseLen]byte
-	rec.lease, rec.leaseUntil = strings.Clone(s.newLease(&buf)), now+int64(r.Lease)
-	return idempotency.BeginResult{Outcome: idempotency.Started, Lease: rec.lease, Recovered: true}, nil
+	lease := strings.Clone(s.newLease(&buf))
+	rec.ensureMore().lease, rec.leaseUntil = lease, now+int64(r.Lease)
+	return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease, Recovered: true}, nil
 }
 
 // Complete implements idempotency.Store. It keeps a copy of resp.
@@ -470,7 +499,7 @@ func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency
 	if rec == nil || rec.state != inFlight || rec.curLease() != lease {
 		return idempotency.ErrLeaseLost
 	}
-	rec.state, rec.lease = completed, ""
+	rec.state = completed // curLease is "" from now on
 	rec.status, rec.body = int32(resp.Status), append([]byte(nil), resp.Body...)
 	rec.setHeader(resp.Header)
 	return nil
@@ -590,22 +619,26 @@ const (
 	completed = uint8(idempotency.Completed)
 )
 
-// leaseLen is the length of a lease id: 16 bytes in unpadded base64url.
-const leaseLen = 22
+// leaseLen is the length of a lease id: 8 random bytes in hex.
+const leaseLen = 16
 
 // newLease writes a random lease id into buf and returns it as a string
 // over buf (no allocation: buf is the record's, and is never written
-// again). 16 bytes of a ChaCha8 stream seeded from crypto/rand
-// (cryptographically strong, and without the allocation crypto/rand.Read
-// costs), in unpadded base64url. s.mu is held.
+// again). 64 bits of a ChaCha8 stream seeded from crypto/rand: a lease
+// only has to differ from the one it replaces, and never leaves the
+// process, and a word of the stream in hex costs a fraction of 16 bytes
+// in base64 (or of crypto/rand.Read's allocation). s.mu is held.
 func (s *Store) newLease(buf *[leaseLen]byte) string {
 	if s.leases == nil {
 		var seed [32]byte
 		_, _ = rand.Read(seed[:])
 		s.leases = mrand.NewChaCha8(seed)
 	}
-	var b [16]byte
-	_, _ = s.leases.Read(b[:])
-	base64.RawURLEncoding.Encode(buf[:], b[:])
+	const digits = "0123456789abcdef"
+	x := s.leases.Uint64()
+	for i := leaseLen - 1; i >= 0; i-- {
+		buf[i] = digits[x&15]
+		x >>= 4
+	}
 	return unsafe.String(&buf[0], leaseLen)
 }
