@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -286,12 +287,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else if !call.completed.Load() {
 		// The stored header is the recorder's too: a Store copies what it
 		// keeps (as it does the body, which is the recorder's buffer).
-		resp := Response{Status: rec.status, Header: rec.stored, Body: rec.body.Bytes()}
-		for _, h := range m.replayHeaders {
-			if v := rec.header[h]; len(v) > 0 {
-				resp.Header[h] = v
-			}
-		}
+		resp := Response{Status: rec.status, Header: m.storedHeader(rec), Body: rec.body.Bytes()}
 		// A success happened: send it even if storing it fails; the
 		// business tables' unique constraints refuse a second effect and
 		// pin its outcome. A refusal (4xx) pins nothing: sent unstored,
@@ -303,11 +299,34 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	wh := w.Header()
 	for k, v := range rec.header {
-		w.Header()[k] = v
+		wh[k] = v
 	}
 	w.WriteHeader(rec.status)
 	_, _ = w.Write(rec.body.Bytes())
+}
+
+// storedHeader returns the handler's header cut down to the replay
+// headers: the handler's own when it has nothing else (the usual case, a
+// Content-Type), else the recorder's stored header, filled.
+func (m *middleware) storedHeader(rec *recorder) http.Header {
+	all := true
+	for k, v := range rec.header {
+		if len(v) == 0 || !slices.Contains(m.replayHeaders, k) {
+			all = false
+			break
+		}
+	}
+	if all {
+		return rec.header
+	}
+	for _, h := range m.replayHeaders {
+		if v := rec.header[h]; len(v) > 0 {
+			rec.stored[h] = v
+		}
+	}
+	return rec.stored
 }
 
 // serve runs the handler and reports whether the key must be freed: a 5xx,
@@ -378,7 +397,9 @@ var recorders = sync.Pool{New: func() any {
 
 func (r *recorder) recycle() {
 	clear(r.header)
-	clear(r.stored)
+	if len(r.stored) > 0 {
+		clear(r.stored)
+	}
 	r.status, r.wroteHeader = http.StatusOK, false
 	if r.body.Cap() > 64<<10 {
 		r.body = bytes.Buffer{} // do not keep a huge one
