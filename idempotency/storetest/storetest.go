@@ -97,6 +97,15 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		if err := s.Complete(ctx, id, res2.Lease, idempotency.Response{Status: 201}, later); !errors.Is(err, idempotency.ErrLeaseLost) {
 			t.Errorf("Complete by the old holder = %v; want ErrLeaseLost", err)
 		}
+		// Nor free it (PITFALLS 16, 17): a slow holder that ends in a 5xx
+		// after its lease ran out must not delete the new holder's record,
+		// or a third request would run beside the second.
+		if err := s.Abandon(ctx, id, res2.Lease); !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Errorf("Abandon by the old holder = %v; want ErrLeaseLost", err)
+		}
+		if got := begin(t, s, id, "other", later, nil); got.Outcome != idempotency.InProgress {
+			t.Errorf("Begin after the old holder's Abandon = %v; want InProgress (the new holder's)", got.Outcome)
+		}
 		if err := s.Complete(ctx, id, res3.Lease, idempotency.Response{Status: 201}, later); err != nil {
 			t.Fatalf("Complete by the new holder = %v", err)
 		}
