@@ -380,8 +380,11 @@ func TestRepeatWindow(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	var ok, dup int
-	for _, w := range answers {
+	var (
+		ok      int
+		dupKeys []string
+	)
+	for i, w := range answers {
 		switch {
 		case w.Code == 201:
 			ok++
@@ -389,17 +392,22 @@ func TestRepeatWindow(t *testing.T) {
 			if ra := w.Header().Get("Retry-After"); ra == "" || ra == "0" {
 				t.Errorf("429 with Retry-After %q; want whole seconds left", ra)
 			}
-			dup++
+			dupKeys = append(dupKeys, fmt.Sprintf("key-%d", i))
 		default:
 			t.Errorf("answer %d %s", w.Code, w.Body)
 		}
 	}
-	if ok != 1 || dup != n-1 {
-		t.Errorf("accepted %d, 429 %d; want 1, %d", ok, dup, n-1)
+	if ok != 1 || len(dupKeys) != n-1 {
+		t.Fatalf("accepted %d, 429 %d; want 1, %d", ok, len(dupKeys), n-1)
 	}
-	// A 429 used up no key: once the window passes, the same key runs.
-	if w := e.do("alice", "/withdrawals", "key-x", `{"amount":"6"}`); w.Code != 201 {
-		t.Errorf("other body in the window = %d; want 201", w.Code)
+	// A 429 recorded nothing and left its key free (PITFALLS 18, 21): the
+	// same key and body are refused by the window again, not held in
+	// flight (409), and the same key with another body runs.
+	if w := e.do("alice", "/withdrawals", dupKeys[0], `{"amount":"5"}`); w.Code != 429 || code(t, w) != "duplicate_submission" {
+		t.Errorf("a 429's key and body again = %d %q; want 429 duplicate_submission", w.Code, code(t, w))
+	}
+	if w := e.do("alice", "/withdrawals", dupKeys[1], `{"amount":"6"}`); w.Code != 201 {
+		t.Errorf("a 429's key with another body = %d %q; want 201", w.Code, code(t, w))
 	}
 }
 
