@@ -412,3 +412,39 @@ func TestShortFundsSameKeyRace(t *testing.T) {
 		})
 	}
 }
+
+// Idempotency keys are compared byte for byte on every database: keys that
+// differ only in case are two requests, each with its movement. (MySQL's
+// default collations ignore case; before migration 004 the second key's
+// deposit, withdrawal and order were answered with the first's.)
+func TestKeysCaseSensitive(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			s, _, now := withUserDB(t, d)
+			ctx := context.Background()
+			fund(t, s, "d0", 10000, now)
+			order(t, s, "o1", 100, now)
+			for i, key := range []string{"CaseKey", "casekey", "CASEKEY"} {
+				n := fmt.Sprint(i)
+				if m, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "dk" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: now}); err != nil || !created || m.ID != "dk"+n {
+					t.Errorf("CreateDeposit(%q) = %s, %v, %v; want a new deposit dk%s", key, m.ID, created, err, n)
+				}
+				if m, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: "w" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: now}, 0); err != nil || !created || m.ID != "w"+n {
+					t.Errorf("Withdraw(%q) = %s, %v, %v; want a new withdrawal w%s", key, m.ID, created, err, n)
+				}
+				if o, created, err := s.CreateOrder(ctx, sqlstore.Order{ID: "o-" + n, OrderNo: "N" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: now}); err != nil || !created || o.ID != "o-"+n {
+					t.Errorf("CreateOrder(%q) = %s, %v, %v; want a new order o-%s", key, o.ID, created, err, n)
+				}
+			}
+			// Payment keys are scoped to the order: o1 paid under one key, a
+			// key of another case is another payment attempt, refused as
+			// already paid (not the first payment replayed).
+			if _, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "PayKey", CreatedAt: now}, 0); err != nil || !created {
+				t.Fatalf("PayOrder(PayKey) = %v, %v", created, err)
+			}
+			if p, _, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "paykey", CreatedAt: now}, 0); !errors.Is(err, sqlstore.ErrAlreadyPaid) {
+				t.Errorf("PayOrder(paykey) = %s, %v; want ErrAlreadyPaid", p.ID, err)
+			}
+		})
+	}
+}

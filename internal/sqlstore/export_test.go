@@ -5,3 +5,12 @@ var (
 	PendingQuery      = pendingQuery
 	PendingCountQuery = pendingCountQuery
 )
+
+// Migrations returns how many migrations d has.
+func Migrations(d Dialect) int {
+	ms, err := migrations(d)
+	if err != nil {
+		panic(err)
+	}
+	return len(ms)
+}
