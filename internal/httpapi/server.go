@@ -806,9 +806,13 @@ func (s *server) deposit(w http.ResponseWriter, r *http.Request) {
 	call, _ := idempotency.FromContext(r.Context())
 	body, _ := ReadBody(r)
 	a, _ := s.amount(body) // validated by the middleware
-	m, _, err := s.cfg.Store.CreateDeposit(r.Context(), sqlstore.Movement{ID: newID("dep_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()})
+	m, created, err := s.cfg.Store.CreateDeposit(r.Context(), sqlstore.Movement{ID: newID("dep_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()})
 	if err != nil {
 		s.internal(w, r, err)
+		return
+	}
+	if !created && m.Amount != a {
+		keyReused(w)
 		return
 	}
 	s.settleAndAnswer(w, r, psp.Charge, m, call)
@@ -820,9 +824,12 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 	a, _ := s.amount(body)
 	// The user's lock serialises their withdrawals; its fence goes into the
 	// transaction, where the account refuses a writer whose lock ran out.
-	var m sqlstore.Movement
+	var (
+		m       sqlstore.Movement
+		created bool
+	)
 	err := s.underLock(r.Context(), "user:"+call.Scope.Principal, true, func(fence int64) (err error) {
-		m, _, err = s.cfg.Store.Withdraw(r.Context(), sqlstore.Movement{ID: newID("wd_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()}, fence)
+		m, created, err = s.cfg.Store.Withdraw(r.Context(), sqlstore.Movement{ID: newID("wd_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()}, fence)
 		return err
 	})
 	if errors.Is(err, errLock) || errors.Is(err, sqlstore.ErrStaleFence) {
@@ -837,7 +844,20 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, r, err)
 		return
 	}
+	if !created && m.Amount != a {
+		keyReused(w)
+		return
+	}
 	s.settleAndAnswer(w, r, psp.Payout, m, call)
+}
+
+// keyReused answers a request whose (user, key) movement already exists
+// and was made by another request: the key was reused after its record
+// expired (--key-ttl), or after a 5xx freed it. The business table's UNIQUE (user_id, idempotency_key) refused a second
+// movement; the first is not this request's answer. As the middleware
+// answers a different body under a known key.
+func keyReused(w http.ResponseWriter) {
+	problem(w, http.StatusUnprocessableEntity, "idempotency_key_reused", "Idempotency-Key reused", "this key was already used for a different request; use a new key")
 }
 
 // errLock wraps a failure to take a resource's lock.
@@ -1031,10 +1051,14 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	call, _ := idempotency.FromContext(r.Context())
 	body, _ := ReadBody(r)
 	a, desc, _ := s.order(body) // validated by the middleware
-	o, _, err := s.cfg.Store.CreateOrder(r.Context(), sqlstore.Order{ID: newID("ord_"), OrderNo: newID("ON"), UserID: call.Scope.Principal,
+	o, created, err := s.cfg.Store.CreateOrder(r.Context(), sqlstore.Order{ID: newID("ord_"), OrderNo: newID("ON"), UserID: call.Scope.Principal,
 		Key: call.Key, Description: desc, Amount: a, CreatedAt: time.Now().UnixMicro()})
 	if err != nil {
 		s.internal(w, r, err)
+		return
+	}
+	if !created && (o.Amount != a || o.Description != desc) {
+		keyReused(w)
 		return
 	}
 	writeJSON(w, http.StatusCreated, orderJSON(o))

@@ -1,0 +1,60 @@
+package httpapi_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/internal/httpapi"
+)
+
+// A key whose record is gone (past --key-ttl) reaches the handler again.
+// The business table's UNIQUE (user_id, idempotency_key) refuses a second
+// movement; with another body the answer is 422 idempotency_key_reused,
+// not a 201 showing the first movement as if it were this request's. With
+// the same body it is that movement again (a retry). Nothing moves twice.
+func TestKeyReusedAfterItsRecord(t *testing.T) {
+	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) {
+		c.KeyTTL = time.Millisecond
+		c.RequireToken = nil
+		c.Window = 0
+	})
+	balance := func() any {
+		_, acct, _ := o.call("GET", "/api/v1/account", "", "")
+		return acct["balance"]
+	}
+	for _, tc := range []struct {
+		path, key, first, other string
+	}{
+		{"/api/v1/deposits", "dep-k", `{"amount":"100"}`, `{"amount":"200"}`},
+		{"/api/v1/withdrawals", "wd-k", `{"amount":"10"}`, `{"amount":"20"}`},
+		{"/api/v1/orders", "ord-k", `{"amount":"5","description":"first"}`, `{"amount":"5","description":"second"}`},
+	} {
+		code, first, _ := o.call("POST", tc.path, tc.key, tc.first)
+		if code != 201 {
+			t.Fatalf("%s first = %d %v", tc.path, code, first)
+		}
+		before := balance()
+		time.Sleep(5 * time.Millisecond) // the key's record expires
+		if code, out, _ := o.call("POST", tc.path, tc.key, tc.other); code != 422 || out["code"] != "idempotency_key_reused" {
+			t.Errorf("%s, the key again with another body = %d %v; want 422 idempotency_key_reused", tc.path, code, out)
+		}
+		time.Sleep(5 * time.Millisecond)
+		if code, again, _ := o.call("POST", tc.path, tc.key, tc.first); code != 201 || again["id"] != first["id"] {
+			t.Errorf("%s, the key again with its body = %d %v; want 201 %v", tc.path, code, again, first["id"])
+		}
+		if got := balance(); got != before {
+			t.Errorf("%s: balance %v after the reuses; want %v (nothing moved)", tc.path, got, before)
+		}
+	}
+
+	// A payment's key is scoped to its order (UNIQUE (user_id, order_id,
+	// idempotency_key), as api.md scopes keys by path): the same key on
+	// another order is another request, and pays it.
+	_, a, _ := o.call("POST", "/api/v1/orders", "ord-a", `{"amount":"1","description":"a"}`)
+	_, b, _ := o.call("POST", "/api/v1/orders", "ord-b", `{"amount":"1","description":"b"}`)
+	for _, ord := range []map[string]any{a, b} {
+		if code, out, _ := o.call("POST", "/api/v1/orders/"+ord["id"].(string)+"/payment", "pay-k", `{"method":"wallet"}`); code != 201 || out["order_id"] != ord["id"] {
+			t.Errorf("pay %v under pay-k = %d %v; want 201 for that order", ord["id"], code, out)
+		}
+	}
+}
