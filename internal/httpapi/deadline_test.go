@@ -90,3 +90,50 @@ func requestEndsInsideKeyLease(t *testing.T, timeout time.Duration) {
 		t.Errorf("balance = %v; want 90.00 (debited once)", acct["balance"])
 	}
 }
+
+// latePayouts is a provider whose payouts are made, and answered, just
+// after the caller's deadline has passed (the answer was on its way).
+type latePayouts struct {
+	psp.Sim
+	payouts atomic.Int32
+}
+
+func (p *latePayouts) Do(ctx context.Context, kind psp.Kind, key string, amount money.Amount) (psp.Operation, error) {
+	if kind != psp.Payout {
+		return p.Sim.Do(ctx, kind, key, amount)
+	}
+	p.payouts.Add(1)
+	<-ctx.Done()
+	time.Sleep(10 * time.Millisecond)
+	return p.Sim.Do(context.WithoutCancel(ctx), kind, key, amount)
+}
+
+// The provider's answer arrives after the request's deadline: the
+// settlement and the stored answer still commit (on a context of their
+// own, bounded by a quarter of the deadline more), so the client gets the
+// outcome, 201 succeeded, not a 503 or a pending movement the provider has
+// in fact paid. The retry replays it; one payout, one debit.
+func TestSettledAfterDeadline(t *testing.T) {
+	prov := &latePayouts{}
+	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) {
+		c.KeyLease, c.RequestTimeout = 2*time.Second, 300*time.Millisecond
+		c.Provider = obs.Provider{Provider: prov, Metrics: c.Metrics}
+	})
+	tok := o.fundedToken(t)
+	w := serveJSON(o.h, o.token, "POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`)
+	var first map[string]any
+	_ = json.Unmarshal(w.Body.Bytes(), &first)
+	if w.Code != 201 || first["status"] != "succeeded" {
+		t.Fatalf("withdrawal answered after the deadline = %d %v; want 201 succeeded", w.Code, first)
+	}
+	w = serveJSON(o.h, o.token, "POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`)
+	var again map[string]any
+	_ = json.Unmarshal(w.Body.Bytes(), &again)
+	if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" || again["id"] != first["id"] || again["status"] != "succeeded" {
+		t.Errorf("retry = %d %v (replayed %q); want the stored 201 succeeded", w.Code, again, w.Header().Get("Idempotent-Replayed"))
+	}
+	_, acct, _ := o.call("GET", "/api/v1/account", "", "")
+	if n := prov.payouts.Load(); n != 1 || acct["balance"] != "90.00" {
+		t.Errorf("payouts %d, balance %v; want 1, 90.00", n, acct["balance"])
+	}
+}

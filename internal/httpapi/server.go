@@ -946,15 +946,15 @@ func (s *server) settleAndAnswer(w http.ResponseWriter, r *http.Request, kind ps
 			settled.Status = string(op.Status)
 			body := jsonBody(movementJSON(settled))
 			resp := call.Response(http.StatusCreated, http.Header{"Content-Type": {"application/json"}}, body)
-			complete := sqlstore.Also{Tx: func(tx *sql.Tx) error { return s.cfg.Completer.CompleteTx(ctx, tx, call.ID, call.Lease, resp) }}
-			settle := s.cfg.Store.SettleWithdrawal
-			if kind == psp.Charge {
-				settle = s.cfg.Store.SettleDeposit
-			}
 			// Recorded even when the request's deadline has passed, but
 			// within a quarter of it more: still inside the key's lease.
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RequestTimeout/4)
 			defer cancel()
+			complete := sqlstore.Also{Tx: func(tx *sql.Tx) error { return s.cfg.Completer.CompleteTx(dctx, tx, call.ID, call.Lease, resp) }}
+			settle := s.cfg.Store.SettleWithdrawal
+			if kind == psp.Charge {
+				settle = s.cfg.Store.SettleDeposit
+			}
 			ok, now := op.Status == psp.Succeeded, time.Now().UnixMicro()
 			err, moved := errors.New("no completer"), false
 			if s.cfg.Completer != nil {
