@@ -161,6 +161,16 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil || maxAmount <= 0 {
 		return fmt.Errorf("--max-amount %q: want an amount like 1000000.00", c.maxAmount)
 	}
+	require := map[string]bool{}
+	for _, p := range strings.Split(c.requireToken, ",") {
+		switch p = strings.TrimSpace(p); {
+		case p == "" || p == "none":
+		case httpapi.Purpose(p):
+			require[p] = true
+		default: // a typo must not quietly turn the protection off
+			return fmt.Errorf("--require-submit-token %q: %q is not a purpose; want a comma-separated list of withdrawal, deposit, order, payment, or none", c.requireToken, p)
+		}
+	}
 	db, dialect, where, err := openDB(c)
 	if err != nil {
 		return err
@@ -184,12 +194,6 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		provider, pspWhere = psp.NewClient(c.pspURL, nil), c.pspURL
 	}
 	provider = obs.Provider{Provider: provider, Metrics: metrics}
-	require := map[string]bool{}
-	for _, p := range strings.Split(c.requireToken, ",") {
-		if p = strings.TrimSpace(p); p != "" && p != "none" {
-			require[p] = true
-		}
-	}
 	var coord *coordination
 	coord, err = newCoordination(db, dialect, c.redis, timedKeys, metrics.TimeLockBackend,
 		lock.Options{Observe: metrics.LockObserver(func() string { return coord.backend() })},

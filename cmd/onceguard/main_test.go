@@ -28,10 +28,15 @@ func TestRun(t *testing.T) {
 		{"bad flag", []string{"serve", "--nope"}, "", true},
 		{"bad max amount", []string{"serve", "--max-amount", "1e9"}, "", true},
 		{"bad db url", []string{"serve", "--db", "oracle://x"}, "", true},
+		{"unknown submit token purpose", []string{"serve", "--require-submit-token", "withdrawl", "--addr", "127.0.0.1:0"}, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			err := run(context.Background(), tc.args, func(string) string { return "" }, &out, &errOut)
+			// Bounded: a serve that starts instead of refusing its flags
+			// stops (without error) and fails the case.
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			err := run(ctx, tc.args, func(string) string { return "" }, &out, &errOut)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("run(%q) = %v; want error %v", tc.args, err, tc.wantErr)
 			}

@@ -659,6 +659,10 @@ func (s *server) ledger(w http.ResponseWriter, r *http.Request, u sqlstore.User)
 
 var purposes = map[string]bool{"withdrawal": true, "deposit": true, "order": true, "payment": true}
 
+// Purpose reports whether p is a submit token purpose (a key of
+// Config.RequireToken): withdrawal, deposit, order or payment.
+func Purpose(p string) bool { return purposes[p] }
+
 func (s *server) createSubmitToken(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
 	body, p := ReadBody(r)
 	var req struct {
