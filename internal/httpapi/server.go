@@ -248,6 +248,9 @@ type statusWriter struct {
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
+		if code == http.StatusUnauthorized { // RFC 9110 section 11.6.1: a 401 names its scheme
+			w.Header().Set("WWW-Authenticate", `Bearer realm="onceguard"`)
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -298,7 +301,7 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 	h, ok := methods[r.Method]
 	if ok && !csrfSafe(r) {
 		problem(w, http.StatusForbidden, "csrf_rejected", "Cross-site request refused",
-			"a request authenticated by the session cookie must come from this origin and send application/json; or use Authorization: Bearer")
+			"a sign-in, or a request authenticated by the session cookie, must come from this origin (the latter sending application/json); or use Authorization: Bearer")
 		return pattern
 	}
 	if !ok {
@@ -324,17 +327,34 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 // keeps the cookie off cross-site requests; this is the second wall (for
 // same-site subdomains and old browsers). Bearer requests carry no ambient
 // credential and pass.
+//
+// Signing in sets the cookie, so a sign-in a browser sends from another
+// site is refused too, cookie or not (login CSRF: a cross-site form would
+// sign the victim's browser in as the attacker, whose account would then
+// receive what the victim deposits). Browsers name such a request's site
+// (Sec-Fetch-Site) or origin (Origin, sent on every cross-origin POST);
+// other clients send neither and pass.
 func csrfSafe(r *http.Request) bool {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return true
 	}
-	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+	if r.URL.Path == "/api/v1/sessions" {
+		return sameOrigin(r)
+	}
+	if _, ok := bearer(r); ok {
 		return true // the credential sessionToken uses; any other scheme falls back to the cookie
 	}
 	if _, err := r.Cookie(SessionCookie); err != nil {
 		return true
 	}
+	ct := r.Header.Get("Content-Type")
+	return sameOrigin(r) && (r.ContentLength == 0 && r.Method == http.MethodDelete || strings.HasPrefix(ct, "application/json"))
+}
+
+// sameOrigin tells whether a browser's request comes from this origin, as
+// far as it says (Sec-Fetch-Site, and Origin's scheme and host).
+func sameOrigin(r *http.Request) bool {
 	switch r.Header.Get("Sec-Fetch-Site") {
 	case "", "same-origin", "none":
 	default:
@@ -349,8 +369,17 @@ func csrfSafe(r *http.Request) bool {
 			return false
 		}
 	}
-	ct := r.Header.Get("Content-Type")
-	return r.ContentLength == 0 && r.Method == http.MethodDelete || strings.HasPrefix(ct, "application/json")
+	return true
+}
+
+// bearer returns the token of an Authorization: Bearer header (the scheme
+// in any case, RFC 9110 section 11.1).
+func bearer(r *http.Request) (string, bool) {
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return tok, true
 }
 
 // requestScheme is the scheme the client used, when it is known: https
@@ -497,8 +526,8 @@ type userKey struct{}
 
 // sessionToken returns the bearer token or the session cookie.
 func sessionToken(r *http.Request) string {
-	if h := r.Header.Get("Authorization"); strings.HasPrefix(h, "Bearer ") {
-		return strings.TrimPrefix(h, "Bearer ")
+	if tok, ok := bearer(r); ok {
+		return tok
 	}
 	if c, err := r.Cookie(SessionCookie); err == nil {
 		return c.Value
