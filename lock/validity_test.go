@@ -1,0 +1,65 @@
+package lock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/memlock"
+)
+
+// slowReplies is a backend whose answers to Acquire and Refresh come back
+// delay after the server acted on them (a slow network, a paused client).
+type slowReplies struct {
+	memlock.Backend
+	delay time.Duration
+}
+
+func (b *slowReplies) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
+	g, err := b.Backend.Acquire(ctx, r)
+	time.Sleep(b.delay)
+	return g, err
+}
+
+func (b *slowReplies) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	err := b.Backend.Refresh(ctx, key, owner, ttl)
+	time.Sleep(b.delay)
+	return err
+}
+
+// PITFALLS 1 and 3: the server's TTL runs from when it took the command,
+// which the client knows only to be after it sent it. So a lease's local
+// validity counts from the send, never from the reply: a reply that took
+// long leaves less validity, not more. Counted from the reply, Deadline
+// would lie past the server's expiry by the reply's delay, and the
+// holder would go on writing after another could have taken the lock.
+func TestValidityFromSend(t *testing.T) {
+	const ttl, delay = time.Second, 300 * time.Millisecond
+	l := lock.New(&slowReplies{delay: delay}, nil)
+	ctx := context.Background()
+	for _, acquire := range []struct {
+		name string
+		f    func() (*lock.Lease, error)
+	}{
+		{"TryAcquire", func() (*lock.Lease, error) { return l.TryAcquire(ctx, "try", ttl) }},
+		{"Acquire", func() (*lock.Lease, error) { return l.Acquire(ctx, "wait", ttl) }},
+	} {
+		sent := time.Now()
+		lease, err := acquire.f()
+		if err != nil {
+			t.Fatalf("%s: %v", acquire.name, err)
+		}
+		if d := lease.Deadline(); d.After(sent.Add(ttl)) {
+			t.Errorf("%s: Deadline %v after the send; want at most the TTL, %v", acquire.name, d.Sub(sent), ttl)
+		}
+		sent = time.Now()
+		if err := lease.Refresh(ctx, ttl); err != nil {
+			t.Fatalf("%s: Refresh: %v", acquire.name, err)
+		}
+		if d := lease.Deadline(); d.After(sent.Add(ttl)) {
+			t.Errorf("%s: Deadline %v after the refresh was sent; want at most the TTL, %v", acquire.name, d.Sub(sent), ttl)
+		}
+		_ = lease.Release(ctx)
+	}
+}
