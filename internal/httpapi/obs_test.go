@@ -45,13 +45,19 @@ type faultLocks struct {
 	loseAtRelease        atomic.Bool
 	stolenAtRelease      atomic.Bool
 	unreachableAtRelease atomic.Bool
+	// onGrant, when set (before the requests), sees every lease granted.
+	onGrant func(lock.Request, lock.Grant)
 }
 
 func (f *faultLocks) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
 	if f.unavailable.Load() {
 		return lock.Grant{}, fmt.Errorf("fault: %w", lock.ErrUnavailable)
 	}
-	return f.Backend.Acquire(ctx, r)
+	g, err := f.Backend.Acquire(ctx, r)
+	if err == nil && f.onGrant != nil {
+		f.onGrant(r, g)
+	}
+	return g, err
 }
 
 func (f *faultLocks) Release(ctx context.Context, key, owner string) error {
