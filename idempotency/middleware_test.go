@@ -507,6 +507,17 @@ func TestServerErrorFreesKeyAndToken(t *testing.T) {
 	if e.bank.runs.Load() != 2 || e.count("released") != 1 {
 		t.Errorf("runs %d, released %d; want 2, 1", e.bank.runs.Load(), e.count("released"))
 	}
+	// The token is freed, not left bound to the failed request's scope:
+	// it serves another request (bound, a use elsewhere is invalid).
+	is2, _ := e.tokens.Issue(context.Background(), "alice", "withdrawal")
+	e.bank.status = http.StatusInternalServerError
+	if w := e.do("alice", "/withdrawals", is2.Token, `{"amount":"2"}`); w.Code != 500 {
+		t.Fatalf("= %d; want the handler's 500", w.Code)
+	}
+	e.bank.status = 0
+	if w := e.do("alice", "/withdrawals/elsewhere", is2.Token, `{"amount":"2"}`); w.Code != 201 {
+		t.Errorf("the token of a 5xx, used for another request = %d %q; want 201 (the 5xx freed it)", w.Code, code(t, w))
+	}
 	// A business refusal (4xx) is stored like a success.
 	e.bank.status = http.StatusUnprocessableEntity
 	w1 := e.do("alice", "/withdrawals", "refused", `{"amount":"1"}`)
