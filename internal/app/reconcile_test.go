@@ -70,6 +70,14 @@ func TestReconcile(t *testing.T) {
 	if n, total := sim.Moved(psp.Payout); n != 2 || total != 2000 {
 		t.Errorf("payouts %d (%v); want exactly 2 (w1 once, w2 once after reconciling), w3 declined", n, total)
 	}
+	// Both under their withdrawal's own id (PITFALLS 22: an unknown
+	// outcome is settled by asking, then retrying under the same key;
+	// never by paying under a new one).
+	for _, id := range []string{"w1", "w2"} {
+		if op, err := sim.Lookup(ctx, id); err != nil || op.Status != psp.Succeeded {
+			t.Errorf("the provider's payout under key %s = %+v, %v; want it succeeded under that key", id, op, err)
+		}
+	}
 	bal, sum, err := s.Balance(ctx, "u1")
 	if err != nil || bal != 1000 || sum != bal {
 		t.Errorf("balance %v, ledger %v, %v; want 10.00 = 30.00 deposited - 20.00 paid out (w3 refunded)", bal, sum, err)
