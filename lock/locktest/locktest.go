@@ -532,10 +532,22 @@ func testDoubleRelease(t *testing.T, b lock.Backend, key string) {
 	if err := lease.Refresh(ctxT(t), time.Second); !errors.Is(err, lock.ErrNotHeld) {
 		t.Errorf("Refresh after Release = %v; want ErrNotHeld", err)
 	}
+	// The backend itself (the Lease answered the above from its own state):
+	// a release retried after a timeout, its first attempt having worked,
+	// finds the next holder's lock and leaves it (PITFALLS 8).
+	if err := b.Release(ctxT(t), key, lease.Token()); !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("the backend's Release, again, by the first owner = %v; want ErrNotHeld", err)
+	}
+	if _, err := l.TryAcquire(ctxT(t), key, 10*time.Second); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Errorf("TryAcquire after the retried release = %v; want ErrNotAcquired (the next holder's)", err)
+	}
 	if next.Err() != nil {
 		t.Errorf("the next holder's lease ended: %v; want held", next.Err())
 	}
 	mustRelease(t, next)
+	if err := b.Release(ctxT(t), key, next.Token()); !errors.Is(err, lock.ErrExpired) {
+		t.Errorf("the backend's Release of a free lock = %v; want ErrExpired", err)
+	}
 }
 
 func testBadInput(t *testing.T, b lock.Backend, key string) {
