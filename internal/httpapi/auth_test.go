@@ -67,3 +67,22 @@ func TestCrossSiteSignInRefused(t *testing.T) {
 		}
 	}
 }
+
+// HEAD is served wherever GET is (RFC 9110 section 9.3.2), without a
+// body, and a 405 lists it in Allow.
+func TestHead(t *testing.T) {
+	o := newObsHarness(t, nil, nil)
+	for _, path := range []string{"/healthz", "/api/v1/account"} {
+		r := httptest.NewRequest("HEAD", path, nil)
+		r.Header.Set("Authorization", "Bearer "+o.token)
+		w := httptest.NewRecorder()
+		o.h.ServeHTTP(w, r)
+		if w.Code != 200 {
+			t.Errorf("HEAD %s = %d; want 200", path, w.Code)
+		}
+	}
+	w := serveJSON(o.h, o.token, "PUT", "/api/v1/account", "", "")
+	if w.Code != 405 || w.Header().Get("Allow") != "GET, HEAD" {
+		t.Errorf("PUT /api/v1/account = %d, Allow %q; want 405, GET, HEAD", w.Code, w.Header().Get("Allow"))
+	}
+}

@@ -299,15 +299,21 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 		return label
 	}
 	h, ok := methods[r.Method]
+	if !ok && r.Method == http.MethodHead { // RFC 9110 section 9.3.2: GET's answer without its body
+		h, ok = methods[http.MethodGet]
+	}
 	if ok && !csrfSafe(r) {
 		problem(w, http.StatusForbidden, "csrf_rejected", "Cross-site request refused",
 			"a sign-in, or a request authenticated by the session cookie, must come from this origin (the latter sending application/json); or use Authorization: Bearer")
 		return pattern
 	}
 	if !ok {
-		allow := make([]string, 0, len(methods))
+		allow := make([]string, 0, len(methods)+1)
 		for m := range methods {
 			allow = append(allow, m)
+			if m == http.MethodGet {
+				allow = append(allow, http.MethodHead)
+			}
 		}
 		sort.Strings(allow)
 		w.Header().Set("Allow", strings.Join(allow, ", "))
