@@ -14,10 +14,13 @@ import (
 	"github.com/onceguard/onceguard/internal/psp"
 )
 
-// stuckPayouts is a provider whose payouts never answer: each waits for
-// its caller's context (then the outcome is unknown: nothing moved).
+// stuckPayouts is a provider whose payouts wait for their caller's
+// context. Then, stuck, they end with an unknown outcome (nothing moved);
+// late, they are made and answered just after it ended (the answer was on
+// its way).
 type stuckPayouts struct {
 	psp.Sim
+	late    bool
 	payouts atomic.Int32
 }
 
@@ -28,10 +31,14 @@ func (p *stuckPayouts) Do(ctx context.Context, kind psp.Kind, key string, amount
 	p.payouts.Add(1)
 	select {
 	case <-ctx.Done():
-		return psp.Operation{}, fmt.Errorf("%w: %w", psp.ErrUnknownOutcome, ctx.Err())
 	case <-time.After(time.Minute):
 		return psp.Operation{}, psp.ErrUnknownOutcome
 	}
+	if p.late {
+		time.Sleep(10 * time.Millisecond)
+		return p.Sim.Do(context.WithoutCancel(ctx), kind, key, amount)
+	}
+	return psp.Operation{}, fmt.Errorf("%w: %w", psp.ErrUnknownOutcome, ctx.Err())
 }
 
 // PITFALLS 17: an in-progress lease shorter than the work lets a slow
@@ -91,30 +98,13 @@ func requestEndsInsideKeyLease(t *testing.T, timeout time.Duration) {
 	}
 }
 
-// latePayouts is a provider whose payouts are made, and answered, just
-// after the caller's deadline has passed (the answer was on its way).
-type latePayouts struct {
-	psp.Sim
-	payouts atomic.Int32
-}
-
-func (p *latePayouts) Do(ctx context.Context, kind psp.Kind, key string, amount money.Amount) (psp.Operation, error) {
-	if kind != psp.Payout {
-		return p.Sim.Do(ctx, kind, key, amount)
-	}
-	p.payouts.Add(1)
-	<-ctx.Done()
-	time.Sleep(10 * time.Millisecond)
-	return p.Sim.Do(context.WithoutCancel(ctx), kind, key, amount)
-}
-
 // The provider's answer arrives after the request's deadline: the
 // settlement and the stored answer still commit (on a context of their
 // own, bounded by a quarter of the deadline more), so the client gets the
 // outcome, 201 succeeded, not a 503 or a pending movement the provider has
 // in fact paid. The retry replays it; one payout, one debit.
 func TestSettledAfterDeadline(t *testing.T) {
-	prov := &latePayouts{}
+	prov := &stuckPayouts{late: true}
 	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) {
 		c.KeyLease, c.RequestTimeout = 2*time.Second, 300*time.Millisecond
 		c.Provider = obs.Provider{Provider: prov, Metrics: c.Metrics}

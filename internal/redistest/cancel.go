@@ -10,6 +10,19 @@ import (
 	"github.com/onceguard/onceguard/lock"
 )
 
+// StartBehindProxy starts a Redis server of the test's own and a
+// faultproxy in front of it; clients connect to the proxy's Addr.
+func StartBehindProxy(t *testing.T) *faultproxy.Proxy {
+	t.Helper()
+	srv := StartServer(t)
+	p, err := faultproxy.Start(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
 // CancelledMidCall checks, for a Locker whose backend reaches Redis
 // through p, that a caller whose context ends while its acquire is on the
 // wire (sent, and taken by Redis, before its reply is back) does not

@@ -6,7 +6,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceguard/onceguard/internal/faultproxy"
 	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/lock/redislock"
 )
@@ -16,12 +15,7 @@ import (
 // own). The client honours context deadlines on its sockets
 // (ContextTimeoutEnabled), as a caller's client may.
 func TestCancelledMidCall(t *testing.T) {
-	srv := redistest.StartServer(t)
-	p, err := faultproxy.Start(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := redistest.StartBehindProxy(t)
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 2 * time.Second, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	redistest.CancelledMidCall(t, p, redislock.New(rdb, nil))

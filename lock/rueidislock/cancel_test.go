@@ -7,7 +7,6 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/onceguard/onceguard/internal/faultproxy"
 	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/lock/rueidislock"
 )
@@ -16,12 +15,7 @@ import (
 // leave the lock held: the call is sent and waited for on a context of
 // its own (rueidis returns at once when a call's context ends).
 func TestCancelledMidCall(t *testing.T) {
-	srv := redistest.StartServer(t)
-	p, err := faultproxy.Start(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := redistest.StartBehindProxy(t)
 	c := newClient(t, rueidis.ClientOption{InitAddress: []string{p.Addr()}, Dialer: net.Dialer{Timeout: time.Second}, ConnWriteTimeout: 2 * time.Second})
 	redistest.CancelledMidCall(t, p, rueidislock.New(c, nil))
 }
