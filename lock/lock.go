@@ -273,7 +273,8 @@ func (l *Locker) leave(ctx context.Context, queued bool, key, owner string) {
 // Do takes the lock with Acquire, runs fn with a context that is cancelled
 // when fn returns or the lease is lost, and releases the lock. It returns
 // fn's error, or the acquire error, or the lease's loss joined to fn's error
-// when the lease ended while fn ran.
+// when the lease ended while fn ran. If fn panics, the lock is released
+// (and its renewal stopped) before the panic goes on.
 func (l *Locker) Do(ctx context.Context, key string, ttl time.Duration, fn func(ctx context.Context, lease *Lease) error) error {
 	lease, err := l.Acquire(ctx, key, ttl)
 	if err != nil {
@@ -281,7 +282,16 @@ func (l *Locker) Do(ctx context.Context, key string, ttl time.Duration, fn func(
 	}
 	workCtx, cancel := context.WithCancelCause(ctx)
 	stopAfter := context.AfterFunc(lease.Context(), func() { cancel(context.Cause(lease.Context())) })
+	panicked := true
+	defer func() {
+		if panicked {
+			stopAfter()
+			cancel(nil)
+			_ = lease.Release(ctx)
+		}
+	}()
 	err = fn(workCtx, lease)
+	panicked = false
 	stopAfter()
 	cancel(nil)
 	lost := lease.Err()

@@ -610,4 +610,16 @@ func testDo(t *testing.T, b lock.Backend, key string) {
 	if !errors.Is(err, lock.ErrLost) {
 		t.Errorf("Do with a lease that ran out = %v; want ErrLost", err)
 	}
+	// A panicking fn (recovered up the stack, as net/http does) leaves the
+	// lock free and its renewal stopped, not held for good.
+	auto := lock.New(b, &lock.Options{AutoRenew: true})
+	func() {
+		defer func() {
+			if v := recover(); v != "fn failed" {
+				t.Errorf("recovered %v; want fn's panic to go on", v)
+			}
+		}()
+		_ = auto.Do(ctxT(t), key, time.Second, func(context.Context, *lock.Lease) error { panic("fn failed") })
+	}()
+	mustRelease(t, mustTry(t, l, key, time.Second))
 }
