@@ -3,14 +3,17 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
 
 // DoOptions configure Do. A nil *DoOptions means all defaults.
 type DoOptions struct {
-	// Lease protects the running fn; keep it longer than fn takes.
-	// Default: 30s.
+	// Lease protects the running fn: fn's context ends when nine tenths
+	// of it have passed, leaving the rest to store the result, since after
+	// it another delivery may take the key over and run fn again. Keep it
+	// well above what fn takes. Default: 30s.
 	Lease time.Duration
 	// TTL is how long the result is kept. Default: 24h.
 	TTL time.Duration
@@ -23,12 +26,20 @@ type DoOptions struct {
 // and stores its result; later calls with the same fingerprint return the
 // stored result with replayed = true and do not run fn. A call while the
 // first still runs returns ErrInProgress (redeliver later); one with a
-// different fingerprint returns ErrMismatch. If fn fails, nothing is
-// stored and the key is freed, so a redelivery runs fn again: fn's own
-// writes must be safe to repeat (a unique constraint, a conditional
-// update), exactly as with a crash. Store errors match ErrUnavailable.
+// different fingerprint returns ErrMismatch; an empty key ErrKeyMissing
+// (a message without an id would share one record with every other). If
+// fn fails or panics, nothing is stored and the key is freed, so a
+// redelivery runs fn again: fn's own writes must be safe to repeat (a
+// unique constraint, a conditional update), exactly as with a crash. If
+// fn succeeded but its result could not be stored (the lease ran out and
+// another delivery took the key over: ErrLeaseLost; or the store is
+// unreachable), Do returns the result and that error: fn ran, and a
+// redelivery may run it again. Store errors match ErrUnavailable.
 func Do(ctx context.Context, store Store, scope Scope, key, fingerprint string, opts *DoOptions,
 	fn func(ctx context.Context) ([]byte, error)) (result []byte, replayed bool, err error) {
+	if key == "" {
+		return nil, false, fmt.Errorf("idempotency: do: %w", ErrKeyMissing)
+	}
 	o := DoOptions{Lease: 30 * time.Second, TTL: 24 * time.Hour, Now: time.Now}
 	if opts != nil {
 		if opts.Lease > 0 {
@@ -55,7 +66,16 @@ func Do(ctx context.Context, store Store, scope Scope, key, fingerprint string, 
 		return nil, false, ErrMismatch
 	}
 	detached := context.WithoutCancel(ctx)
-	result, err = fn(ctx)
+	fctx, cancel := context.WithTimeoutCause(ctx, o.Lease-o.Lease/10, errLeaseEnding)
+	defer cancel()
+	panicked := true
+	defer func() {
+		if panicked {
+			_ = store.Abandon(detached, id, res.Lease)
+		}
+	}()
+	result, err = fn(fctx)
+	panicked = false
 	if err != nil {
 		_ = store.Abandon(detached, id, res.Lease)
 		return nil, false, err
@@ -65,3 +85,7 @@ func Do(ctx context.Context, store Store, scope Scope, key, fingerprint string, 
 	}
 	return result, false, nil
 }
+
+// errLeaseEnding is the cause of fn's context's end when Do's lease is
+// about to run out.
+var errLeaseEnding = errors.New("idempotency: do: the lease is running out")
