@@ -17,7 +17,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 )
 
-// keyRE is the contract's key syntax (shared/api.md): 1..255 characters
+// keyRE is the contract's key syntax (docs/api.md): 1..255 characters
 // from '!' to '~' without '"'.
 var keyRE = regexp.MustCompile(`^[!#-~]{1,255}$`)
 

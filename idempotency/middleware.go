@@ -76,14 +76,16 @@ type Config struct {
 	// "token_invalid", "token_foreign" (another principal's token: the
 	// same 400 as invalid), "token_required", "duplicate_submission",
 	// "released" (the key was freed after the handler ran: a 5xx, a panic,
-	// Call.Forget, or an answer that could not be stored; a token bound
+	// Call.Forget, an answer that could not be stored, or none at all from
+	// a handler that returned without writing once the request's context
+	// had ended, which is answered 503 request_interrupted; a token bound
 	// with it can be used again), "store_unavailable". Low cardinality:
 	// fit for a metric label.
 	OnEvent func(r *http.Request, event string)
 }
 
 // Middleware returns net/http middleware that enforces Idempotency-Key on
-// every request it wraps, in the order of shared/api.md: body size and
+// every request it wraps, in the order of docs/api.md: body size and
 // principal, key syntax, body, submit token, the key's record (replay, 409,
 // 422), the repeat-submit window, then the handler. Answers before the
 // record is created use up no key and no token. The handler's final answer
@@ -284,6 +286,13 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer rec.recycle()
 	if m.serve(rec, r, body, call) || call.forgotten.Load() {
 		m.release(r, detached, id, res.Lease, windowID)
+	} else if !rec.wroteHeader && !call.completed.Load() && ctx.Err() != nil {
+		// No answer: the handler gave up when the request's context ended
+		// (a deadline, a client gone). Its empty 200 is not an outcome to
+		// replay for the key's whole TTL: freed, as after a 5xx.
+		m.release(r, detached, id, res.Lease, windowID)
+		m.fail(w, r, "", probInterrupted)
+		return
 	} else if !call.completed.Load() {
 		// The stored header is the recorder's too: a Store copies what it
 		// keeps (as it does the body, which is the recorder's buffer).

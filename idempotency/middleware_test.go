@@ -412,7 +412,7 @@ func TestRepeatWindow(t *testing.T) {
 }
 
 // Pitfall 18 on the repeat-submit window: a request whose handler answered
-// 5xx, or panicked, frees its window entry (shared/api.md: "A 5xx outcome
+// 5xx, or panicked, frees its window entry (docs/api.md: "A 5xx outcome
 // frees the entry"), so the same body under a new key inside the window
 // runs instead of answering 429 duplicate_submission. An accepted request
 // holds the entry.
@@ -706,5 +706,46 @@ func TestForget(t *testing.T) {
 	}
 	if c := send(); c != 201 || runs != 2 {
 		t.Errorf("third = %d after %d runs; want the stored 201 replayed", c, runs)
+	}
+}
+
+// A handler that gives up without answering when the request's context
+// ends (its deadline, a client gone) has made no outcome: the key is
+// freed (503 request_interrupted), not an empty 200 replayed for the
+// key's whole TTL. The retry runs. A handler that answers nothing while
+// its request is live is an empty 200, stored as usual.
+func TestNoAnswerAfterContextEnds(t *testing.T) {
+	var runs atomic.Int32
+	h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			<-r.Context().Done()
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func(ctx context.Context, key string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/jobs", strings.NewReader(`{}`)).WithContext(ctx)
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if w := send(ctx, "k"); w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "request_interrupted") {
+		t.Errorf("no answer after the deadline = %d %s; want 503 request_interrupted", w.Code, w.Body)
+	}
+	if w := send(context.Background(), "k"); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Errorf("retry = %d (replayed %q); want the handler run again, 201", w.Code, w.Header().Get("Idempotent-Replayed"))
+	}
+	silent := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for i, want := range []string{"", "true"} {
+		r := httptest.NewRequest("POST", "/jobs", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", "quiet")
+		w := httptest.NewRecorder()
+		silent.ServeHTTP(w, r)
+		if w.Code != 200 || w.Header().Get("Idempotent-Replayed") != want {
+			t.Errorf("silent handler, call %d = %d (replayed %q); want 200, replayed %q", i+1, w.Code, w.Header().Get("Idempotent-Replayed"), want)
+		}
 	}
 }

@@ -37,7 +37,7 @@ func WriteProblem(w http.ResponseWriter, p *Problem) {
 	}{"urn:onceguard:problem:" + p.Code, p.Title, p.Status, p.Detail, p.Code})
 }
 
-// The problems Middleware answers with (shared/api.md's codes).
+// The problems Middleware answers with (docs/api.md's codes).
 var (
 	probTooLarge = &Problem{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large", Title: "Request body too large"}
 	probAuth     = &Problem{Status: http.StatusUnauthorized, Code: "unauthenticated", Title: "Authentication required", Detail: "sign in first"}
@@ -51,4 +51,5 @@ var (
 	probInProgress    = &Problem{Status: http.StatusConflict, Code: "request_in_progress", Title: "Request in progress", Detail: "the first request with this key is still running; retry shortly", RetryAfter: 1}
 	probReused        = &Problem{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused", Title: "Idempotency-Key reused", Detail: "this key was already used for a different request; use a new key"}
 	probUnavailable   = &Problem{Status: http.StatusServiceUnavailable, Code: "store_unavailable", Title: "Service unavailable", Detail: "duplicate protection is unavailable, so nothing was processed; retry later", RetryAfter: 2}
+	probInterrupted   = &Problem{Status: http.StatusServiceUnavailable, Code: "request_interrupted", Title: "Request interrupted", Detail: "the request ended (its deadline passed or the client went away) before it was answered; nothing was stored, so a retry with this key runs again", RetryAfter: 1}
 )

@@ -137,7 +137,7 @@ func (s *serviceConfig) start(ctx context.Context, round int) error {
 }
 
 // stop sends SIGTERM and waits (20 s, then SIGKILL); a graceful stop
-// exits 0 (shared/api.md, "Process"), anything else is noted.
+// exits 0 (docs/api.md, "Process"), anything else is noted.
 func (s *serviceConfig) stop(round int) {
 	p := s.proc
 	if p == nil {

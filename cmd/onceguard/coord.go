@@ -23,7 +23,7 @@ import (
 )
 
 // coordination is where the service's locks and repeat-submit window live
-// (shared/api.md, "Where state lives"):
+// (docs/api.md, "Where state lives"):
 //
 //   - no --redis: locks in the database (PostgreSQL, MySQL: shared by every
 //     instance) or in process (SQLite, one process), the window in the

@@ -85,7 +85,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 }
 
-// serveConfig is the service's configuration (shared/api.md, "Process").
+// serveConfig is the service's configuration (docs/api.md, "Process").
 type serveConfig struct {
 	addr, db, dataDir, redis, pspURL, requireToken, currency, maxAmount               string
 	tokenTTL, keyTTL, keyLease, requestTimeout, lockTTL, repeatWindow, reconcileEvery time.Duration

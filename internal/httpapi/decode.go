@@ -1,5 +1,5 @@
 // Package httpapi is the reference service's HTTP layer: the contract of
-// shared/api.md. This file holds the request-body rules every endpoint
+// docs/api.md. This file holds the request-body rules every endpoint
 // shares.
 package httpapi
 

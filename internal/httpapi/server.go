@@ -107,7 +107,7 @@ type server struct {
 	routes                          map[string]map[string]http.Handler // path -> method -> handler
 }
 
-// New returns the service's HTTP handler (shared/api.md). This slice
+// New returns the service's HTTP handler (docs/api.md). This slice
 // serves health, users, sessions, the account, submit tokens, deposits,
 // withdrawals, the ledger, orders and their payment; other paths answer
 // 404 not_found.

@@ -1,6 +1,6 @@
 // Package money holds exact amounts in minor units (cents): parsed from
 // the text of a JSON string or number, never through a float, and
-// formatted with exactly two fraction digits (shared/api.md, "Money").
+// formatted with exactly two fraction digits (docs/api.md, "Money").
 package money
 
 import (

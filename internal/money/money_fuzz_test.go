@@ -1,6 +1,6 @@
 package money_test
 
-// Fuzz targets for the amount parser (shared/api.md, "Money"). FuzzParse
+// Fuzz targets for the amount parser (docs/api.md, "Money"). FuzzParse
 // (money_test.go) checks that what parses formats back; these check the
 // grammar itself against an independent reference (a regexp and math/big),
 // the JSON forms, and the formatter over the whole int64 range.

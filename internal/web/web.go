@@ -1,5 +1,5 @@
 // Package web is the page the service serves at /: the first line of
-// defence against duplicate submissions (shared/api.md, issue 6).
+// defence against duplicate submissions (docs/api.md, issue 6).
 //
 // The page is three static files embedded in the binary (index.html,
 // app.js, app.css), plain JavaScript with no build step and no external
