@@ -37,7 +37,8 @@ type Config struct {
 	// Windows and Window turn on the repeat-submit window: the same
 	// principal sending a request with the same fingerprint to the same
 	// route under another key within Window gets 429 duplicate_submission.
-	// Default: off.
+	// Default: off. A Window without Windows uses Store, if it is a
+	// WindowStore (every store here is); else Middleware panics.
 	Windows WindowStore
 	Window  time.Duration
 
@@ -96,6 +97,13 @@ type Config struct {
 func Middleware(cfg Config) func(http.Handler) http.Handler {
 	if cfg.Store == nil {
 		panic("idempotency: Middleware needs a Store")
+	}
+	if cfg.Window > 0 && cfg.Windows == nil {
+		ws, ok := cfg.Store.(WindowStore)
+		if !ok {
+			panic("idempotency: Config.Window needs Windows, a WindowStore (Store is not one)")
+		}
+		cfg.Windows = ws
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = 30 * time.Second

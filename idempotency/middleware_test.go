@@ -749,3 +749,28 @@ func TestNoAnswerAfterContextEnds(t *testing.T) {
 		}
 	}
 }
+
+// A Window without Windows uses the Store when it is a WindowStore, and
+// is refused at construction when it is not: never silently off.
+func TestWindowDefaultsToStore(t *testing.T) {
+	h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}, Window: 10 * time.Second})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	var codes []int
+	for _, key := range []string{"a", "b"} {
+		r := httptest.NewRequest("POST", "/orders", strings.NewReader(`{"amount":"1"}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		codes = append(codes, w.Code)
+	}
+	if codes[0] != 201 || codes[1] != 429 {
+		t.Errorf("same body under two keys = %v; want 201, 429 (the window on the store)", codes)
+	}
+	defer func() {
+		if v := recover(); v == nil {
+			t.Error("a Window with a Store that keeps no window: no panic")
+		}
+	}()
+	idempotency.Middleware(idempotency.Config{Store: struct{ idempotency.Store }{&memstore.Store{}}, Window: time.Second})
+}

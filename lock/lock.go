@@ -117,8 +117,12 @@ type Locker struct {
 	opts    Options
 }
 
-// New returns a Locker on backend. opts may be nil.
+// New returns a Locker on backend. opts may be nil. It panics on a nil
+// backend (a Locker has no usable zero value: use New).
 func New(backend Backend, opts *Options) *Locker {
+	if backend == nil {
+		panic("lock: New needs a Backend")
+	}
 	l := &Locker{backend: backend, opts: opts.withDefaults()}
 	l.waiter, _ = backend.(Waiter)
 	return l

@@ -63,3 +63,13 @@ func TestValidityFromSend(t *testing.T) {
 		_ = lease.Release(ctx)
 	}
 }
+
+// Constructors name what is missing instead of a nil dereference later.
+func TestNilBackendPanics(t *testing.T) {
+	defer func() {
+		if v := recover(); v != "lock: New needs a Backend" {
+			t.Errorf("New(nil) recovered %v; want the named panic", v)
+		}
+	}()
+	lock.New(nil, nil)
+}

@@ -159,6 +159,9 @@ func New(primary, secondary lock.Backend, opts *Options) *lock.Locker {
 
 // NewBackend returns a Backend over primary and secondary.
 func NewBackend(primary, secondary lock.Backend, opts *Options) *Backend {
+	if primary == nil || secondary == nil {
+		panic("fallback: NewBackend needs a primary and a secondary Backend")
+	}
 	var o Options
 	if opts != nil {
 		o = *opts

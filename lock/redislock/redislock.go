@@ -128,6 +128,9 @@ func New(rdb redis.UniversalClient, opts *Options) *lock.Locker {
 // NewBackend returns a Backend on rdb. It does not dial; rdb stays the
 // caller's to configure and close.
 func NewBackend(rdb redis.UniversalClient, opts *Options) *Backend {
+	if rdb == nil {
+		panic("redislock: NewBackend needs a client")
+	}
 	var o Options
 	if opts != nil {
 		o = *opts

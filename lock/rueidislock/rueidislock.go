@@ -121,6 +121,9 @@ func New(client rueidis.Client, opts *Options) *lock.Locker {
 // NewBackend returns a Backend on client. It sends nothing; client stays
 // the caller's to configure and close.
 func NewBackend(client rueidis.Client, opts *Options) *Backend {
+	if client == nil {
+		panic("rueidislock: NewBackend needs a client")
+	}
 	var o Options
 	if opts != nil {
 		o = *opts

@@ -118,6 +118,9 @@ var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // by the first operation that needs it. It returns an error for an unknown
 // dialect or a bad table name.
 func NewBackend(db *sql.DB, dialect Dialect, opts *Options) (*Backend, error) {
+	if db == nil {
+		return nil, errors.New("sqllock: NewBackend needs a *sql.DB")
+	}
 	var o Options
 	if opts != nil {
 		o = *opts
