@@ -10,7 +10,9 @@ import (
 // The names of a lock's keys and channel are part of the protocol between
 // processes (and documented in the package doc): they must not change.
 func TestNames(t *testing.T) {
-	b := NewBackend(redis.NewClient(&redis.Options{}), nil) // never dialed: names only
+	rdb := redis.NewClient(&redis.Options{}) // never dialed: names only
+	defer rdb.Close()
+	b := NewBackend(rdb, nil)
 	hashed := "onceguard:lock:#{" + "0c81d082effbfc200f529870c4baa760fbb3ea0736a2551caa6b195a7015ed18" + "}"
 	for _, tc := range []struct{ key, lock string }{
 		{"order:42", "onceguard:lock:{order:42}"},
