@@ -151,6 +151,12 @@ func testServe(t *testing.T, base string) {
 
 	alice := signUp(t, base, "alice")
 	anon.expect(anon.do("POST", "/api/v1/users", "", `{"username":"alice","password":"correct horse"}`), 409, "username_taken")
+	// Sign-in takes the name as it is, on every database (MySQL's
+	// collations would match these to alice, each with a failure budget
+	// of its own).
+	for _, name := range []string{"ALICE", "Alice", "alice ", "alicé"} {
+		anon.expect(anon.do("POST", "/api/v1/sessions", "", `{"username":"`+name+`","password":"correct horse"}`), 401, "invalid_credentials")
+	}
 	alice.expect(alice.do("POST", "/api/v1/submit-tokens", "", `{"purpose":"lunch"}`), 400, "invalid_purpose")
 
 	// Deposit 100.00 (plain keys are fine for deposits by default).
@@ -257,6 +263,11 @@ func testServeOrders(t *testing.T, base string) {
 	}
 	alice.expect(alice.do("POST", "/api/v1/orders", "o2", `{"amount":"1","description":"`+strings.Repeat("x", 201)+`"}`), 400, "invalid_request")
 	alice.expect(alice.do("POST", "/api/v1/orders/"+id+"/payment", "p0", `{"method":"card"}`), 400, "invalid_request")
+	// An id is exactly ours: another spelling names nothing, on every
+	// database (MySQL's collations ignore case).
+	upper := strings.ToUpper(id)
+	alice.expect(alice.do("GET", "/api/v1/orders/"+upper, "", ""), 404, "not_found")
+	alice.expect(alice.do("POST", "/api/v1/orders/"+upper+"/payment", "p-upper", `{"method":"wallet"}`), 404, "not_found")
 
 	var wg sync.WaitGroup
 	var mu sync.Mutex

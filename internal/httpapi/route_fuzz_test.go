@@ -135,7 +135,7 @@ func FuzzRoute(f *testing.F) {
 		pattern, known := path, s.routes[path] != nil
 		if !known {
 			if rest, ok := strings.CutPrefix(path, "/api/v1/"); ok {
-				if parts := strings.Split(rest, "/"); len(parts) >= 2 && len(parts) <= 3 && idRE.MatchString(parts[1]) { // ids: [A-Za-z0-9_-]{1,64}
+				if parts := strings.Split(rest, "/"); len(parts) >= 2 && len(parts) <= 3 && idRE.MatchString(parts[1]) { // ids: [a-z0-9_-]{1,64}
 					pattern = "/api/v1/" + parts[0] + "/{id}"
 					if len(parts) == 3 {
 						pattern += "/" + parts[2]

@@ -569,7 +569,7 @@ func (s *server) authed(next func(http.ResponseWriter, *http.Request, sqlstore.U
 
 var (
 	usernameRE = regexp.MustCompile(`^[a-z0-9_]{3,32}$`)
-	idRE       = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	idRE       = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`) // ours are lowercase: another spelling names nothing, on every database
 )
 
 type credentials struct {
@@ -635,7 +635,13 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 			Detail: "too many failed sign-ins; wait before trying again", RetryAfter: retryAfter(wait)})
 		return
 	}
-	u, err := s.cfg.Store.UserByName(r.Context(), name)
+	// A name no user can have is unknown, on every database (MySQL's
+	// collations would match "ALICE", "alice " or "alicé" to alice, each
+	// with a failure budget of its own).
+	u, err := sqlstore.User{}, sqlstore.ErrNotFound
+	if usernameRE.MatchString(name) {
+		u, err = s.cfg.Store.UserByName(r.Context(), name)
+	}
 	if err != nil && !errors.Is(err, sqlstore.ErrNotFound) {
 		s.internal(w, r, err)
 		return
