@@ -6,6 +6,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -38,9 +39,15 @@ type Settlement struct {
 // Not found (the call never reached it): send it again with the same key
 // and the same amount, which is safe because the key makes it idempotent.
 // Still unknown: leave it pending for the next pass. Never a new key:
-// that could pay twice. It looks at up to limit movements of each kind.
+// that could pay twice. It looks at up to limit movements of each kind. A
+// movement whose settlement fails stays pending (counted StillPending) and
+// the pass goes on with the others; the first such error is returned with
+// the result.
 func Reconcile(ctx context.Context, store *sqlstore.Store, provider psp.Provider, limit int) (ReconcileResult, error) {
-	var res ReconcileResult
+	var (
+		res      ReconcileResult
+		firstErr error
+	)
 	for _, kind := range []struct {
 		table, name string
 		op          psp.Kind
@@ -68,7 +75,11 @@ func Reconcile(ctx context.Context, store *sqlstore.Store, provider psp.Provider
 				moved, err = store.SettleWithdrawal(ctx, m.ID, ok, now)
 			}
 			if err != nil {
-				return res, err
+				res.StillPending++
+				if firstErr == nil {
+					firstErr = fmt.Errorf("reconcile: settle %s %s: %w", kind.name, m.ID, err)
+				}
+				continue
 			}
 			if !moved {
 				continue // its request settled it meanwhile, and said so
@@ -83,7 +94,7 @@ func Reconcile(ctx context.Context, store *sqlstore.Store, provider psp.Provider
 			res.Settled = append(res.Settled, Settlement{Kind: kind.name, ID: m.ID, UserID: m.UserID, Key: m.Key, Amount: m.Amount, Outcome: outcome})
 		}
 	}
-	return res, nil
+	return res, firstErr
 }
 
 // Backlog counts the deposits and withdrawals still pending: the

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -262,4 +263,48 @@ func withAlice(t *testing.T) (*sqlstore.Store, *sql.DB, int64) {
 		t.Fatal(err)
 	}
 	return s, db, now
+}
+
+// A movement whose settlement fails (here a deposit that would overflow
+// its account's balance) stays pending and is reported, and the pass goes
+// on: another user's paid-out withdrawal is still settled.
+func TestReconcileGoesOnPastAFailedSettlement(t *testing.T) {
+	s, db, now := withAlice(t)
+	ctx := context.Background()
+	if err := s.CreateUser(ctx, "u2", "bob", "h", "CNY", now); err != nil {
+		t.Fatal(err)
+	}
+	settled := func(id, user string, amount money.Amount) {
+		t.Helper()
+		if _, _, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: id, UserID: user, Key: "k" + id, Amount: amount, CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.SettleDeposit(ctx, id, true, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settled("full", "u1", money.Amount(math.MaxInt64-100))
+	settled("d2", "u2", 5000)
+	sim := &psp.Sim{}
+	if _, _, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "over", UserID: "u1", Key: "kover", Amount: 1000, CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: "w9", UserID: "u2", Key: "kw9", Amount: 1000, CreatedAt: now}, 0); err != nil {
+		t.Fatal(err)
+	}
+	sim.Inject(psp.TimeoutAfterCommit, psp.TimeoutAfterCommit)
+	_, _ = sim.Do(ctx, psp.Charge, "over", 1000)
+	_, _ = sim.Do(ctx, psp.Payout, "w9", 1000)
+
+	res, err := app.Reconcile(ctx, s, sim, 100)
+	if err == nil || res.Succeeded != 1 || res.StillPending != 1 {
+		t.Errorf("Reconcile = %+v, %v; want w9 settled, the overflowing deposit still pending, and its error", res, err)
+	}
+	var status string
+	if err := db.QueryRow(`SELECT status FROM withdrawals WHERE id = 'w9'`).Scan(&status); err != nil || status != "succeeded" {
+		t.Errorf("w9 = %q, %v; want succeeded", status, err)
+	}
+	if bal, sum, err := s.Balance(ctx, "u1"); err != nil || bal != math.MaxInt64-100 || sum != bal {
+		t.Errorf("u1: balance %v, ledger %v, %v; want the balance before the overflowing deposit, unchanged", bal, sum, err)
+	}
 }
