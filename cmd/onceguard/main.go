@@ -158,8 +158,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return fmt.Errorf("--db-conns %d: want at least 1", c.dbConns)
 	}
 	maxAmount, err := money.Parse(c.maxAmount)
-	if err != nil || maxAmount <= 0 {
-		return fmt.Errorf("--max-amount %q: want an amount like 1000000.00", c.maxAmount)
+	if err != nil || maxAmount <= 0 || maxAmount > httpapi.MaxAmountLimit {
+		return fmt.Errorf("--max-amount %q: want an amount like 1000000.00, at most %s", c.maxAmount, httpapi.MaxAmountLimit)
 	}
 	require := map[string]bool{}
 	for _, p := range strings.Split(c.requireToken, ",") {

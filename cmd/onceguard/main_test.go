@@ -28,6 +28,7 @@ func TestRun(t *testing.T) {
 		{"bad flag", []string{"serve", "--nope"}, "", true},
 		{"bad max amount", []string{"serve", "--max-amount", "1e9"}, "", true},
 		{"bad db url", []string{"serve", "--db", "oracle://x"}, "", true},
+		{"max amount past the limit", []string{"serve", "--max-amount", "90000000000000000.00", "--addr", "127.0.0.1:0"}, "", true},
 		{"unknown submit token purpose", []string{"serve", "--require-submit-token", "withdrawl", "--addr", "127.0.0.1:0"}, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,10 +1,12 @@
 package httpapi_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/onceguard/onceguard/internal/httpapi"
+	"github.com/onceguard/onceguard/internal/sqlstore"
 )
 
 // A key whose record is gone (past --key-ttl) reaches the handler again.
@@ -56,5 +58,33 @@ func TestKeyReusedAfterItsRecord(t *testing.T) {
 		if code, out, _ := o.call("POST", "/api/v1/orders/"+ord["id"].(string)+"/payment", "pay-k", `{"method":"wallet"}`); code != 201 || out["order_id"] != ord["id"] {
 			t.Errorf("pay %v under pay-k = %d %v; want 201 for that order", ord["id"], code, out)
 		}
+	}
+}
+
+// A deposit that would take the balance past MaxBalance is refused before
+// the provider is charged (422 balance_limit): its credit could not be
+// settled after the charge. The balance is unchanged.
+func TestDepositPastBalanceLimit(t *testing.T) {
+	var store *sqlstore.Store
+	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) { store = c.Store })
+	_, acct, _ := o.call("GET", "/api/v1/account", "", "")
+	user := acct["user_id"].(string)
+	ctx := context.Background()
+	if _, _, err := store.CreateDeposit(ctx, sqlstore.Movement{ID: "dep_full", UserID: user, Key: "full", Amount: httpapi.MaxBalance - 50, CreatedAt: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.SettleDeposit(ctx, "dep_full", true, 1); err != nil {
+		t.Fatal(err)
+	}
+	_, before, _ := o.call("GET", "/api/v1/account", "", "")
+	if code, out, _ := o.call("POST", "/api/v1/deposits", "over", `{"amount":"1.00"}`); code != 422 || out["code"] != "balance_limit" {
+		t.Errorf("deposit past the limit = %d %v; want 422 balance_limit", code, out)
+	}
+	if code, _, _ := o.call("POST", "/api/v1/deposits", "under", `{"amount":"0.50"}`); code != 201 {
+		t.Errorf("deposit up to the limit = %d; want 201", code)
+	}
+	_, after, _ := o.call("GET", "/api/v1/account", "", "")
+	if before["balance"] == after["balance"] {
+		t.Errorf("balance %v after the deposit up to the limit; want it credited", after["balance"])
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -847,10 +848,29 @@ func movementJSON(m sqlstore.Movement) map[string]any {
 	return map[string]any{"id": m.ID, "amount": m.Amount, "status": m.Status, "created_at": ts(m.CreatedAt)}
 }
 
+// MaxBalance bounds an account's balance, far below where its int64
+// minor units would overflow; MaxAmountLimit bounds --max-amount, so that
+// deposits racing past the balance check would have to be thousands.
+const (
+	MaxBalance     = money.Amount(math.MaxInt64 / 2)
+	MaxAmountLimit = money.Amount(1_000_000_000_000_000) // 10 000 000 000 000.00
+)
+
 func (s *server) deposit(w http.ResponseWriter, r *http.Request) {
 	call, _ := idempotency.FromContext(r.Context())
 	body, _ := ReadBody(r)
 	a, _ := s.amount(body) // validated by the middleware
+	// Refused before the provider is charged: a credit that would
+	// overflow the balance could not be settled after it.
+	bal, _, err := s.cfg.Store.Account(r.Context(), call.Scope.Principal)
+	if err != nil {
+		s.internal(w, r, err)
+		return
+	}
+	if bal > MaxBalance-a {
+		problem(w, http.StatusUnprocessableEntity, "balance_limit", "Balance limit", "this deposit would take the balance over the most an account can hold; nothing changed")
+		return
+	}
 	m, created, err := s.cfg.Store.CreateDeposit(r.Context(), sqlstore.Movement{ID: newID("dep_"), UserID: call.Scope.Principal, Key: call.Key, Amount: a, CreatedAt: time.Now().UnixMicro()})
 	if err != nil {
 		s.internal(w, r, err)
