@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -86,5 +87,33 @@ func TestDepositPastBalanceLimit(t *testing.T) {
 	_, after, _ := o.call("GET", "/api/v1/account", "", "")
 	if before["balance"] == after["balance"] {
 		t.Errorf("balance %v after the deposit up to the limit; want it credited", after["balance"])
+	}
+}
+
+// The ledger is answered whole, so that its amounts sum to the balance
+// (docs/api.md), however long it is; the other lists are the newest 1000.
+func TestLedgerWhole(t *testing.T) {
+	var store *sqlstore.Store
+	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) { store = c.Store })
+	_, acct, _ := o.call("GET", "/api/v1/account", "", "")
+	user := acct["user_id"].(string)
+	ctx := context.Background()
+	for i := range 1010 {
+		id := "dep_" + strconv.Itoa(i)
+		if _, _, err := store.CreateDeposit(ctx, sqlstore.Movement{ID: id, UserID: user, Key: id, Amount: 1, CreatedAt: int64(i)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.SettleDeposit(ctx, id, true, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, ledger, _ := o.call("GET", "/api/v1/ledger", "", "")
+	items, _ := ledger["items"].([]any)
+	if len(items) != 1010 {
+		t.Errorf("ledger has %d entries; want all 1010", len(items))
+	}
+	_, deposits, _ := o.call("GET", "/api/v1/deposits", "", "")
+	if items, _ := deposits["items"].([]any); len(items) != 1000 {
+		t.Errorf("deposits list has %d; want the newest 1000", len(items))
 	}
 }

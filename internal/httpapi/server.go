@@ -692,8 +692,10 @@ func (s *server) account(w http.ResponseWriter, r *http.Request, u sqlstore.User
 	writeJSON(w, http.StatusOK, map[string]any{"user_id": u.ID, "username": u.Username, "balance": bal, "currency": cur})
 }
 
+// ledger answers the whole journal: its amounts must sum to the balance
+// (docs/api.md), so it is never cut short like the other lists.
 func (s *server) ledger(w http.ResponseWriter, r *http.Request, u sqlstore.User) {
-	entries, err := s.cfg.Store.Ledger(r.Context(), u.ID, 1000)
+	entries, err := s.cfg.Store.Ledger(r.Context(), u.ID, 0)
 	writeList(s, w, r, entries, err, func(e sqlstore.LedgerEntry) map[string]any {
 		return map[string]any{"id": fmt.Sprint(e.ID), "kind": e.Kind, "amount": e.Amount, "balance_after": e.BalanceAfter, "ref": e.Ref, "created_at": ts(e.CreatedAt)}
 	})

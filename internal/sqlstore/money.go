@@ -500,10 +500,14 @@ type LedgerEntry struct {
 	CreatedAt    int64
 }
 
-// Ledger returns a user's journal, newest first, at most limit entries.
+// Ledger returns a user's journal, newest first, at most limit entries (all when limit <= 0).
 func (s *Store) Ledger(ctx context.Context, userID string, limit int) ([]LedgerEntry, error) {
 	defer s.timed("ledger", time.Now())
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, kind, amount, balance_after, ref, created_at FROM ledger WHERE user_id = ? ORDER BY id DESC LIMIT ?`), userID, limit)
+	q, args := `SELECT id, kind, amount, balance_after, ref, created_at FROM ledger WHERE user_id = ? ORDER BY id DESC`, []any{userID}
+	if limit > 0 {
+		q, args = q+` LIMIT ?`, append(args, limit)
+	}
+	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
 	if err != nil {
 		return nil, err
 	}
