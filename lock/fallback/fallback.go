@@ -87,10 +87,12 @@ type Options struct {
 
 // Stats are the Backend's counters since it was created.
 type Stats struct {
-	State              State
-	PrimaryAcquires    uint64 // leases granted by the primary
-	SecondaryAcquires  uint64 // leases granted by the secondary (including drain)
-	Opened, Recovered  uint64 // breaker transitions to open, and back to closed
+	State             State
+	PrimaryAcquires   uint64 // leases granted by the primary
+	SecondaryAcquires uint64 // leases granted by the secondary (including drain)
+	// Opened counts outages begun (closed to open; a failed probe, half-open
+	// back to open, is not one), Recovered the returns to closed.
+	Opened, Recovered  uint64
 	LastOpenedAt       time.Time
 	LastOpenedBecause  string
 	DrainingUntil      time.Time
@@ -297,8 +299,8 @@ func (b *Backend) drain(ctx context.Context, r lock.Request, g lock.Grant) (lock
 	b.mu.Lock()
 	draining := time.Now().Before(b.drainUntil)
 	b.mu.Unlock()
-	b.primaryN.Add(1)
 	if !draining {
+		b.primaryN.Add(1)
 		b.track(r, true, false)
 		return g, nil
 	}
@@ -314,6 +316,7 @@ func (b *Backend) drain(ctx context.Context, r lock.Request, g lock.Grant) (lock
 		}
 		return lock.Grant{}, err
 	}
+	b.primaryN.Add(1) // a lease, on both
 	b.track(r, true, true)
 	return lock.Grant{Fence: max(g.Fence, g2.Fence)}, nil
 }

@@ -178,8 +178,12 @@ func TestDrainAfterRecovery(t *testing.T) {
 		}
 		return b.State() == fallback.Closed
 	})
+	before := b.Stats().PrimaryAcquires
 	if _, err := l.TryAcquire(ctx, "account:1", time.Second); !errors.Is(err, lock.ErrNotAcquired) {
 		t.Errorf("TryAcquire on Redis of a lock the database still holds = %v; want ErrNotAcquired", err)
+	}
+	if n := b.Stats().PrimaryAcquires; n != before {
+		t.Errorf("PrimaryAcquires %d after an acquire the drain refused; want %d (no lease granted)", n, before)
 	}
 	if err := held.Release(ctx); err != nil {
 		t.Errorf("Release on the database = %v", err)
