@@ -311,7 +311,10 @@ func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency
 // the record and the business change commit together. Call
 // idempotency.Call.MarkCompleted afterwards so that Middleware does not
 // store the answer again. It returns ErrLeaseLost if the lease no longer
-// holds the record: roll back then, another request owns the key.
+// holds the record (this request outlived its lease and a retry took the
+// key over): roll back then, call idempotency.Call.Forget and answer 409
+// with Retry-After, as for a key in progress. The request that owns the
+// key now makes its outcome; the client's retry gets that.
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error {
 	return s.complete(ctx, tx, id, lease, resp)
 }
