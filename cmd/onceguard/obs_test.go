@@ -180,7 +180,7 @@ func TestServeMetricsNoSecrets(t *testing.T) {
 		orderKey = "ZqOrderKey-77aa91d0-distinctive"
 		payKey   = "ZqPayKey-c3f1e2a8-distinctive"
 		ghostKey = "ZqGhostKey-0b9d4e6f-distinctive"
-		ghostID  = "ZqGhostOrder9f3e1a7c"
+		ghostID  = "zqghostorder9f3e1a7c"
 		route    = "zq-secret-route-31337"
 		trace    = "zqtrace-ff01ab23"
 	)
