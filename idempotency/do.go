@@ -35,6 +35,13 @@ type DoOptions struct {
 // another delivery took the key over: ErrLeaseLost; or the store is
 // unreachable), Do returns the result and that error: fn ran, and a
 // redelivery may run it again. Store errors match ErrUnavailable.
+//
+// fn's context carries the run as a *Call (FromContext), as a handler's
+// does under Middleware: fn may store its result in its own database
+// transaction (CompleteTx with the Call's ID and Lease, then
+// Call.MarkCompleted), so that its effect and its record commit together;
+// sqlstore.Store.DoTx does that. Call.Forget frees the key as a failure
+// would, though fn returned a result.
 func Do(ctx context.Context, store Store, scope Scope, key, fingerprint string, opts *DoOptions,
 	fn func(ctx context.Context) ([]byte, error)) (result []byte, replayed bool, err error) {
 	if key == "" {
@@ -68,17 +75,26 @@ func Do(ctx context.Context, store Store, scope Scope, key, fingerprint string, 
 	detached := context.WithoutCancel(ctx)
 	fctx, cancel := context.WithTimeoutCause(ctx, o.Lease-o.Lease/10, errLeaseEnding)
 	defer cancel()
+	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fingerprint, Recovered: res.Recovered, replayHeaders: &noHeaders}
+	call.ctx = callCtx{Context: fctx, call: call}
 	panicked := true
 	defer func() {
 		if panicked {
 			_ = store.Abandon(detached, id, res.Lease)
 		}
 	}()
-	result, err = fn(fctx)
+	result, err = fn(&call.ctx)
 	panicked = false
 	if err != nil {
 		_ = store.Abandon(detached, id, res.Lease)
 		return nil, false, err
+	}
+	if call.forgotten.Load() { // a transient result: sent, not kept
+		_ = store.Abandon(detached, id, res.Lease)
+		return result, false, nil
+	}
+	if call.completed.Load() {
+		return result, false, nil
 	}
 	if err := store.Complete(detached, id, res.Lease, Response{Status: 200, Body: result}, o.Now()); err != nil {
 		return result, false, fmt.Errorf("idempotency: do: storing the result: %w", err)
@@ -89,3 +105,6 @@ func Do(ctx context.Context, store Store, scope Scope, key, fingerprint string, 
 // errLeaseEnding is the cause of fn's context's end when Do's lease is
 // about to run out.
 var errLeaseEnding = errors.New("idempotency: do: the lease is running out")
+
+// noHeaders are a Do run's replay headers: a result has none.
+var noHeaders []string

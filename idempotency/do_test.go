@@ -112,3 +112,43 @@ func TestDoContextEndsInsideLease(t *testing.T) {
 		t.Errorf("redelivery = %q, %v, %v; want fn run again", res, replayed, err)
 	}
 }
+
+// fn's context carries the run (FromContext): Forget makes its result
+// transient (returned, not kept: the next delivery runs fn again), and a
+// result fn stored itself (MarkCompleted) is not stored again.
+func TestDoCall(t *testing.T) {
+	store := &memstore.Store{}
+	var runs int
+	forget := func(ctx context.Context) ([]byte, error) {
+		runs++
+		call, ok := idempotency.FromContext(ctx)
+		if !ok || call.ID != idempotency.RecordID(doScope, "msg-4") || call.Lease == "" {
+			t.Errorf("FromContext = %+v, %v; want the run's record and lease", call, ok)
+			return nil, nil
+		}
+		call.Forget()
+		return []byte("later"), nil
+	}
+	for range 2 {
+		if res, replayed, err := idempotency.Do(context.Background(), store, doScope, "msg-4", "v1", nil, forget); err != nil || replayed || string(res) != "later" {
+			t.Errorf("Do with Forget = %q, %v, %v; want the result, not replayed", res, replayed, err)
+		}
+	}
+	if runs != 2 {
+		t.Errorf("fn ran %d times; want 2 (a forgotten result is not kept)", runs)
+	}
+	self := func(ctx context.Context) ([]byte, error) {
+		call, _ := idempotency.FromContext(ctx)
+		if err := store.Complete(ctx, call.ID, call.Lease, idempotency.Response{Status: 200, Body: []byte("mine")}, time.Now()); err != nil {
+			return nil, err
+		}
+		call.MarkCompleted()
+		return []byte("returned"), nil
+	}
+	if _, _, err := idempotency.Do(context.Background(), store, doScope, "msg-5", "v1", nil, self); err != nil {
+		t.Fatalf("Do completing itself = %v", err)
+	}
+	if res, replayed, err := idempotency.Do(context.Background(), store, doScope, "msg-5", "v1", nil, self); err != nil || !replayed || string(res) != "mine" {
+		t.Errorf("redelivery = %q, %v, %v; want fn's own stored result, replayed", res, replayed, err)
+	}
+}

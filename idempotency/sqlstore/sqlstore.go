@@ -319,6 +319,44 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, re
 	return s.complete(ctx, tx, id, lease, resp)
 }
 
+// DoTx is idempotency.Do for a consumer whose effect lives in this
+// store's database: fn runs inside a transaction of the store's *sql.DB,
+// and the result is stored in the same transaction (CompleteTx), so that
+// the effect and its record commit together or not at all. A crash, or a
+// lease taken over meanwhile, can never leave the effect made without its
+// record, so a redelivery cannot make it twice, whatever fn's writes are.
+// fn's error, a panic, or a lost lease (ErrLeaseLost) rolls back and frees
+// the key; its other results are Do's. opts may be nil.
+func (s *Store) DoTx(ctx context.Context, scope idempotency.Scope, key, fingerprint string, opts *idempotency.DoOptions,
+	fn func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, err error) {
+	return idempotency.Do(ctx, s, scope, key, fingerprint, opts, func(ctx context.Context) ([]byte, error) {
+		call, _ := idempotency.FromContext(ctx)
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, fmt.Errorf("idempotency/sqlstore: do: %w", err)
+		}
+		committed := false
+		defer func() {
+			if !committed { // fn failed or panicked, or the record was not stored
+				_ = tx.Rollback()
+			}
+		}()
+		out, err := fn(ctx, tx)
+		if err != nil {
+			return nil, err
+		}
+		if err = s.CompleteTx(ctx, tx, call.ID, call.Lease, idempotency.Response{Status: 200, Body: out}); err != nil {
+			return nil, fmt.Errorf("idempotency/sqlstore: do: storing the result: %w", err)
+		}
+		committed = true // a failed Commit has rolled back
+		if err = tx.Commit(); err != nil {
+			return nil, fmt.Errorf("idempotency/sqlstore: do: %w", err)
+		}
+		call.MarkCompleted()
+		return out, nil
+	})
+}
+
 // CompleteStmt returns the statement CompleteTx runs, for a caller that
 // makes it part of a statement of its own (a PostgreSQL data-modifying
 // CTE, which commits with the rest of that statement in one round trip):
