@@ -161,7 +161,11 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 			t.Fatalf("Begin with a foreign token = %v; want ErrForeign", err)
 		}
 		claim := &idempotency.TokenClaim{Hash: token.Hash(is.Token), Subject: user, Purpose: "withdrawal", Scope: scope}
-		res := begin(t, s, id, "fp", now, claim) // the refusal created no record
+		// Unused at its expiry, it is refused (and, below, not burnt).
+		if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim, Now: is.ExpiresAt}); !errors.Is(err, token.ErrExpired) {
+			t.Errorf("Begin with the token at its expiry = %v; want ErrExpired", err)
+		}
+		res := begin(t, s, id, "fp", now, claim) // the refusals created no record
 		if res.Outcome != idempotency.Started {
 			t.Fatalf("Begin with the owner's token = %v; want Started", res.Outcome)
 		}
@@ -173,6 +177,15 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		}
 		if err := tk.Check(ctx, is.Token, user, "withdrawal", "another-scope"); err != nil {
 			t.Errorf("token after Abandon = %v; want usable again", err)
+		}
+		// Long past its expiry (a store may have dropped it by then).
+		late, err := tk.Issue(ctx, user, "withdrawal")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lateClaim := &idempotency.TokenClaim{Hash: token.Hash(late.Token), Subject: user, Purpose: "withdrawal", Scope: scope}
+		if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: uniq(t, late.Token), Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: lateClaim, Now: late.ExpiresAt.Add(time.Hour)}); !errors.Is(err, token.ErrInvalid) {
+			t.Errorf("Begin with a token an hour past its expiry = %v; want a refusal (ErrInvalid)", err)
 		}
 	})
 
