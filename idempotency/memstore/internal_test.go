@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/token"
 )
 
 // A completed answer's header comes back as http.Header.Clone would copy
@@ -130,6 +131,38 @@ func TestPruned(t *testing.T) {
 	_, _ = s.ClaimWindow(ctx, "x", "o", time.Minute, now.Add(2*time.Minute))
 	if r, _, w := s.Len(); r != 0 || w != 1 || s.expiry.n != 1 {
 		t.Errorf("after the TTL: %d records, %d windows, %d deadlines; want 0, 1, 1", r, w, s.expiry.n)
+	}
+}
+
+// A sweep drops an entry only if its own time has come: a token bound
+// (kept as long as its record) outlives its first deadline, and a window
+// entry claimed again after it expired outlives the old entry's deadline.
+func TestSweepKeepsExtended(t *testing.T) {
+	s, ctx, now := &Store{}, t.Context(), time.Now()
+	if err := s.PutToken(ctx, token.Record{Hash: "h", Subject: "u", Purpose: "p", ExpiresAt: now.Add(5 * time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	claim := &idempotency.TokenClaim{Hash: "h", Subject: "u", Purpose: "p", Scope: "s"}
+	if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: "r", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim, Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	// Windows: a claimed at now for 10s; b takes it over once it expired.
+	if left, _ := s.ClaimWindow(ctx, "w", "a", 10*time.Second, now); left != 0 {
+		t.Fatalf("first claim left %v", left)
+	}
+	if left, _ := s.ClaimWindow(ctx, "w", "b", 10*time.Second, now.Add(10500*time.Millisecond)); left != 0 {
+		t.Fatalf("claim after expiry left %v", left)
+	}
+	// Past the token's and a's deadlines (the sweep runs on this write).
+	later := now.Add(12 * time.Second)
+	if left, _ := s.ClaimWindow(ctx, "w", "c", 10*time.Second, later); left <= 0 {
+		t.Errorf("claim inside b's window = %v left; want > 0 (b's entry swept by a's deadline?)", left)
+	}
+	if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: "x", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now.Add(10 * time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.GetToken(ctx, "h"); err != nil || rec.Scope != "s" {
+		t.Errorf("bound token after its first deadline = %+v, %v; want kept, bound to s", rec, err)
 	}
 }
 
