@@ -2,6 +2,7 @@ package sqllock_test
 
 import (
 	"context"
+	"fmt"
 	"database/sql"
 	"errors"
 	"strings"
@@ -218,5 +219,47 @@ func TestXactServerTTL(t *testing.T) {
 	}
 	if err := lease.Release(ctx); !errors.Is(err, lock.ErrExpired) {
 		t.Errorf("Release after the server ended the session = %v; want ErrExpired", err)
+	}
+}
+
+// A lock row's fence only goes up, even when the clock is behind it (a
+// row whose fence was raised past the clock: another backend's fences
+// carried over, or a clock that stepped back): the next acquire's fence
+// is above the stored one, on every dialect.
+func TestFenceAboveStored(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			db := d.open(t)
+			table := fmt.Sprintf("locktest_fence_%d", time.Now().UnixNano()%1_000_000)
+			l, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: table})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = db.Exec("DROP TABLE " + table) })
+			ctx := context.Background()
+			first, err := l.TryAcquire(ctx, "k", time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = first.Release(ctx)
+			ahead := time.Now().Add(24*time.Hour).UnixMicro() + 1_000_000 // past every clock fence for a day
+			q := "UPDATE " + table + " SET fence = ? WHERE name = ?"
+			if d.dialect == sqllock.Postgres {
+				q = "UPDATE " + table + " SET fence = $1 WHERE name = $2"
+			}
+			if res, err := db.ExecContext(ctx, q, ahead, []byte("k")); err != nil {
+				t.Fatal(err)
+			} else if n, _ := res.RowsAffected(); n != 1 {
+				t.Fatalf("raised %d rows; want the lock's one", n)
+			}
+			next, err := l.TryAcquire(ctx, "k", time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer next.Release(ctx)
+			if next.Fence() <= ahead {
+				t.Errorf("fence %d after the row's %d; want above it", next.Fence(), ahead)
+			}
+		})
 	}
 }
