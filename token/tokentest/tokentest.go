@@ -38,6 +38,9 @@ func Run(t *testing.T, newStore func(t *testing.T) token.Store) {
 		if _, err := tk.Issue(ctx, "", "withdrawal"); err == nil {
 			t.Error("Issue with no subject = nil error; want an error")
 		}
+		if _, err := tk.Issue(ctx, subject(t), ""); err == nil {
+			t.Error("Issue with no purpose = nil error; want an error (a token for nothing would pass any purpose check that compares empty strings)")
+		}
 	})
 
 	t.Run("StoredHashed", func(t *testing.T) {
