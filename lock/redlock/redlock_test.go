@@ -104,6 +104,9 @@ func TestNodeLoss(t *testing.T) {
 		t.Errorf("TryAcquire with 1 of 3 nodes = %v; want ErrUnavailable", err)
 	}
 	t.Logf("with 1 of 3 nodes: %v", err)
+	if err := held.Refresh(ctx, 30*time.Second); !errors.Is(err, lock.ErrUnavailable) {
+		t.Errorf("Refresh with 1 of 3 nodes = %v; want ErrUnavailable (one node is no quorum)", err)
+	}
 	if err := held.Release(ctx); !errors.Is(err, lock.ErrUnavailable) {
 		t.Errorf("Release with 1 of 3 nodes = %v; want ErrUnavailable", err)
 	}
