@@ -17,7 +17,13 @@ func FuzzCanonMatchesReference(f *testing.F) {
 		`[[[[[[[[[[[[`, `{"a":"\u00e9"}`, `{"a":1} {}`, `{"z":{"y":{"x":[{"b":1,"a":2}],"w":"\n\"\\"}},"a":[]}`,
 		`{"a\u0000":1,"a":2}`, `{"\ud83d\ude00":true,"b":false}`, `{"a":"\ud800"}`, `{"a":"\q"}`, `{"a" : 1 , "b" : { "d":1, "c":2 } }`,
 		`{"k0":0,"k9":9,"k8":8,"k7":7,"k6":6,"k5":5,"k4":4,"k3":3,"k2":2,"k1":1}`, `{"a":1,"a":{"b":2}}`, `{"a":{"b":1,"b":2}}`,
-		`[1,{"b":[{"d":4,"c":3}],"a":0},-0.5e+3]`, `{"a":tru}`, `{"a":1,}`, `{"a"}`, `[1,]`, "\"\x01\"", `"` + "\xff" + `"`} {
+		`[1,{"b":[{"d":4,"c":3}],"a":0},-0.5e+3]`, `{"a":tru}`, `{"a":1,}`, `{"a"}`, `[1,]`, "\"\x01\"", `"` + "\xff" + `"`,
+		// Edges (mutation audit 2): a broken surrogate pair, the last
+		// control character, uppercase hex, a form feed (not JSON space),
+		// and nesting just inside and just past the limit.
+		`{"a":"\ud800\u0041"}`, `{"a":"\u001f"}`, `{"a":"\u00EF\u00eF"}`, "\f{}", "{}\f",
+		strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth), strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1),
+		strings.Repeat("[", maxDepth+2) + strings.Repeat("]", maxDepth+2)} {
 		f.Add([]byte(s))
 	}
 	// The checked-in corpus of FuzzFingerprint too.
