@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/sqldb"
 )
 
 // DoTx commits fn's effect and its record together: a delivery whose fn
@@ -91,6 +92,47 @@ func TestDoTx(t *testing.T) {
 			}
 			if n := effects(); n != 1 {
 				t.Errorf("effects = %d; want 1", n)
+			}
+		})
+	}
+}
+
+// CompleteStmt's statement changes no row once the lease is lost (a
+// take-over), so a caller that makes it part of its own statement (the
+// service's settlement CTE) commits nothing of it then.
+func TestCompleteStmtLostLease(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			db := d.open(t)
+			s, err := sqlstore.New(db, d.dialect, &sqlstore.Options{Prefix: "storetest_"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, now := context.Background(), time.Now()
+			id := idempotency.RecordID(idempotency.Scope{Principal: t.Name()}, now.String())
+			first, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			second, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now.Add(2 * time.Minute)})
+			if err != nil || !second.Recovered {
+				t.Fatalf("take-over = %+v, %v", second, err)
+			}
+			for lease, want := range map[string]int64{first.Lease: 0, second.Lease: 1} {
+				q, args, err := s.CompleteStmt(ctx, id, lease, idempotency.Response{Status: 201, Body: []byte("x")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.dialect == sqlstore.Postgres {
+					q = sqldb.Rebind(q)
+				}
+				res, err := db.ExecContext(ctx, q, args...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n, _ := res.RowsAffected(); n != want {
+					t.Errorf("CompleteStmt with the %s lease changed %d rows; want %d", map[bool]string{true: "lost", false: "current"}[want == 0], n, want)
+				}
 			}
 		})
 	}

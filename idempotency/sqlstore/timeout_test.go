@@ -51,8 +51,20 @@ func TestTimeoutBoundsStalledDatabase(t *testing.T) {
 	if took := time.Since(start); err == nil || took > 10*time.Second {
 		t.Fatalf("Complete with the database black-holed = %v after %v; want an error within the 300ms timeout", err, took)
 	}
-	start = time.Now()
-	if _, err := s.ClaimWindow(ctx, "w", "o", time.Second, now); err == nil || time.Since(start) > 10*time.Second {
-		t.Errorf("ClaimWindow with the database black-holed = %v after %v; want an error within the timeout", err, time.Since(start))
+	// Every other call made without a deadline is bounded too.
+	for name, call := range map[string]func() error{
+		"ClaimWindow": func() error { _, err := s.ClaimWindow(ctx, "w", "o", time.Second, now); return err },
+		"Begin": func() error {
+			_, err := s.Begin(ctx, idempotency.BeginRequest{ID: "stall-2", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+			return err
+		},
+		"Abandon":    func() error { return s.Abandon(ctx, "stall-"+now.Format(time.RFC3339Nano), res.Lease) },
+		"FreeWindow": func() error { return s.FreeWindow(ctx, "w", "o") },
+		"GetToken":   func() error { _, err := s.GetToken(ctx, "h"); return err },
+	} {
+		start = time.Now()
+		if err := call(); err == nil || time.Since(start) > 10*time.Second {
+			t.Errorf("%s with the database black-holed = %v after %v; want an error within the timeout", name, err, time.Since(start))
+		}
 	}
 }
