@@ -87,9 +87,9 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		if res2.Outcome != idempotency.Started {
 			t.Fatalf("Begin after Abandon = %v; want Started", res2.Outcome)
 		}
-		// The lease runs out: the next Begin takes over; the old holder
-		// can no longer complete.
-		later := now.Add(31 * time.Second)
+		// The lease runs out (at its end exactly, on every store): the next
+		// Begin takes over; the old holder can no longer complete.
+		later := now.Add(30 * time.Second)
 		res3 := begin(t, s, id, "other", later, nil)
 		if res3.Outcome != idempotency.Started || !res3.Recovered || res3.Lease == res2.Lease {
 			t.Fatalf("Begin after the lease = %+v; want Started, Recovered, a new lease", res3)
@@ -109,8 +109,8 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		if err := s.Complete(ctx, id, res3.Lease, idempotency.Response{Status: 201}, later); err != nil {
 			t.Fatalf("Complete by the new holder = %v", err)
 		}
-		// Past its TTL the record is gone: the key starts afresh.
-		if got := begin(t, s, id, "third", now.Add(2*time.Hour), nil); got.Outcome != idempotency.Started || got.Recovered {
+		// At its TTL the record is gone: the key starts afresh.
+		if got := begin(t, s, id, "third", now.Add(time.Hour), nil); got.Outcome != idempotency.Started || got.Recovered {
 			t.Errorf("Begin after the TTL = %+v; want a fresh Started", got)
 		}
 	})
