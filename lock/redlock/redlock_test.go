@@ -145,3 +145,36 @@ func TestFenceAcrossQuorums(t *testing.T) {
 		}
 	}
 }
+
+// A quorum's fence is the highest of its nodes', and the winner raises
+// the nodes it holds to it, so a later quorum without the node that was
+// ahead still continues above it.
+func TestFenceCarriedPastLostNode(t *testing.T) {
+	srvs, clients := nodes(t, 3)
+	l, err := redlock.New(clients, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ahead := time.Now().Add(time.Hour).UnixMicro()
+	if _, err := srvs[0].Do("SET", "onceguard:lock:{g}:fence", fmt.Sprint(ahead)); err != nil {
+		t.Fatal(err)
+	}
+	first, err := l.TryAcquire(ctx, "g", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Fence() <= ahead {
+		t.Errorf("fence %d with a node at %d; want above it (the quorum's highest)", first.Fence(), ahead)
+	}
+	_ = first.Release(ctx)
+	srvs[0].Kill(t) // the node that was ahead leaves
+	next, err := l.TryAcquire(ctx, "g", time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire with 2 of 3 nodes = %v", err)
+	}
+	if next.Fence() <= first.Fence() {
+		t.Errorf("fence %d from the other two nodes; want above %d (they were raised to it)", next.Fence(), first.Fence())
+	}
+	_ = next.Release(ctx)
+}
