@@ -48,6 +48,20 @@ func TestHTTP(t *testing.T) {
 	if n, _ := sim.Moved(psp.Payout); n != 1 {
 		t.Errorf("payouts = %d; want 1", n)
 	}
+	// A key with the characters a URL path or query treats specially is
+	// looked up as it is, not as another path.
+	odd := "wd/1?x=1#y %2F"
+	if _, err := c.Do(ctx, psp.Payout, odd, 7); err != nil {
+		t.Fatalf("Do(%q) = %v", odd, err)
+	}
+	if op, err := c.Lookup(ctx, odd); err != nil || op.Key != odd {
+		t.Errorf("Lookup(%q) = %+v, %v; want its payout", odd, op, err)
+	}
+	if resp, err := http.Post(srv.URL+"/v1/faults", "application/json", bytes.NewReader([]byte(`{"faults":["meteor"]}`))); err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("inject an unknown fault = %v, %v; want 400", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	for _, body := range []string{`{`, `{"kind":"payout","amount":"1e3"}`, `{"kind":"payout","amount":"-1"}`} {
 		r, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/operations", bytes.NewReader([]byte(body)))
 		r.Header.Set("Idempotency-Key", "x")

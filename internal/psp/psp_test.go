@@ -3,6 +3,7 @@ package psp_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 
@@ -96,7 +97,7 @@ func TestInvalid(t *testing.T) {
 		kind   psp.Kind
 		key    string
 		amount int64
-	}{{psp.Payout, "", 1}, {psp.Payout, "k", 0}, {psp.Payout, "k", -1}, {"refund", "k", 1}} {
+	}{{psp.Payout, "", 1}, {psp.Payout, "k", 0}, {psp.Payout, "k", -1}, {"refund", "k", 1}, {psp.Payout, strings.Repeat("k", 256), 1}} {
 		if _, err := s.Do(context.Background(), tc.kind, tc.key, money.Amount(tc.amount)); !errors.Is(err, psp.ErrInvalid) {
 			t.Errorf("Do(%v, %q, %d) = %v; want ErrInvalid", tc.kind, tc.key, tc.amount, err)
 		}
