@@ -178,3 +178,27 @@ func TestFenceCarriedPastLostNode(t *testing.T) {
 	}
 	_ = next.Release(ctx)
 }
+
+// A quorum that took longer to gather than the lock's TTL holds nothing
+// any more (Redlock's validity rule): the acquire fails and is given back,
+// rather than a lease whose lock may already have expired everywhere.
+func TestQuorumTooSlow(t *testing.T) {
+	var clients []redis.UniversalClient
+	for range 3 {
+		p := redistest.StartBehindProxy(t)
+		c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, DialTimeout: time.Second})
+		t.Cleanup(func() { _ = c.Close() })
+		if err := c.Ping(t.Context()).Err(); err != nil { // connect before the latency
+			t.Fatal(err)
+		}
+		p.SetLatency(60 * time.Millisecond) // each way: a round trip takes 120ms
+		clients = append(clients, c)
+	}
+	l, err := redlock.New(clients, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease, err := l.TryAcquire(t.Context(), "slow", 50*time.Millisecond); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Errorf("TryAcquire with a 50ms TTL over 120ms round trips = %v, %v; want ErrNotAcquired", lease, err)
+	}
+}
