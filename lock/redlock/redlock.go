@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -111,9 +112,33 @@ func (b *Backend) each(ctx context.Context, f func(ctx context.Context, i int, n
 	return errs
 }
 
-// Acquire implements lock.Backend.
+// Acquire implements lock.Backend. A split vote, where contenders each won
+// some nodes and none a majority (so nobody holds the lock), is tried
+// again after a short random pause, up to splitTries times in all:
+// otherwise, with a node down, two contenders can each win one of the
+// two left and both be told the lock is held, with nobody holding it.
 func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
 	r.Wait, r.WaitTTL = false, 0 // see the package doc: no per-node queues
+	for try := 1; ; try++ {
+		g, err, split := b.acquire(ctx, r)
+		if !split || try == splitTries || ctx.Err() != nil {
+			return g, err
+		}
+		t := time.NewTimer(time.Duration(1+mrand.IntN(4*try)) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return g, err
+		case <-t.C:
+		}
+	}
+}
+
+// splitTries bounds Acquire's attempts on split votes.
+const splitTries = 4
+
+// acquire makes one attempt; split reports a vote that nobody won.
+func (b *Backend) acquire(ctx context.Context, r lock.Request) (_ lock.Grant, _ error, split bool) {
 	start := time.Now()
 	fences := make([]int64, len(b.nodes))
 	errs := b.each(ctx, func(ctx context.Context, i int, n *redislock.Backend) error {
@@ -134,7 +159,7 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 			return n.RaiseFence(ctx, r.Key, floor)
 		})
 		if ok, _, _ := tally(raised); ok >= b.quorum {
-			return lock.Grant{Fence: floor}, nil
+			return lock.Grant{Fence: floor}, nil, false
 		}
 		down = len(b.nodes) - b.quorum + 1
 	}
@@ -145,12 +170,13 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 	})
 	if down > len(b.nodes)-b.quorum {
 		return lock.Grant{}, fmt.Errorf("redlock: acquire %q: %d of %d nodes unreachable, need %d: %w: %w",
-			r.Key, down, len(b.nodes), b.quorum, lock.ErrUnavailable, firstUnavailable(errs))
+			r.Key, down, len(b.nodes), b.quorum, lock.ErrUnavailable, firstUnavailable(errs)), false
 	}
 	if held == 0 && won < b.quorum {
-		return lock.Grant{}, errors.Join(fmt.Errorf("redlock: acquire %q: %w", r.Key, lock.ErrNotAcquired), firstOther(errs))
+		return lock.Grant{}, errors.Join(fmt.Errorf("redlock: acquire %q: %w", r.Key, lock.ErrNotAcquired), firstOther(errs)), false
 	}
-	return lock.Grant{}, fmt.Errorf("redlock: acquire %q: granted by %d of %d nodes, need %d: %w", r.Key, won, len(b.nodes), b.quorum, lock.ErrNotAcquired)
+	split = won > 0 && held < b.quorum && valid > 0
+	return lock.Grant{}, fmt.Errorf("redlock: acquire %q: granted by %d of %d nodes, need %d: %w", r.Key, won, len(b.nodes), b.quorum, lock.ErrNotAcquired), split
 }
 
 // Release implements lock.Backend: it releases on every node and succeeds

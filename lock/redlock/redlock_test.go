@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,5 +202,52 @@ func TestQuorumTooSlow(t *testing.T) {
 	}
 	if lease, err := l.TryAcquire(t.Context(), "slow", 50*time.Millisecond); !errors.Is(err, lock.ErrNotAcquired) {
 		t.Errorf("TryAcquire with a 50ms TTL over 120ms round trips = %v, %v; want ErrNotAcquired", lease, err)
+	}
+}
+
+// With a node down, contenders that each win one of the two nodes left
+// (a split vote: nobody holds the lock) try again, so that one of them
+// gets it instead of all being told it is held.
+func TestSplitVoteRetried(t *testing.T) {
+	srvs, clients := nodes(t, 3)
+	l, err := redlock.New(clients, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvs[0].Kill(t)
+	ctx := t.Context()
+	const rounds, contenders = 100, 3
+	nobody := 0
+	for i := range rounds {
+		key := fmt.Sprint("split-", i)
+		var (
+			wg    sync.WaitGroup
+			start = make(chan struct{})
+			won   atomic.Int32
+		)
+		for range contenders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				if lease, err := l.TryAcquire(ctx, key, 5*time.Second); err == nil {
+					won.Add(1)
+					defer lease.Release(ctx)
+					time.Sleep(20 * time.Millisecond) // hold it while the others try
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		switch n := won.Load(); {
+		case n > 1:
+			t.Fatalf("round %d: %d contenders held the lock at once", i, n)
+		case n == 0:
+			nobody++
+		}
+	}
+	t.Logf("%d of %d rounds with nobody holding the lock", nobody, rounds)
+	if nobody > 2 {
+		t.Errorf("%d of %d rounds ended with no contender holding the lock; want (almost) none: a split vote is tried again", nobody, rounds)
 	}
 }
