@@ -178,9 +178,12 @@ func (c *coordination) close() {
 // windowFallback keeps the repeat-submit window in Redis and in the
 // database while Redis does not answer, following the lock breaker: while
 // it is open the database serves without trying Redis. An entry claimed on
-// one side is not seen on the other, so across a switch a repeat may get
-// through this check; it is a courtesy (429 instead of a second, refused
-// or replayed request), never what keeps money moving once.
+// one side is not seen on the other, so across a switch, or while some
+// instances reach Redis and others do not, a repeat under a new key may
+// get through this check and make a second movement (seen in the
+// degraded-mode audit: one from each side). Keys, tokens and the business
+// tables' constraints keep each request to one movement either way; the
+// window's own guarantee holds only while every instance is on one side.
 type windowFallback struct {
 	primary   idempotency.WindowStore
 	secondary idempotency.WindowStore // the database's
