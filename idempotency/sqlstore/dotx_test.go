@@ -20,11 +20,7 @@ import (
 func TestDoTx(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
-			db := d.open(t)
-			s, err := sqlstore.New(db, d.dialect, &sqlstore.Options{Prefix: "storetest_"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, db := d.store(t)
 			ctx := context.Background()
 			table := fmt.Sprintf("dotx_%d", time.Now().UnixNano())
 			if _, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (msg VARCHAR(64))`); err != nil {
@@ -103,11 +99,7 @@ func TestDoTx(t *testing.T) {
 func TestCompleteStmtLostLease(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
-			db := d.open(t)
-			s, err := sqlstore.New(db, d.dialect, &sqlstore.Options{Prefix: "storetest_"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, db := d.store(t)
 			ctx, now := context.Background(), time.Now()
 			id := idempotency.RecordID(idempotency.Scope{Principal: t.Name()}, now.String())
 			first, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})

@@ -22,6 +22,17 @@ type database struct {
 
 func openSQLite(t *testing.T) *sql.DB { return dbtest.SQLite(t) }
 
+// store opens d and a Store on it (tables prefixed storetest_).
+func (d database) store(t *testing.T) (*sqlstore.Store, *sql.DB) {
+	t.Helper()
+	db := d.open(t)
+	s, err := sqlstore.New(db, d.dialect, &sqlstore.Options{Prefix: "storetest_"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, db
+}
+
 var databases = []database{
 	{"postgres", sqlstore.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
 	{"mysql", sqlstore.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
@@ -46,11 +57,7 @@ func TestStore(t *testing.T) {
 func TestCompleteTx(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
-			db := d.open(t)
-			s, err := sqlstore.New(db, d.dialect, &sqlstore.Options{Prefix: "storetest_"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, db := d.store(t)
 			ctx, now := context.Background(), time.Now()
 			id := idempotency.RecordID(idempotency.Scope{Principal: t.Name()}, now.String())
 			res, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
