@@ -314,8 +314,12 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		if left, _ := s.ClaimWindow(ctx, id, "c", 10*time.Second, now.Add(5*time.Second)); left != 0 {
 			t.Errorf("ClaimWindow after FreeWindow = %v; want 0", left)
 		}
-		if left, _ := s.ClaimWindow(ctx, id, "d", 10*time.Second, now.Add(16*time.Second)); left != 0 {
-			t.Errorf("ClaimWindow after the window = %v; want 0", left)
+		// c's entry ends at now+15s exactly, on every store.
+		if left, _ := s.ClaimWindow(ctx, id, "x", 10*time.Second, now.Add(15*time.Second-time.Millisecond)); left <= 0 {
+			t.Errorf("ClaimWindow 1ms before the window ends = %v; want > 0", left)
+		}
+		if left, _ := s.ClaimWindow(ctx, id, "d", 10*time.Second, now.Add(15*time.Second)); left != 0 {
+			t.Errorf("ClaimWindow at the window's end = %v; want 0", left)
 		}
 		// Of many at once, one wins.
 		id2 := uniq(t, "w2")
