@@ -64,6 +64,17 @@ func counter(t *testing.T, db *sql.DB, d database) func(query string, args ...an
 	}
 }
 
+// onEachDatabase runs f in a subtest per database, on a fresh schema
+// with user u1 (withUserDB); count counts rows (counter).
+func onEachDatabase(t *testing.T, f func(t *testing.T, s *sqlstore.Store, db *sql.DB, count func(query string, args ...any) int, now int64)) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			s, db, now := withUserDB(t, d)
+			f(t, s, db, counter(t, db, d), now)
+		})
+	}
+}
+
 // wantBalance checks u1's balance and that the ledger sums to it.
 func wantBalance(t *testing.T, s *sqlstore.Store, want money.Amount) {
 	t.Helper()
@@ -85,135 +96,123 @@ func order(t *testing.T, s *sqlstore.Store, id string, amount money.Amount, now 
 // lock (fence 0): one goes through, the 19 others are ErrAlreadyPaid; one
 // payment row, one debit of the order's amount, one ledger entry.
 func TestPayOrderRace(t *testing.T) {
-	for _, d := range databases {
-		t.Run(d.name, func(t *testing.T) {
-			s, db, now := withUserDB(t, d)
-			ctx := context.Background()
-			count := counter(t, db, d)
-			fund(t, s, "d1", 10000, now)
-			order(t, s, "o1", 2500, now)
+	onEachDatabase(t, func(t *testing.T, s *sqlstore.Store, db *sql.DB, count func(string, ...any) int, now int64) {
+		ctx := context.Background()
+		fund(t, s, "d1", 10000, now)
+		order(t, s, "o1", 2500, now)
 
-			var mu sync.Mutex
-			var won []string
-			errs := map[string]int{}
-			race(racers, func(i int) {
-				p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("p%d", i), OrderID: "o1", UserID: "u1", Key: fmt.Sprintf("k%d", i), CreatedAt: now}, 0)
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case err == nil && created:
-					won = append(won, p.ID)
-				case errors.Is(err, sqlstore.ErrAlreadyPaid):
-					errs["ErrAlreadyPaid"]++
-				default:
-					errs[fmt.Sprintf("created=%v err=%v", created, err)]++
-				}
-			})
-			if len(won) != 1 || errs["ErrAlreadyPaid"] != racers-1 {
-				t.Errorf("PayOrder x%d: succeeded %v, other outcomes %v; want one success and %d ErrAlreadyPaid", racers, won, errs, racers-1)
+		var mu sync.Mutex
+		var won []string
+		errs := map[string]int{}
+		race(racers, func(i int) {
+			p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("p%d", i), OrderID: "o1", UserID: "u1", Key: fmt.Sprintf("k%d", i), CreatedAt: now}, 0)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil && created:
+				won = append(won, p.ID)
+			case errors.Is(err, sqlstore.ErrAlreadyPaid):
+				errs["ErrAlreadyPaid"]++
+			default:
+				errs[fmt.Sprintf("created=%v err=%v", created, err)]++
 			}
-			if n := count(`SELECT COUNT(*) FROM payments WHERE order_id = ?`, "o1"); n != 1 {
-				t.Errorf("payment rows = %d; want 1", n)
-			}
-			if n := count(`SELECT COUNT(*) FROM ledger WHERE user_id = ? AND kind = 'payment'`, "u1"); n != 1 {
-				t.Errorf("payment ledger entries = %d; want 1", n)
-			}
-			if len(won) == 1 {
-				if n := count(`SELECT COUNT(*) FROM payments WHERE id = ? AND paid_order_id = ? AND amount = 2500 AND status = 'succeeded'`, won[0], "o1"); n != 1 {
-					t.Errorf("the winner's payment %s is not the succeeded one of o1 for 25.00", won[0])
-				}
-			}
-			if o, err := s.OrderByID(ctx, "u1", "o1"); err != nil || o.Status != "paid" {
-				t.Errorf("order = %+v, %v; want paid", o, err)
-			}
-			wantBalance(t, s, 7500)
 		})
-	}
+		if len(won) != 1 || errs["ErrAlreadyPaid"] != racers-1 {
+			t.Errorf("PayOrder x%d: succeeded %v, other outcomes %v; want one success and %d ErrAlreadyPaid", racers, won, errs, racers-1)
+		}
+		if n := count(`SELECT COUNT(*) FROM payments WHERE order_id = ?`, "o1"); n != 1 {
+			t.Errorf("payment rows = %d; want 1", n)
+		}
+		if n := count(`SELECT COUNT(*) FROM ledger WHERE user_id = ? AND kind = 'payment'`, "u1"); n != 1 {
+			t.Errorf("payment ledger entries = %d; want 1", n)
+		}
+		if len(won) == 1 {
+			if n := count(`SELECT COUNT(*) FROM payments WHERE id = ? AND paid_order_id = ? AND amount = 2500 AND status = 'succeeded'`, won[0], "o1"); n != 1 {
+				t.Errorf("the winner's payment %s is not the succeeded one of o1 for 25.00", won[0])
+			}
+		}
+		if o, err := s.OrderByID(ctx, "u1", "o1"); err != nil || o.Status != "paid" {
+			t.Errorf("order = %+v, %v; want paid", o, err)
+		}
+		wantBalance(t, s, 7500)
+	})
 }
 
 // The same key for the same order returns the first payment (its id,
 // created false) and debits nothing more: one after the other, then 20 at
 // once under a new order's key.
 func TestPayOrderSameKey(t *testing.T) {
-	for _, d := range databases {
-		t.Run(d.name, func(t *testing.T) {
-			s, db, now := withUserDB(t, d)
-			ctx := context.Background()
-			count := counter(t, db, d)
-			fund(t, s, "d1", 10000, now)
-			order(t, s, "o1", 2500, now)
-			first, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0)
-			if err != nil || !created || first.ID != "p1" {
-				t.Fatalf("PayOrder = %+v, %v, %v; want p1 created", first, created, err)
-			}
-			again, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0)
-			if err != nil || created || again.ID != "p1" || again.Amount != 2500 || again.Status != "succeeded" {
-				t.Errorf("PayOrder(same key) = %+v, %v, %v; want p1 back, not created", again, created, err)
-			}
-			wantBalance(t, s, 7500)
+	onEachDatabase(t, func(t *testing.T, s *sqlstore.Store, db *sql.DB, count func(string, ...any) int, now int64) {
+		ctx := context.Background()
+		fund(t, s, "d1", 10000, now)
+		order(t, s, "o1", 2500, now)
+		first, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0)
+		if err != nil || !created || first.ID != "p1" {
+			t.Fatalf("PayOrder = %+v, %v, %v; want p1 created", first, created, err)
+		}
+		again, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0)
+		if err != nil || created || again.ID != "p1" || again.Amount != 2500 || again.Status != "succeeded" {
+			t.Errorf("PayOrder(same key) = %+v, %v, %v; want p1 back, not created", again, created, err)
+		}
+		wantBalance(t, s, 7500)
 
-			order(t, s, "o2", 1000, now)
-			var mu sync.Mutex
-			ids := map[string]int{}
-			var news int
-			var bad []string
-			race(racers, func(i int) {
-				p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("q%d", i), OrderID: "o2", UserID: "u1", Key: "k2", CreatedAt: now}, 0)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					bad = append(bad, err.Error())
-					return
-				}
-				ids[p.ID]++
-				if created {
-					news++
-				}
-			})
-			if len(bad) != 0 || news != 1 || len(ids) != 1 {
-				t.Errorf("PayOrder(one key) x%d: %d created, ids %v, errors %q; want one created, one id, no error", racers, news, ids, bad)
+		order(t, s, "o2", 1000, now)
+		var mu sync.Mutex
+		ids := map[string]int{}
+		var news int
+		var bad []string
+		race(racers, func(i int) {
+			p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("q%d", i), OrderID: "o2", UserID: "u1", Key: "k2", CreatedAt: now}, 0)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				bad = append(bad, err.Error())
+				return
 			}
-			if n := count(`SELECT COUNT(*) FROM payments WHERE user_id = ?`, "u1"); n != 2 {
-				t.Errorf("payment rows = %d; want 2", n)
+			ids[p.ID]++
+			if created {
+				news++
 			}
-			wantBalance(t, s, 6500)
 		})
-	}
+		if len(bad) != 0 || news != 1 || len(ids) != 1 {
+			t.Errorf("PayOrder(one key) x%d: %d created, ids %v, errors %q; want one created, one id, no error", racers, news, ids, bad)
+		}
+		if n := count(`SELECT COUNT(*) FROM payments WHERE user_id = ?`, "u1"); n != 2 {
+			t.Errorf("payment rows = %d; want 2", n)
+		}
+		wantBalance(t, s, 6500)
+	})
 }
 
 // A payment the balance does not cover is ErrInsufficientFunds and writes
 // nothing: no payment, no debit, no ledger entry, the order still open;
 // the same key succeeds once the money is there.
 func TestPayOrderInsufficientFunds(t *testing.T) {
-	for _, d := range databases {
-		t.Run(d.name, func(t *testing.T) {
-			s, db, now := withUserDB(t, d)
-			ctx := context.Background()
-			count := counter(t, db, d)
-			fund(t, s, "d1", 2499, now)
-			order(t, s, "o1", 2500, now)
-			ledger := count(`SELECT COUNT(*) FROM ledger`)
-			if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0); !errors.Is(err, sqlstore.ErrInsufficientFunds) || created {
-				t.Errorf("PayOrder(short) = %+v, %v, %v; want ErrInsufficientFunds", p, created, err)
-			}
-			if n := count(`SELECT COUNT(*) FROM payments`); n != 0 {
-				t.Errorf("payment rows = %d; want none", n)
-			}
-			if n := count(`SELECT COUNT(*) FROM ledger`); n != ledger {
-				t.Errorf("ledger entries = %d; want %d", n, ledger)
-			}
-			if o, err := s.OrderByID(ctx, "u1", "o1"); err != nil || o.Status != "created" {
-				t.Errorf("order = %+v, %v; want created", o, err)
-			}
-			wantBalance(t, s, 2499)
+	onEachDatabase(t, func(t *testing.T, s *sqlstore.Store, db *sql.DB, count func(string, ...any) int, now int64) {
+		ctx := context.Background()
+		fund(t, s, "d1", 2499, now)
+		order(t, s, "o1", 2500, now)
+		ledger := count(`SELECT COUNT(*) FROM ledger`)
+		if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0); !errors.Is(err, sqlstore.ErrInsufficientFunds) || created {
+			t.Errorf("PayOrder(short) = %+v, %v, %v; want ErrInsufficientFunds", p, created, err)
+		}
+		if n := count(`SELECT COUNT(*) FROM payments`); n != 0 {
+			t.Errorf("payment rows = %d; want none", n)
+		}
+		if n := count(`SELECT COUNT(*) FROM ledger`); n != ledger {
+			t.Errorf("ledger entries = %d; want %d", n, ledger)
+		}
+		if o, err := s.OrderByID(ctx, "u1", "o1"); err != nil || o.Status != "created" {
+			t.Errorf("order = %+v, %v; want created", o, err)
+		}
+		wantBalance(t, s, 2499)
 
-			fund(t, s, "d2", 1, now)
-			if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0); err != nil || !created || p.ID != "p2" {
-				t.Errorf("PayOrder(funded, same key) = %+v, %v, %v; want p2 created", p, created, err)
-			}
-			wantBalance(t, s, 0)
-		})
-	}
+		fund(t, s, "d2", 1, now)
+		if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0); err != nil || !created || p.ID != "p2" {
+			t.Errorf("PayOrder(funded, same key) = %+v, %v, %v; want p2 created", p, created, err)
+		}
+		wantBalance(t, s, 0)
+	})
 }
 
 // A payment with a fence older than the one the order recorded (a newer
@@ -221,38 +220,34 @@ func TestPayOrderInsufficientFunds(t *testing.T) {
 // nothing; the current holder's fence then pays. Only a payment records a
 // fence on an order, so the newer holder's fence is set here directly.
 func TestPayOrderStaleFence(t *testing.T) {
-	for _, d := range databases {
-		t.Run(d.name, func(t *testing.T) {
-			s, db, now := withUserDB(t, d)
-			ctx := context.Background()
-			count := counter(t, db, d)
-			fund(t, s, "d1", 10000, now)
-			order(t, s, "o1", 2500, now)
-			ledger := count(`SELECT COUNT(*) FROM ledger`)
-			q := `UPDATE orders SET fence = 7 WHERE id = 'o1'`
-			if _, err := db.ExecContext(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-			if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k1", CreatedAt: now}, 6); !errors.Is(err, sqlstore.ErrStaleFence) || created {
-				t.Errorf("PayOrder(fence 6 < 7) = %+v, %v, %v; want ErrStaleFence", p, created, err)
-			}
-			if n := count(`SELECT COUNT(*) FROM payments`); n != 0 {
-				t.Errorf("payment rows = %d; want none", n)
-			}
-			if n := count(`SELECT COUNT(*) FROM ledger`); n != ledger {
-				t.Errorf("ledger entries = %d; want %d", n, ledger)
-			}
-			if n := count(`SELECT COUNT(*) FROM orders WHERE id = 'o1' AND status = 'created' AND fence = 7`); n != 1 {
-				t.Errorf("the order changed: want created, fence 7")
-			}
-			wantBalance(t, s, 10000)
+	onEachDatabase(t, func(t *testing.T, s *sqlstore.Store, db *sql.DB, count func(string, ...any) int, now int64) {
+		ctx := context.Background()
+		fund(t, s, "d1", 10000, now)
+		order(t, s, "o1", 2500, now)
+		ledger := count(`SELECT COUNT(*) FROM ledger`)
+		q := `UPDATE orders SET fence = 7 WHERE id = 'o1'`
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k1", CreatedAt: now}, 6); !errors.Is(err, sqlstore.ErrStaleFence) || created {
+			t.Errorf("PayOrder(fence 6 < 7) = %+v, %v, %v; want ErrStaleFence", p, created, err)
+		}
+		if n := count(`SELECT COUNT(*) FROM payments`); n != 0 {
+			t.Errorf("payment rows = %d; want none", n)
+		}
+		if n := count(`SELECT COUNT(*) FROM ledger`); n != ledger {
+			t.Errorf("ledger entries = %d; want %d", n, ledger)
+		}
+		if n := count(`SELECT COUNT(*) FROM orders WHERE id = 'o1' AND status = 'created' AND fence = 7`); n != 1 {
+			t.Errorf("the order changed: want created, fence 7")
+		}
+		wantBalance(t, s, 10000)
 
-			if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k2", CreatedAt: now}, 7); err != nil || !created {
-				t.Errorf("PayOrder(current fence 7) = %+v, %v, %v; want created", p, created, err)
-			}
-			wantBalance(t, s, 7500)
-		})
-	}
+		if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k2", CreatedAt: now}, 7); err != nil || !created {
+			t.Errorf("PayOrder(current fence 7) = %+v, %v, %v; want created", p, created, err)
+		}
+		wantBalance(t, s, 7500)
+	})
 }
 
 // 20 withdrawals at once under one (user, key), each with its own id:
@@ -305,61 +300,57 @@ func TestWithdrawSameKeyRace(t *testing.T) {
 // return its id with no error; one row, and no money before settlement.
 // Then 20 settlements of it at once: one moves it, one credit.
 func TestCreateDepositSameKeyRace(t *testing.T) {
-	for _, d := range databases {
-		t.Run(d.name, func(t *testing.T) {
-			s, db, now := withUserDB(t, d)
-			ctx := context.Background()
-			count := counter(t, db, d)
-			var mu sync.Mutex
-			ids := map[string]int{}
-			var news int
-			var bad []string
-			race(racers, func(i int) {
-				m, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: fmt.Sprintf("d%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: now})
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					bad = append(bad, err.Error())
-					return
-				}
-				ids[m.ID]++
-				if created {
-					news++
-				}
-			})
-			if len(bad) != 0 || news != 1 || len(ids) != 1 {
-				t.Fatalf("CreateDeposit(one key) x%d: %d created, ids %v, errors %q; want one created, one id for all, no error", racers, news, ids, bad)
+	onEachDatabase(t, func(t *testing.T, s *sqlstore.Store, db *sql.DB, count func(string, ...any) int, now int64) {
+		ctx := context.Background()
+		var mu sync.Mutex
+		ids := map[string]int{}
+		var news int
+		var bad []string
+		race(racers, func(i int) {
+			m, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: fmt.Sprintf("d%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: now})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				bad = append(bad, err.Error())
+				return
 			}
-			if n := count(`SELECT COUNT(*) FROM deposits WHERE user_id = ? AND status = 'pending'`, "u1"); n != 1 {
-				t.Errorf("pending deposit rows = %d; want 1", n)
+			ids[m.ID]++
+			if created {
+				news++
 			}
-			wantBalance(t, s, 0) // pending: no money yet
-
-			var id string
-			for k := range ids {
-				id = k
-			}
-			var moves int
-			race(racers, func(int) {
-				moved, err := s.SettleDeposit(ctx, id, true, now)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					bad = append(bad, err.Error())
-				}
-				if moved {
-					moves++
-				}
-			})
-			if len(bad) != 0 || moves != 1 {
-				t.Errorf("SettleDeposit x%d: %d moved, errors %q; want one, no error", racers, moves, bad)
-			}
-			if n := count(`SELECT COUNT(*) FROM ledger WHERE kind = 'deposit'`); n != 1 {
-				t.Errorf("deposit ledger entries = %d; want 1", n)
-			}
-			wantBalance(t, s, 1000)
 		})
-	}
+		if len(bad) != 0 || news != 1 || len(ids) != 1 {
+			t.Fatalf("CreateDeposit(one key) x%d: %d created, ids %v, errors %q; want one created, one id for all, no error", racers, news, ids, bad)
+		}
+		if n := count(`SELECT COUNT(*) FROM deposits WHERE user_id = ? AND status = 'pending'`, "u1"); n != 1 {
+			t.Errorf("pending deposit rows = %d; want 1", n)
+		}
+		wantBalance(t, s, 0) // pending: no money yet
+
+		var id string
+		for k := range ids {
+			id = k
+		}
+		var moves int
+		race(racers, func(int) {
+			moved, err := s.SettleDeposit(ctx, id, true, now)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				bad = append(bad, err.Error())
+			}
+			if moved {
+				moves++
+			}
+		})
+		if len(bad) != 0 || moves != 1 {
+			t.Errorf("SettleDeposit x%d: %d moved, errors %q; want one, no error", racers, moves, bad)
+		}
+		if n := count(`SELECT COUNT(*) FROM ledger WHERE kind = 'deposit'`); n != 1 {
+			t.Errorf("deposit ledger entries = %d; want 1", n)
+		}
+		wantBalance(t, s, 1000)
+	})
 }
 
 // The same races when the money is short: the first insert of the key
@@ -367,50 +358,46 @@ func TestCreateDepositSameKeyRace(t *testing.T) {
 // entry; every call must then be ErrInsufficientFunds, nothing written,
 // never a deadlock surfaced to the caller.
 func TestShortFundsSameKeyRace(t *testing.T) {
-	for _, d := range databases {
-		t.Run(d.name, func(t *testing.T) {
-			s, db, now := withUserDB(t, d)
-			ctx := context.Background()
-			count := counter(t, db, d)
-			fund(t, s, "d1", 999, now)
-			order(t, s, "o1", 1000, now)
-			for _, op := range []struct {
-				name string
-				call func(i int) error
-			}{
-				{"Withdraw(one key)", func(i int) error {
-					_, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: now}, 0)
-					return err
-				}},
-				{"PayOrder(one key)", func(i int) error {
-					_, _, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("p%d", i), OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0)
-					return err
-				}},
-				{"PayOrder(own keys)", func(i int) error {
-					_, _, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("q%d", i), OrderID: "o1", UserID: "u1", Key: fmt.Sprintf("k%d", i), CreatedAt: now}, 0)
-					return err
-				}},
-			} {
-				var mu sync.Mutex
-				others := map[string]int{}
-				race(racers, func(i int) {
-					err := op.call(i)
-					if !errors.Is(err, sqlstore.ErrInsufficientFunds) {
-						mu.Lock()
-						others[fmt.Sprint(err)]++
-						mu.Unlock()
-					}
-				})
-				if len(others) != 0 {
-					t.Errorf("%s x%d with funds short: outcomes other than ErrInsufficientFunds: %v", op.name, racers, others)
+	onEachDatabase(t, func(t *testing.T, s *sqlstore.Store, db *sql.DB, count func(string, ...any) int, now int64) {
+		ctx := context.Background()
+		fund(t, s, "d1", 999, now)
+		order(t, s, "o1", 1000, now)
+		for _, op := range []struct {
+			name string
+			call func(i int) error
+		}{
+			{"Withdraw(one key)", func(i int) error {
+				_, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: now}, 0)
+				return err
+			}},
+			{"PayOrder(one key)", func(i int) error {
+				_, _, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("p%d", i), OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0)
+				return err
+			}},
+			{"PayOrder(own keys)", func(i int) error {
+				_, _, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("q%d", i), OrderID: "o1", UserID: "u1", Key: fmt.Sprintf("k%d", i), CreatedAt: now}, 0)
+				return err
+			}},
+		} {
+			var mu sync.Mutex
+			others := map[string]int{}
+			race(racers, func(i int) {
+				err := op.call(i)
+				if !errors.Is(err, sqlstore.ErrInsufficientFunds) {
+					mu.Lock()
+					others[fmt.Sprint(err)]++
+					mu.Unlock()
 				}
+			})
+			if len(others) != 0 {
+				t.Errorf("%s x%d with funds short: outcomes other than ErrInsufficientFunds: %v", op.name, racers, others)
 			}
-			if n := count(`SELECT COUNT(*) FROM withdrawals`) + count(`SELECT COUNT(*) FROM payments`); n != 0 {
-				t.Errorf("withdrawal and payment rows = %d; want none", n)
-			}
-			wantBalance(t, s, 999)
-		})
-	}
+		}
+		if n := count(`SELECT COUNT(*) FROM withdrawals`) + count(`SELECT COUNT(*) FROM payments`); n != 0 {
+			t.Errorf("withdrawal and payment rows = %d; want none", n)
+		}
+		wantBalance(t, s, 999)
+	})
 }
 
 // Idempotency keys are compared byte for byte on every database: keys that
