@@ -34,12 +34,14 @@ const (
 	groupSQLite   = "sqlite"
 	groupPostgres = "postgres"
 	groupPgbench  = "pgbench"
+	groupFloor    = "floor"
 )
 
 var groupLabels = map[string]string{
 	groupSQLite:   "embedded (SQLite)",
 	groupPostgres: "PostgreSQL + Redis",
 	groupPgbench:  "ceiling: pgbench",
+	groupFloor:    "floor: pgbench tx over HTTP",
 }
 
 type config struct {
@@ -58,12 +60,12 @@ type config struct {
 
 func main() {
 	var cfg config
-	var clients, only string
+	var clients, only, floorDSN string
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured `time` per cell (configuration × clients × round)")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured warm-up per cell, same clients")
 	flag.IntVar(&cfg.rounds, "rounds", 2, "rounds; each runs every configuration at every client count, the table shows medians")
 	flag.StringVar(&clients, "clients", "16,64", "comma-separated numbers of concurrent clients (each its own user)")
-	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, pgbench (default: all)")
+	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, pgbench, floor (default: all)")
 	flag.StringVar(&cfg.pgDSN, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL admin `DSN`; the run creates (and at exit drops) a fresh database for the service and one for pgbench through it")
 	flag.StringVar(&cfg.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis `URL` for the PostgreSQL configuration (shared: only the service's keys of this run's users are touched)")
 	flag.StringVar(&cfg.pgbench, "pgbench", "/usr/bin/pgbench", "pgbench `binary` for the ceiling (empty: no ceiling)")
@@ -73,7 +75,15 @@ func main() {
 	flag.IntVar(&cfg.dbConns, "db-conns", 0, "pass --db-conns N to the PostgreSQL service (0: the service's default)")
 	flag.BoolVar(&cfg.markdown, "markdown", false, "print the table as Markdown")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary directory (service logs, pgbench logs, SQLite file) and the databases")
+	flag.StringVar(&floorDSN, "floor-serve", "", "internal: serve the floor group's minimal withdrawal server on `DSN` (the load starts itself this way)")
 	flag.Parse()
+	if floorDSN != "" {
+		if err := serveFloor(floorDSN); err != nil {
+			fmt.Fprintln(os.Stderr, "load: floor:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	for _, s := range strings.Split(clients, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
@@ -87,7 +97,7 @@ func main() {
 			cfg.clients = append(cfg.clients, n)
 		}
 	}
-	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres} {
+	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres, groupFloor} {
 		if only == "" || slices.Contains(strings.Split(strings.ReplaceAll(only, " ", ""), ","), g) {
 			cfg.groups = append(cfg.groups, g)
 		}
@@ -168,7 +178,7 @@ func run(cfg config, out, progress io.Writer) error {
 	// PostgreSQL: fresh databases of this run.
 	var pg *pgAdmin
 	var serverLines []string
-	if has(groupPostgres) || has(groupPgbench) {
+	if has(groupPostgres) || has(groupPgbench) || has(groupFloor) {
 		if pg, err = openPG(ctx, cfg.pgDSN); err != nil {
 			return err
 		}
@@ -215,6 +225,23 @@ func run(cfg config, out, progress io.Writer) error {
 		s := &serviceConfig{group: groupPostgres, bin: bin, runID: runID, args: args, logPath: filepath.Join(tmp, "service-postgres.log"), redis: rc, pg: pg, dbName: name}
 		cl.add(func() { s.cleanupRedis(progress) })
 		services = append(services, s)
+	}
+	if has(groupFloor) {
+		name := "ogload_" + runID + "_floor"
+		if err := pg.createDB(ctx, name); err != nil {
+			return err
+		}
+		cl.add(func() { pg.dropDB(name, cfg.keep, progress) })
+		dsn := withDatabase(cfg.pgDSN, name)
+		if err := pg.exec(ctx, dsn, floorSchema); err != nil {
+			return fmt.Errorf("floor schema: %w", err)
+		}
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		services = append(services, &serviceConfig{group: groupFloor, bin: self, runID: runID, args: []string{"-floor-serve", dsn},
+			logPath: filepath.Join(tmp, "floor.log"), pg: pg, dbName: name})
 	}
 	for _, s := range services {
 		cl.add(s.stopQuietly)

@@ -125,7 +125,7 @@ func (r *report) sortedClients() []int {
 // tableGroups is the row order within a client count: the ceiling first.
 func (r *report) tableGroups() []string {
 	var gs []string
-	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres} {
+	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres, groupFloor} {
 		if slices.Contains(r.cfg.groups, g) {
 			gs = append(gs, g)
 		}
@@ -194,6 +194,9 @@ func (r *report) print(out io.Writer, markdown bool) {
 	fmt.Fprintln(out)
 	fmt.Fprintln(out, "withdrawals/s: 201 answers to POST /api/v1/withdrawals per second of the measured window (requests that started and ended in it);")
 	fmt.Fprintln(out, "ceiling rows: pgbench transactions/s of the one-row-update script, same window rule, from its per-transaction log;")
+	if slices.Contains(r.cfg.groups, groupFloor) {
+		fmt.Fprintln(out, "floor rows: the same transaction behind POST /api/v1/withdrawals in a minimal Go server (pgx, 20 connections; no session, key, window, lock, provider or logs);")
+	}
 	fmt.Fprintln(out, "p50/p99: latency of those; vs ceiling: withdrawals/s / pgbench tx/s at the same clients (SQLite rows: against PostgreSQL's ceiling);")
 	fmt.Fprintln(out, "cpu columns: CPU time over the window in % of one core: the service process; all postgres processes on the machine; Redis (INFO cpu);")
 	fmt.Fprintln(out, "the client (this process, or pgbench); '-' does not apply. spread: (max-min)/median of the rate over rounds;")
@@ -210,7 +213,7 @@ func (r *report) printTargets(out io.Writer) {
 		if !ok || ceil.rounds == 0 || ceil.rate <= 0 {
 			continue
 		}
-		for _, g := range []string{groupPostgres, groupSQLite} {
+		for _, g := range []string{groupPostgres, groupSQLite, groupFloor} {
 			s, ok := r.summarize(g, n)
 			if !ok || s.rounds == 0 {
 				continue
@@ -228,8 +231,11 @@ func (r *report) printTargets(out io.Writer) {
 				}
 			}
 			note := ""
-			if g == groupSQLite {
+			switch g {
+			case groupSQLite:
 				note = " (another database's ceiling: informational)"
+			case groupFloor:
+				note = " (not a service: the least a withdrawal over HTTP costs here; informational)"
 			}
 			fmt.Fprintf(out, "  %-20s %3d clients  %.2f× (%.0f/s vs %.0f tx/s, want ≥ %.2f×)  %s  per round: %s%s\n",
 				groupLabels[g], n, ratio, s.rate, ceil.rate, target, verdict, strings.Join(per, " "), note)

@@ -62,6 +62,17 @@ func (p *pgAdmin) createDB(ctx context.Context, name string) error {
 	return nil
 }
 
+// exec runs statements on the database of dsn, on a connection of its own.
+func (p *pgAdmin) exec(ctx context.Context, dsn, statements string) error {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, statements)
+	return err
+}
+
 func (p *pgAdmin) dropDB(name string, keep bool, progress io.Writer) {
 	if keep {
 		fmt.Fprintf(progress, "kept database %s\n", name)

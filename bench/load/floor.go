@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The floor is pgbench's transaction behind HTTP: a minimal withdrawal
+// server, in Go on the service's driver (pgx through database/sql, a pool
+// of 20 like the service's default), that the load drives exactly as it
+// drives the service. A withdrawal is the ceiling's script and nothing
+// more: BEGIN; UPDATE accounts … WHERE balance - amount >= 0 RETURNING
+// balance; INSERT INTO ledger …; COMMIT. No session lookup (the bearer
+// token is the account id), no Idempotency-Key record, no repeat window,
+// no lock, no provider, no settlement, no logs or metrics.
+//
+// It is not a service anyone should run: it does none of the work that
+// makes a withdrawal happen once. It measures what HTTP, Go and the driver
+// cost on this machine on top of pgbench's transaction, so that the
+// service's ratio to the ceiling can be read against the ratio of the
+// least any withdrawal service does.
+//
+// It runs as a child process of the load (the load's own binary, with
+// -floor-serve DSN) on a database of its own with the ceiling's schema
+// plus a users table, and keeps no state in memory: a restart between
+// rounds finds its users and their balances.
+
+const floorSchema = pgbenchSchema + `
+CREATE TABLE users (
+  username TEXT PRIMARY KEY,
+  aid      INT NOT NULL UNIQUE REFERENCES accounts (aid)
+);
+CREATE SEQUENCE account_ids;
+`
+
+// serveFloor serves the floor on 127.0.0.1:0 until SIGTERM or SIGINT, and
+// says where as the service does ("listening on http://ADDR;").
+func serveFloor(dsn string) error {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(20)
+	db.SetMaxIdleConns(20)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := db.PingContext(ctx); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: floorHandler(db), ReadHeaderTimeout: 10 * time.Second}
+	fmt.Printf("listening on http://%s; floor: pgbench's transaction over HTTP\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+func floorHandler(db *sql.DB) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/v1/users", func(w http.ResponseWriter, r *http.Request) {
+		var c struct{ Username string }
+		if json.NewDecoder(r.Body).Decode(&c) != nil || c.Username == "" {
+			floorAnswer(w, http.StatusBadRequest, `{"code":"invalid_request"}`)
+			return
+		}
+		var aid int
+		err := db.QueryRowContext(r.Context(), `WITH a AS (INSERT INTO accounts (aid, balance) VALUES (nextval('account_ids'), 0) RETURNING aid)
+INSERT INTO users (username, aid) SELECT $1, aid FROM a RETURNING aid`, c.Username).Scan(&aid)
+		if err != nil {
+			floorAnswer(w, http.StatusInternalServerError, `{"code":"internal"}`)
+			return
+		}
+		floorAnswer(w, http.StatusCreated, fmt.Sprintf(`{"id":"%d","username":%q}`, aid, c.Username))
+	})
+	mux.HandleFunc("POST /api/v1/sessions", func(w http.ResponseWriter, r *http.Request) {
+		var c struct{ Username string }
+		_ = json.NewDecoder(r.Body).Decode(&c)
+		var aid int
+		if err := db.QueryRowContext(r.Context(), `SELECT aid FROM users WHERE username = $1`, c.Username).Scan(&aid); err != nil {
+			floorAnswer(w, http.StatusUnauthorized, `{"code":"unauthenticated"}`)
+			return
+		}
+		floorAnswer(w, http.StatusCreated, fmt.Sprintf(`{"token":"fl_%d"}`, aid))
+	})
+	mux.HandleFunc("GET /api/v1/account", func(w http.ResponseWriter, r *http.Request) {
+		aid, ok := floorAccount(r)
+		var balance int64
+		if !ok || db.QueryRowContext(r.Context(), `SELECT balance FROM accounts WHERE aid = $1`, aid).Scan(&balance) != nil {
+			floorAnswer(w, http.StatusUnauthorized, `{"code":"unauthenticated"}`)
+			return
+		}
+		floorAnswer(w, http.StatusOK, `{"balance":"`+fmtCents(balance)+`"}`)
+	})
+	mux.HandleFunc("POST /api/v1/deposits", floorMove(db, 1))
+	mux.HandleFunc("POST /api/v1/withdrawals", floorMove(db, -1))
+	return mux
+}
+
+// floorMove answers a deposit (sign 1) or a withdrawal (sign -1): the
+// ceiling's transaction, with the amount from the body.
+func floorMove(db *sql.DB, sign int64) http.HandlerFunc {
+	kind := map[int64]string{1: "deposit", -1: "withdrawal"}[sign]
+	return func(w http.ResponseWriter, r *http.Request) {
+		aid, ok := floorAccount(r)
+		if !ok {
+			floorAnswer(w, http.StatusUnauthorized, `{"code":"unauthenticated"}`)
+			return
+		}
+		var req struct{ Amount string }
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			floorAnswer(w, http.StatusBadRequest, `{"code":"invalid_json"}`)
+			return
+		}
+		cents, ok := parseCents(req.Amount)
+		if !ok || cents <= 0 {
+			floorAnswer(w, http.StatusBadRequest, `{"code":"invalid_amount"}`)
+			return
+		}
+		ref := mrand.Int64N(9_000_000_000_000_000_000) + 1
+		delta := sign * cents
+		err := func() error {
+			tx, err := db.BeginTx(r.Context(), nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			var balance int64
+			if err := tx.QueryRowContext(r.Context(), `UPDATE accounts SET balance = balance + $1, version = version + 1, updated_at = $2 WHERE aid = $3 AND balance + $1 >= 0 RETURNING balance`,
+				delta, ref, aid).Scan(&balance); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(r.Context(), `INSERT INTO ledger (aid, kind, amount, balance_after, ref, created_at) VALUES ($1, $2, $3, $4, $5, $6)`,
+				aid, kind, delta, balance, strconv.FormatInt(ref, 10), ref); err != nil {
+				return err
+			}
+			return tx.Commit()
+		}()
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			floorAnswer(w, http.StatusUnprocessableEntity, `{"code":"insufficient_funds"}`)
+		case err != nil:
+			fmt.Fprintln(os.Stderr, "floor:", kind, err)
+			floorAnswer(w, http.StatusServiceUnavailable, `{"code":"store_unavailable"}`)
+		default:
+			floorAnswer(w, http.StatusCreated, `{"id":"`+strconv.FormatInt(ref, 10)+`","amount":"`+fmtCents(cents)+`","status":"succeeded"}`)
+		}
+	}
+}
+
+// floorAccount reads the account id from "Authorization: Bearer fl_<aid>".
+func floorAccount(r *http.Request) (int, bool) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer fl_")
+	if !ok {
+		return 0, false
+	}
+	aid, err := strconv.Atoi(tok)
+	return aid, err == nil && aid > 0
+}
+
+func floorAnswer(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body))
+}
