@@ -126,16 +126,17 @@ func TestHandlerContext(t *testing.T) {
 // The speed target of issue 4, in allocations (exact, unlike time): on
 // the memory store the middleware adds fewer than 10 allocations per
 // request to a trivial handler, on first use and on replay. The bounds
-// below are what it adds today (5 and 1), plus one for amortised growth
-// of the store's tables, so that a regression shows.
+// below are what it adds today (6 and 1: the first answer's Cache-Control
+// value is one of the 6), plus one for amortised growth of the store's
+// tables, so that a regression shows.
 func TestMiddlewareAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates, and sync.Pool drops items at random under it")
 	}
 	h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}})(benchHandler())
 	base, mw := measure(t, benchHandler(), "fresh"), measure(t, h, "fresh")
-	if added := mw - base; added > 6 {
-		t.Errorf("first use: %v allocations added (%v - %v); want at most 6", added, mw, base)
+	if added := mw - base; added > 7 {
+		t.Errorf("first use: %v allocations added (%v - %v); want at most 7", added, mw, base)
 	}
 	base, mw = measure(t, benchHandler(), "same"), measure(t, h, "same")
 	if added := mw - base; added > 2 {

@@ -93,7 +93,10 @@ type Config struct {
 // is stored and replayed byte for byte with Idempotent-Replayed: true; a
 // 5xx is not stored: the key, its token and its window entry are freed so
 // that a retry runs again. A store that cannot be reached answers 503
-// store_unavailable: nothing runs without protection.
+// store_unavailable: nothing runs without protection. Every answer it
+// writes carries Cache-Control: no-store (a replay and an error always;
+// the handler's first answer unless the handler set Cache-Control itself),
+// so that no cache between client and server answers a retry in its place.
 func Middleware(cfg Config) func(http.Handler) http.Handler {
 	if cfg.Store == nil {
 		panic("idempotency: Middleware needs a Store")
@@ -319,6 +322,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	wh := w.Header()
 	for k, v := range rec.header {
 		wh[k] = v
+	}
+	if _, ok := rec.header["Cache-Control"]; !ok {
+		wh["Cache-Control"] = []string{"no-store"}
 	}
 	w.WriteHeader(rec.status)
 	_, _ = w.Write(rec.body.Bytes())

@@ -774,3 +774,52 @@ func TestWindowDefaultsToStore(t *testing.T) {
 	}()
 	idempotency.Middleware(idempotency.Config{Store: struct{ idempotency.Store }{&memstore.Store{}}, Window: time.Second})
 }
+
+// Every answer the middleware writes tells caches not to keep it: a
+// cached first answer would be handed to a retry without reaching the
+// server (and the record), a cached replay to another client. A
+// handler's own Cache-Control on its first answer is kept; a replay
+// always says no-store.
+func TestCacheControlNoStore(t *testing.T) {
+	for _, tc := range []struct {
+		name, set, first string
+	}{
+		{"handler sets none", "", "no-store"},
+		{"handler sets its own", "private, max-age=0", "private, max-age=0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tc.set != "" {
+					w.Header().Set("Cache-Control", tc.set)
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusCreated)
+				_, _ = io.WriteString(w, `{"id":"1"}`)
+			}))
+			send := func(key, body string) *httptest.ResponseRecorder {
+				r := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader(body))
+				if key != "" {
+					r.Header.Set("Idempotency-Key", key)
+				}
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				return w
+			}
+			for _, c := range []struct {
+				what, key, body string
+				code            int
+				want            string
+			}{
+				{"first answer", "k1", `{"a":1}`, http.StatusCreated, tc.first},
+				{"replay", "k1", `{"a":1}`, http.StatusCreated, "no-store"},
+				{"mismatch", "k1", `{"a":2}`, http.StatusUnprocessableEntity, "no-store"},
+				{"missing key", "", `{"a":1}`, http.StatusBadRequest, "no-store"},
+			} {
+				w := send(c.key, c.body)
+				if got := w.Header().Values("Cache-Control"); w.Code != c.code || len(got) != 1 || got[0] != c.want {
+					t.Errorf("%s: %d, Cache-Control %q; want %d, [%q]", c.what, w.Code, got, c.code, c.want)
+				}
+			}
+		})
+	}
+}
