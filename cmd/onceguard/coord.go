@@ -151,12 +151,15 @@ func (c *coordination) redisStatus(ctx context.Context) (string, bool) {
 // locksStatus names the lock backend serving now and the fallback state:
 // "memory" or "database" without --redis; "redis" while the breaker is
 // closed; "database (fallback: Redis does not answer, breaker open)" (or
-// "memory (...)" on SQLite) after it fell back, which is degraded.
-func (c *coordination) locksStatus(context.Context) (string, bool) {
+// "memory (...)" on SQLite) after it fell back, which is degraded. It
+// probes Redis (fallback.Backend.Probe) when the breaker may try it again.
+func (c *coordination) locksStatus(ctx context.Context) (string, bool) {
 	if c.breaker == nil {
 		return c.secondaryName, true
 	}
-	if c.breaker.Degraded() {
+	// Without lock traffic nothing else would try Redis again: the check
+	// itself probes it once the breaker's cooldown has passed.
+	if c.breaker.Probe(ctx) != fallback.Closed {
 		return c.secondaryName + " (fallback: Redis does not answer, breaker " + c.breaker.State().String() + ")", false
 	}
 	return "redis", true

@@ -36,6 +36,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,7 @@ const (
 	HalfOpen              // the secondary serves; one acquire probes the primary
 )
 
+// String returns the state's name: "closed", "open" or "half-open".
 func (s State) String() string {
 	switch s {
 	case Closed:
@@ -87,16 +89,16 @@ type Options struct {
 
 // Stats are the Backend's counters since it was created.
 type Stats struct {
-	State             State
+	State             State  // now
 	PrimaryAcquires   uint64 // leases granted by the primary
 	SecondaryAcquires uint64 // leases granted by the secondary (including drain)
 	// Opened counts outages begun (closed to open; a failed probe, half-open
 	// back to open, is not one), Recovered the returns to closed.
 	Opened, Recovered  uint64
-	LastOpenedAt       time.Time
-	LastOpenedBecause  string
-	DrainingUntil      time.Time
-	HeldOnSecondaryNow int // leases of this process now held on the secondary
+	LastOpenedAt       time.Time // when the last outage began (zero: none yet)
+	LastOpenedBecause  string    // the error that began it
+	DrainingUntil      time.Time // after a return to the primary, leases still taken on the secondary until then
+	HeldOnSecondaryNow int       // leases of this process now held on the secondary
 }
 
 // Backend implements lock.Backend over a primary and a secondary backend.
@@ -260,6 +262,50 @@ func (b *Backend) recover() {
 	b.maxTTL = 0
 	b.recoveredN++
 	b.setState(Closed, nil)
+}
+
+// ProbeKey is the lock name Probe takes on the primary. Do not use it for
+// anything else.
+const ProbeKey = "onceguard-fallback-probe"
+
+// Probe tries the primary now, as an acquire's half-open probe would,
+// when the breaker is open, its cooldown has passed and no probe is in
+// flight: it takes and releases ProbeKey on the primary, closes the
+// breaker if the primary answered (drain included, as after any probe),
+// and opens it again for another cooldown if it did not. In any other
+// state it does nothing. It returns the state after.
+//
+// Acquires move the breaker; without them (a quiet service, or one whose
+// traffic stopped) it would stay open, and report degraded, after the
+// primary came back. Call Probe from a readiness check or a ticker.
+func (b *Backend) Probe(ctx context.Context) State {
+	if b.State() == Closed {
+		return Closed
+	}
+	if _, probe := b.route(); !probe {
+		return b.State()
+	}
+	owner := fmt.Sprintf("probe-%x", rand.Uint64())
+	_, err := b.primary.Acquire(ctx, lock.Request{Key: ProbeKey, Owner: owner, TTL: time.Second})
+	switch {
+	case down(ctx, err):
+		b.trip(err)
+	case ctx.Err() != nil && err != nil:
+		// The caller gave up: no answer either way.
+		b.mu.Lock()
+		b.probing = false
+		b.mu.Unlock()
+	default:
+		// An answer (a lease, or ErrNotAcquired: another process's probe
+		// holds it): the primary serves.
+		b.recover()
+		if err == nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_ = b.primary.Release(rctx, ProbeKey, owner)
+			cancel()
+		}
+	}
+	return b.State()
 }
 
 // down reports whether err means the backend could not answer, as opposed

@@ -208,3 +208,54 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Probe moves the breaker without any acquire: a service whose lock
+// traffic stopped during an outage is back on the primary (and ready, not
+// degraded) as soon as a check probes it after the cooldown.
+func TestProbeClosesWithoutTraffic(t *testing.T) {
+	srv, rb, sb := backends(t)
+	b := fallback.NewBackend(rb, sb, &fallback.Options{Cooldown: 100 * time.Millisecond})
+	l := lock.New(b, nil)
+	ctx := context.Background()
+	if got := b.Probe(ctx); got != fallback.Closed {
+		t.Errorf("Probe with the breaker closed = %v; want closed, nothing done", got)
+	}
+	srv.Kill(t)
+	lease, err := l.TryAcquire(ctx, "k", time.Second) // trips the breaker, served by the database
+	if err != nil {
+		t.Fatalf("TryAcquire with Redis dead = %v", err)
+	}
+	_ = lease.Release(ctx)
+	if got := b.Probe(ctx); got != fallback.Open {
+		t.Errorf("Probe inside the cooldown = %v; want open, nothing tried", got)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if got := b.Probe(ctx); got != fallback.Open {
+		t.Errorf("Probe after the cooldown, Redis still dead = %v; want open again", got)
+	}
+	if s := b.Stats(); s.Recovered != 0 || s.Opened != 1 {
+		t.Errorf("stats %+v; want opened once, not recovered", s)
+	}
+	srv.Restart(t)
+	if got := b.Probe(ctx); got != fallback.Open {
+		t.Errorf("Probe inside the new cooldown = %v; want open", got)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if got := b.Probe(ctx); got != fallback.Closed {
+		t.Errorf("Probe after the cooldown, Redis back = %v; want closed", got)
+	}
+	if s := b.Stats(); s.Recovered != 1 {
+		t.Errorf("stats %+v; want recovered once", s)
+	}
+	if got, err := srv.Do("EXISTS", "onceguard:lock:{"+fallback.ProbeKey+"}"); err != nil || got != int64(0) {
+		t.Errorf("the probe's lock in Redis: EXISTS = %v, %v; want 0 (released)", got, err)
+	}
+	lease, err = l.TryAcquire(ctx, "k", time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire after the probe = %v", err)
+	}
+	if got, err := srv.Do("GET", "onceguard:lock:{k}"); err != nil || got != lease.Token() {
+		t.Errorf("GET in Redis = %v, %v; want the lease's owner token: Redis serves again", got, err)
+	}
+	_ = lease.Release(ctx)
+}
