@@ -154,6 +154,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if c.rateLimit < 0 || c.rateBurst < 1 {
 		return fmt.Errorf("--rate-limit %v, --rate-burst %d: want a rate >= 0 and a burst >= 1", c.rateLimit, c.rateBurst)
 	}
+	if c.reconcileEvery <= 0 {
+		return fmt.Errorf("--reconcile-interval %v: want a positive duration", c.reconcileEvery)
+	}
 	if c.dbConns < 1 {
 		return fmt.Errorf("--db-conns %d: want at least 1", c.dbConns)
 	}
@@ -224,16 +227,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: max(30*time.Second, c.requestTimeout+c.requestTimeout/4+5*time.Second), // the answer of a request that used its whole deadline
-		IdleTimeout:  2 * time.Minute, MaxHeaderBytes: 32 << 10}
+		// net/http allows MaxHeaderBytes + 4096 (its read buffer's slack): 32 KiB in all.
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 32<<10 - 4096}
 	fmt.Fprintf(stdout, "onceguard %s: listening on http://%s; database %s (keys and submit tokens too); %s; payment provider %s\n",
 		version, ln.Addr(), where, coord.describe, pspWhere)
 	log.Info("listening", "version", version, "addr", "http://"+ln.Addr().String(), "database", where, "coordination", coord.describe, "provider", pspWhere)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	// The reconciler settles what a provider timeout left pending.
-	if c.reconcileEvery <= 0 {
-		return fmt.Errorf("--reconcile-interval %v: want a positive duration", c.reconcileEvery)
-	}
 	tick := time.NewTicker(c.reconcileEvery)
 	defer tick.Stop()
 	reconciler := &app.Reconciler{Store: store, DB: db, Provider: provider, Limit: 100, Currency: c.currency, Metrics: metrics, Log: log}

@@ -1,9 +1,14 @@
 package httpapi_test
 
 import (
+	"fmt"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+
+	"github.com/onceguard/onceguard/internal/httpapi"
 )
 
 // The Authorization scheme is case-insensitive (RFC 9110 section 11.1),
@@ -84,5 +89,76 @@ func TestHead(t *testing.T) {
 	w := serveJSON(o.h, o.token, "PUT", "/api/v1/account", "", "")
 	if w.Code != 405 || w.Header().Get("Allow") != "GET, HEAD" {
 		t.Errorf("PUT /api/v1/account = %d, Allow %q; want 405, GET, HEAD", w.Code, w.Header().Get("Allow"))
+	}
+}
+
+// Sign-in attempts sent at once are each counted before it is made: of 30
+// wrong passwords for one user from one address, sent together, only the
+// 5 the limit allows are checked (401); the rest are refused (429) before
+// any hash. When failures were counted after the slow hash, every request
+// that arrived while earlier ones hashed passed the check (a review got 47
+// password checks out of 60).
+func TestParallelGuessesCounted(t *testing.T) {
+	o := newObsHarness(t, nil, nil) // LoginAttempts: the default, 5 per (username, address)
+	var n401, n429, other atomic.Int32
+	var wg sync.WaitGroup
+	for range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			switch serveJSON(o.h, "", "POST", "/api/v1/sessions", "", `{"username":"alice","password":"wrong password"}`).Code {
+			case 401:
+				n401.Add(1)
+			case 429:
+				n429.Add(1)
+			default:
+				other.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n401.Load() != 5 || n429.Load() != 25 || other.Load() != 0 {
+		t.Errorf("30 wrong passwords at once: %d × 401, %d × 429, %d other; want 5, 25, 0", n401.Load(), n429.Load(), other.Load())
+	}
+	if w := serveJSON(o.h, "", "POST", "/api/v1/sessions", "", `{"username":"alice","password":"correct horse"}`); w.Code != 429 {
+		t.Errorf("the right password from that address after them = %d; want 429 until the window ends", w.Code)
+	}
+}
+
+// A sign-in name that no user can have (it fails the username rule) is
+// refused without a hash and counts against the client's address only:
+// long made-up names cannot fill the per-name counters.
+func TestInvalidNamesNotCounted(t *testing.T) {
+	o := newObsHarness(t, nil, nil)
+	before, _ := httpapi.Sizes(o.h)
+	codes := map[int]int{}
+	for i := range 30 {
+		name := fmt.Sprintf("%d-%s", i, strings.Repeat("X", 10<<10))
+		codes[serveJSON(o.h, "", "POST", "/api/v1/sessions", "", `{"username":"`+name+`","password":"whatever it is"}`).Code]++
+	}
+	after, _ := httpapi.Sizes(o.h)
+	// The address may fail 4 × 5 = 20 times in its window.
+	if codes[401] != 20 || codes[429] != 10 {
+		t.Errorf("30 invalid names from one address: %v; want 20 × 401, then 10 × 429", codes)
+	}
+	if after.LoginUser != before.LoginUser || after.LoginPair != before.LoginPair {
+		t.Errorf("per-name counters went from %+v to %+v; want them untouched", before, after)
+	}
+}
+
+// Every API answer, success or problem, forbids content sniffing: JSON
+// that carries a user's text is never rendered as HTML.
+func TestAPINoSniff(t *testing.T) {
+	o := newObsHarness(t, nil, nil)
+	for _, tc := range []struct{ token, method, path, key, body string }{
+		{o.token, "GET", "/api/v1/account", "", ""},
+		{"", "GET", "/api/v1/account", "", ""},
+		{o.token, "POST", "/api/v1/orders", "o-1", `{"amount":"1.00","description":"<script>alert(1)</script>"}`},
+		{o.token, "GET", "/api/v1/nowhere", "", ""},
+	} {
+		w := serveJSON(o.h, tc.token, tc.method, tc.path, tc.key, tc.body)
+		if got := w.Header().Get("X-Content-Type-Options"); got != "nosniff" {
+			t.Errorf("%s %s = %d, X-Content-Type-Options %q; want nosniff", tc.method, tc.path, w.Code, got)
+		}
 	}
 }

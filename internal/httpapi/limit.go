@@ -33,30 +33,44 @@ func newFailures(max int, window time.Duration) *failures {
 	return &failures{max: max, window: window, m: map[string]*failWindow{}}
 }
 
-// blocked returns how long key is still refused (0: not refused).
-func (f *failures) blocked(key string, now time.Time) time.Duration {
+// reserve counts an attempt of key as a failure before it is made, and
+// returns how long key is refused instead (0: counted, go ahead). Checking
+// and counting are one step, so attempts made at the same time cannot all
+// pass a check that only the ones before them counted toward: an attempt
+// that then succeeds (or never got to try) gives its count back with
+// undo.
+func (f *failures) reserve(key string, now time.Time) time.Duration {
 	if f == nil || f.max <= 0 {
 		return 0
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	w, ok := f.m[key]
-	if !ok || !now.Before(w.end) {
-		return 0
-	}
+	w := f.window1(key, now)
 	if w.n >= f.max {
 		return w.end.Sub(now)
 	}
+	w.n++
 	return 0
 }
 
-// fail counts one failure of key.
-func (f *failures) fail(key string, now time.Time) {
+// undo gives back an attempt counted by reserve. A key left with no
+// attempt is dropped: successes leave nothing behind.
+func (f *failures) undo(key string) {
 	if f == nil || f.max <= 0 {
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if w, ok := f.m[key]; ok && w.n > 0 {
+		if w.n--; w.n == 0 {
+			delete(f.m, key)
+		}
+	}
+}
+
+// window1 returns key's current window, opening a new one if it has none
+// or its last has ended. f.mu is held.
+func (f *failures) window1(key string, now time.Time) *failWindow {
 	w, ok := f.m[key]
 	if !ok || !now.Before(w.end) {
 		if len(f.m) >= maxLimiterEntries {
@@ -65,7 +79,7 @@ func (f *failures) fail(key string, now time.Time) {
 		w = &failWindow{end: now.Add(f.window)}
 		f.m[key] = w
 	}
-	w.n++
+	return w
 }
 
 // forget clears key (a success).

@@ -1,7 +1,10 @@
 package httpapi
 
 import (
+	"context"
 	"fmt"
+	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 )
@@ -14,7 +17,7 @@ func TestLimitersBounded(t *testing.T) {
 	r := newRates(1, 2)
 	for i := range maxLimiterEntries + 20_000 {
 		key := fmt.Sprintf("10.%d", i)
-		f.fail(key, now)
+		f.reserve(key, now)
 		r.take(key, now)
 	}
 	if n := f.size(); n > maxLimiterEntries {
@@ -26,19 +29,59 @@ func TestLimitersBounded(t *testing.T) {
 	if n > maxLimiterEntries {
 		t.Errorf("rates kept %d keys; want at most %d", n, maxLimiterEntries)
 	}
-	for range 3 {
-		f.fail("alice", now)
+	for i := range 3 {
+		if d := f.reserve("alice", now); d != 0 {
+			t.Fatalf("attempt %d refused (%v); want 3 let through", i+1, d)
+		}
 	}
-	if d := f.blocked("alice", now); d <= 0 || d > time.Minute {
-		t.Errorf("blocked after 3 failures = %v; want the rest of the minute", d)
+	if d := f.reserve("alice", now); d <= 0 || d > time.Minute {
+		t.Errorf("a 4th attempt after 3 = %v; want refused for the rest of the minute", d)
 	}
-	if d := f.blocked("alice", now.Add(time.Minute)); d != 0 {
-		t.Errorf("blocked after the window = %v; want 0", d)
+	f.undo("alice") // one of the three succeeded after all
+	if d := f.reserve("alice", now); d != 0 {
+		t.Errorf("after one attempt was given back = %v; want one more let through", d)
+	}
+	if d := f.reserve("alice", now.Add(time.Minute)); d != 0 {
+		t.Errorf("after the window = %v; want a fresh count", d)
 	}
 	if r.take("bob", now) != 0 || r.take("bob", now) != 0 || r.take("bob", now) == 0 {
 		t.Error("a burst of 2: want two tokens, then a wait")
 	}
 	if d := r.take("bob", now.Add(time.Second)); d != 0 {
 		t.Errorf("a second later = %v; want a token", d)
+	}
+}
+
+// At most cap(hashSlots) password hashes run at once (each holds 19 MiB);
+// the next waits for a slot, and one whose request ends while it waits is
+// answered 503 busy without hashing.
+func TestHashingBounded(t *testing.T) {
+	s := &server{hashSlots: make(chan struct{}, 2)}
+	release := make(chan struct{})
+	var running sync.WaitGroup
+	running.Add(2)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.hashing(httptest.NewRecorder(), httptest.NewRequest("POST", "/", nil), func() { running.Done(); <-release })
+		}()
+	}
+	running.Wait() // both slots taken
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	w := httptest.NewRecorder()
+	ran := false
+	if s.hashing(w, httptest.NewRequest("POST", "/", nil).WithContext(ctx), func() { ran = true }) || ran {
+		t.Error("a third hash ran while two held both slots")
+	}
+	if w.Code != 503 || w.Header().Get("Retry-After") != "1" {
+		t.Errorf("third, its request ended while waiting = %d (Retry-After %q); want 503 busy, Retry-After 1", w.Code, w.Header().Get("Retry-After"))
+	}
+	close(release)
+	wg.Wait()
+	if !s.hashing(httptest.NewRecorder(), httptest.NewRequest("POST", "/", nil), func() { ran = true }) || !ran {
+		t.Error("with the slots free again, a hash did not run")
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"runtime"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -106,6 +108,7 @@ type server struct {
 	tokens                          *token.Tokens
 	locks                           *lock.Locker                       // per-user and per-order locks
 	routes                          map[string]map[string]http.Handler // path -> method -> handler
+	hashSlots                       chan struct{}                      // password hashes running (see hashing)
 }
 
 // New returns the service's HTTP handler (docs/api.md). This slice
@@ -135,7 +138,8 @@ func New(cfg Config) http.Handler {
 	if rt := cfg.RequestTimeout; rt <= 0 || rt+rt/4 >= lease {
 		cfg.RequestTimeout = lease * 3 / 5
 	}
-	s := &server{cfg: cfg, log: cfg.Logger, rates: newRates(cfg.RateLimit, cfg.RateBurst), tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: cfg.Locks, routes: map[string]map[string]http.Handler{}}
+	s := &server{cfg: cfg, log: cfg.Logger, rates: newRates(cfg.RateLimit, cfg.RateBurst), tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), locks: cfg.Locks, routes: map[string]map[string]http.Handler{},
+		hashSlots: make(chan struct{}, max(2, runtime.GOMAXPROCS(0)))}
 	if n := cfg.LoginAttempts; n > 0 {
 		s.loginPair = newFailures(n, 15*time.Minute)
 		s.loginAddr = newFailures(4*n, 15*time.Minute)
@@ -182,7 +186,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	log := s.log.With("request_id", id)
 	r = r.WithContext(context.WithValue(obs.WithLogger(r.Context(), log), requestInfoKey{}, info))
 	sw := &statusWriter{ResponseWriter: w}
-	route := s.route(sw, r)
+	route, abort := s.serve(sw, r)
 	status := sw.status
 	if status == 0 {
 		status = http.StatusOK
@@ -221,6 +225,39 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		level = slog.LevelWarn
 	}
 	log.Log(r.Context(), level, "request", attrs...)
+	if abort {
+		panic(http.ErrAbortHandler) // see serve
+	}
+}
+
+// serve routes r, and turns a handler's panic (a bug) into the contract's
+// 500 internal answer, logged with its stack and counted like any other
+// answer, instead of a dropped connection. The Idempotency-Key middleware
+// has freed the key on its way up (it re-panics after releasing), so a
+// retry runs again under the business tables' unique constraints. If the
+// handler had already sent its status, a 500 can no longer be sent and
+// the rest of the answer is missing: abort says so, and ServeHTTP then
+// aborts the response (http.ErrAbortHandler), so that the client sees a
+// broken answer, not a short one that looks whole. http.ErrAbortHandler
+// from a handler is passed on as it is.
+func (s *server) serve(w *statusWriter, r *http.Request) (route string, abort bool) {
+	defer func() {
+		v := recover()
+		if v == nil {
+			return
+		}
+		if v == http.ErrAbortHandler {
+			panic(v)
+		}
+		route = info(r).route
+		obs.Logger(r.Context(), s.log).Error("handler panicked", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+		if w.status == 0 {
+			writeProblem(w, s.storeProblem(errors.New("panic")))
+			return
+		}
+		w.status, abort = http.StatusInternalServerError, true // for the log line and the metric
+	}()
+	return s.route(w, r), false
 }
 
 // requestInfo is what a request's handlers learn for its log line.
@@ -268,7 +305,11 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 // metric label: "web" for the page, "unmatched" for 404s).
 func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 	if strings.HasPrefix(r.URL.Path, "/api/") {
-		w.Header().Set("Cache-Control", "no-store")
+		h := w.Header()
+		h.Set("Cache-Control", "no-store")
+		// JSON answers carry users' own text (an order's description):
+		// never let a browser sniff one into HTML.
+		h.Set("X-Content-Type-Options", "nosniff")
 	}
 	pattern := r.URL.Path
 	methods, ok := s.routes[pattern]
@@ -610,8 +651,12 @@ func (s *server) createUser(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "invalid_password", "Invalid password", "8 to 128 bytes")
 		return
 	}
+	var hash string
+	if !s.hashing(w, r, func() { hash = auth.HashPassword(pass) }) {
+		return
+	}
 	id := newID("u_")
-	err := s.cfg.Store.CreateUser(r.Context(), id, name, auth.HashPassword(pass), s.cfg.Currency, time.Now().UnixMicro())
+	err := s.cfg.Store.CreateUser(r.Context(), id, name, hash, s.cfg.Currency, time.Now().UnixMicro())
 	if errors.Is(err, sqlstore.ErrUsernameTaken) {
 		problem(w, http.StatusConflict, "username_taken", "Username taken", "choose another username")
 		return
@@ -627,23 +672,57 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	// Brute force: refused before the (slow) hash is even computed.
+	// Brute force: refused before the (slow) hash is even computed. Each
+	// attempt is counted as a failure before it is made (and given back
+	// when it succeeds), so that attempts sent at once cannot all pass a
+	// check that only finished ones counted toward.
 	addr, now := s.clientAddr(r), time.Now()
-	pair := name + "\x00" + addr
-	if wait := max(s.loginPair.blocked(pair, now), s.loginAddr.blocked(addr, now), s.loginUser.blocked(name, now)); wait > 0 {
-		obs.Logger(r.Context(), s.log).Warn("sign-in refused: too many failed attempts", "username", name, "client", addr)
+	refused := func(wait time.Duration) {
+		obs.Logger(r.Context(), s.log).Warn("sign-in refused: too many failed attempts", "username", logName(name), "client", addr)
 		writeProblem(w, &idempotency.Problem{Status: http.StatusTooManyRequests, Code: "too_many_attempts", Title: "Too many sign-in attempts",
 			Detail: "too many failed sign-ins; wait before trying again", RetryAfter: retryAfter(wait)})
+	}
+	invalid := func() {
+		obs.Logger(r.Context(), s.log).Warn("sign-in refused", "username", logName(name), "client", addr)
+		problem(w, http.StatusUnauthorized, "invalid_credentials", "Invalid credentials", "wrong username or password")
+	}
+	if !usernameRE.MatchString(name) {
+		// A name no user can have is unknown, on every database (MySQL's
+		// collations would match "ALICE", "alice " or "alicé" to alice).
+		// It costs no hash, and it counts against the address only: a
+		// counter per such name would let anyone fill the limiters with
+		// names of up to 64 KiB.
+		if wait := s.loginAddr.reserve(addr, now); wait > 0 {
+			refused(wait)
+			return
+		}
+		invalid()
 		return
 	}
-	// A name no user can have is unknown, on every database (MySQL's
-	// collations would match "ALICE", "alice " or "alicé" to alice, each
-	// with a failure budget of its own).
-	u, err := sqlstore.User{}, sqlstore.ErrNotFound
-	if usernameRE.MatchString(name) {
-		u, err = s.cfg.Store.UserByName(r.Context(), name)
+	pair := name + "\x00" + addr
+	if wait := s.loginPair.reserve(pair, now); wait > 0 {
+		refused(wait)
+		return
 	}
+	if wait := s.loginAddr.reserve(addr, now); wait > 0 {
+		s.loginPair.undo(pair)
+		refused(wait)
+		return
+	}
+	if wait := s.loginUser.reserve(name, now); wait > 0 {
+		s.loginPair.undo(pair)
+		s.loginAddr.undo(addr)
+		refused(wait)
+		return
+	}
+	giveBack := func() {
+		s.loginPair.undo(pair)
+		s.loginAddr.undo(addr)
+		s.loginUser.undo(name)
+	}
+	u, err := s.cfg.Store.UserByName(r.Context(), name)
 	if err != nil && !errors.Is(err, sqlstore.ErrNotFound) {
+		giveBack() // not the caller's failure
 		s.internal(w, r, err)
 		return
 	}
@@ -651,14 +730,17 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	if hash == "" {
 		hash = dummyHash // spend the same time on unknown users
 	}
-	if perr := auth.CheckPassword(hash, pass); perr != nil || err != nil {
-		s.loginPair.fail(pair, now)
-		s.loginAddr.fail(addr, now)
-		s.loginUser.fail(name, now)
-		obs.Logger(r.Context(), s.log).Warn("sign-in refused", "username", name, "client", addr)
-		problem(w, http.StatusUnauthorized, "invalid_credentials", "Invalid credentials", "wrong username or password")
+	var perr error
+	if !s.hashing(w, r, func() { perr = auth.CheckPassword(hash, pass) }) {
+		giveBack()
 		return
 	}
+	if perr != nil || err != nil {
+		invalid() // the reservations stay: they were the failures
+		return
+	}
+	s.loginAddr.undo(addr)
+	s.loginUser.undo(name)
 	s.loginPair.forget(pair)
 	// Always a new token, whatever the request carried: a session an
 	// attacker planted (fixation) never becomes authenticated.
@@ -673,6 +755,54 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 }
 
 var dummyHash = auth.HashPassword("timing equaliser, never a password")
+
+// hashWait bounds how long a sign-up or sign-in waits for a hashing slot.
+const hashWait = 5 * time.Second
+
+// hashing runs f, a password hash, once one of a few slots is free (as
+// many as the Go scheduler's processors, at least 2), and reports whether
+// it ran. An argon2id hash holds 19 MiB while it runs, and sign-ins and
+// sign-ups sent at once, well within the rate limits, would otherwise
+// each take that much: a queue costs no memory, and the hashes are
+// CPU-bound, so more at once would not finish sooner. A request that
+// waits hashWait, or ends, is answered 503 busy (Retry-After: 1).
+func (s *server) hashing(w http.ResponseWriter, r *http.Request, f func()) bool {
+	select {
+	case s.hashSlots <- struct{}{}:
+	default:
+		t := time.NewTimer(hashWait)
+		defer t.Stop()
+		select {
+		case s.hashSlots <- struct{}{}:
+		case <-t.C:
+			s.busyHashing(w)
+			return false
+		case <-r.Context().Done():
+			s.busyHashing(w)
+			return false
+		}
+	}
+	defer func() { <-s.hashSlots }()
+	f()
+	return true
+}
+
+func (s *server) busyHashing(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	problem(w, http.StatusServiceUnavailable, "busy", "Busy", "too many sign-ins and sign-ups at once; nothing changed, retry shortly")
+}
+
+// logName is a sign-in name as logged: as sent if a user could have it,
+// else cut to 64 bytes and marked.
+func logName(name string) string {
+	if usernameRE.MatchString(name) {
+		return name
+	}
+	if len(name) > 64 {
+		name = name[:64] + "…"
+	}
+	return "(invalid) " + strconv.Quote(name)
+}
 
 func (s *server) deleteSession(w http.ResponseWriter, r *http.Request, _ sqlstore.User) {
 	if err := s.cfg.Store.DeleteSession(r.Context(), auth.HashToken(sessionToken(r))); err != nil {
