@@ -459,9 +459,9 @@ type Call struct {
 	ID          string // the record's id
 	Lease       string // the lease to complete the record with
 	Key         string // the Idempotency-Key as sent (a secret: never log it)
-	Scope       Scope
-	Fingerprint string
-	Recovered   bool // this request took over a crashed holder's key
+	Scope       Scope  // who asked, and where: the key is scoped to it
+	Fingerprint string // the request's fingerprint, as the record holds it
+	Recovered   bool   // this request took over a crashed holder's key
 
 	// Packed into a 512-byte size class: the flags next to Recovered, the
 	// replay headers by pointer, the store's detached context a view of

@@ -16,6 +16,8 @@ type Problem struct {
 	RetryAfter int    // seconds; sent as Retry-After when > 0
 }
 
+// Error returns the problem's code and detail: a Problem is an error, so
+// a Principal or Fingerprint func can return one to be answered as it is.
 func (p *Problem) Error() string { return p.Code + ": " + p.Detail }
 
 // WriteProblem writes p as application/problem+json, with Cache-Control:

@@ -67,16 +67,16 @@ const (
 
 // Response is a stored answer.
 type Response struct {
-	Status int
+	Status int         // the HTTP status
 	Header http.Header // only the allow-listed headers
-	Body   []byte
+	Body   []byte      // byte for byte as sent
 }
 
 // Record is a key's record as a Store keeps it.
 type Record struct {
-	ID          string // RecordID of scope and key
-	Fingerprint string
-	State       State
+	ID          string    // RecordID of scope and key
+	Fingerprint string    // of the request that created it
+	State       State     // in flight or completed
 	Lease       string    // random id of the in-flight holder
 	LeaseUntil  time.Time // in flight: when another request may take over
 	ExpiresAt   time.Time // when the record may be pruned
@@ -98,7 +98,10 @@ const (
 // TokenClaim asks Begin to bind a submit token atomically with creating the
 // record (see package token).
 type TokenClaim struct {
-	Hash, Subject, Purpose, Scope string
+	Hash    string // token.Hash of the token sent
+	Subject string // who sends it: it must have been issued to them
+	Purpose string // the route's purpose: it must have been issued for it
+	Scope   string // Scope.String() of the request: where it gets bound
 }
 
 // BeginRequest is one attempt to start a keyed request.
@@ -108,12 +111,12 @@ type BeginRequest struct {
 	Lease       time.Duration // how long the in-flight state is protected
 	TTL         time.Duration // how long the record is kept
 	Token       *TokenClaim   // bind this token when creating the record
-	Now         time.Time
+	Now         time.Time     // the request's time, for leases and expiry
 }
 
 // BeginResult is Begin's answer.
 type BeginResult struct {
-	Outcome   Outcome
+	Outcome   Outcome // what the store decided
 	Lease     string  // Started: the lease to Complete or Abandon with
 	Recovered bool    // Started: took over a crashed holder's expired lease
 	Record    *Record // Replay, InProgress, Mismatch: the existing record
@@ -162,7 +165,7 @@ type FullStore interface {
 // Scope is what a key is scoped to: one principal's one request target.
 type Scope struct {
 	Principal string // the authenticated user ("" for none)
-	Method    string
+	Method    string // the HTTP method
 	Path      string // the concrete path, with its parameters
 }
 

@@ -53,6 +53,7 @@ const (
 	OpLost                  // a lease ended while held: expired, renewal found it gone, or Release found it expired or another owner's (Err matches ErrNotHeld)
 )
 
+// String returns the op's name: "acquire", "release" or "lost".
 func (o Op) String() string {
 	switch o {
 	case OpAcquire:
@@ -67,7 +68,7 @@ func (o Op) String() string {
 
 // An Event is one lock operation (Options.Observe).
 type Event struct {
-	Op  Op
+	Op  Op     // what happened
 	Key string // high cardinality: fit for a log line, never a metric label
 	// Wait: the acquire was a blocking Acquire (false: TryAcquire).
 	Wait bool

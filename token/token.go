@@ -80,7 +80,7 @@ func (r Record) Check(subject, purpose, scope string, now time.Time) error {
 }
 
 // Store keeps token records. Implementations must be safe for concurrent
-// use and make Bind atomic.
+// use and make BindToken atomic.
 type Store interface {
 	// PutToken stores a new record.
 	PutToken(ctx context.Context, r Record) error
@@ -127,10 +127,10 @@ func New(store Store, opts *Options) *Tokens {
 
 // Issued is a freshly minted token.
 type Issued struct {
-	Token     string
-	Subject   string
-	Purpose   string
-	ExpiresAt time.Time
+	Token     string    // "st_" and 32 characters (192 random bits): give it to the client; the store keeps only its hash
+	Subject   string    // who may use it
+	Purpose   string    // what for
+	ExpiresAt time.Time // when it stops being usable unless used
 }
 
 // Issue mints a token for subject and purpose. Both must be non-empty.

@@ -1,8 +1,8 @@
 // Package web is the page the service serves at /: the first line of
 // defence against duplicate submissions (docs/api.md, issue 6).
 //
-// The page is three static files embedded in the binary (index.html,
-// app.js, app.css), plain JavaScript with no build step and no external
+// The page is four static files embedded in the binary (index.html,
+// app.js, app.css, favicon.svg), plain JavaScript with no build step and no external
 // resource. Sessions are the service's HttpOnly, SameSite=Strict cookie;
 // the page never sees the token. Each money form fetches a one-time submit
 // token when it is shown and after each completed submission and sends it

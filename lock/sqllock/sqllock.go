@@ -48,11 +48,12 @@ type Dialect int
 
 // The supported dialects.
 const (
-	Postgres Dialect = iota + 1
-	MySQL            // MySQL 8 and MariaDB 10.5+
-	SQLite           // SQLite 3.35+
+	Postgres Dialect = iota + 1 // PostgreSQL
+	MySQL                       // MySQL 8 and MariaDB 10.5+
+	SQLite                      // SQLite 3.35+
 )
 
+// String returns the dialect's name: "postgres", "mysql" or "sqlite".
 func (d Dialect) String() string {
 	switch d {
 	case Postgres:
