@@ -1079,3 +1079,36 @@ func TestBrowserSessionAndOrders(t *testing.T) {
 	}
 	b.shot("03-signed-out")
 }
+
+// A 422 balance_limit is recorded under its key, as insufficient_funds is:
+// the page says what happened in words, and the next deposit goes under a
+// new key (under the old one it would meet idempotency_key_reused).
+func TestBrowserBalanceLimitNewKey(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base, "422")
+	var refused atomic.Bool
+	// No test user can reach the real limit (about 4.6e16 cents): the
+	// first deposit's answer is the service's 422, made up.
+	b.intercept("*/api/v1/deposits", fetch.RequestStageRequest, func(ev fetch.EventRequestPaused) error {
+		if ev.Request.Method != http.MethodPost || !refused.CompareAndSwap(false, true) {
+			return b.pass(ev)
+		}
+		return b.fulfil(ev, http.StatusUnprocessableEntity,
+			`{"type":"about:blank","title":"Balance limit","status":422,"detail":"the balance would go past 46116860184273879.03","code":"balance_limit"}`,
+			"Content-Type", "application/problem+json")
+	})
+	b.signUp("erin")
+	api := apiSignIn(t, base, "erin")
+	b.submitOK("deposit-form", "5", "That deposit would take your balance past the largest one the service keeps (the balance would go past 46116860184273879.03). Nothing was changed.")
+	b.shot("01-balance-limit")
+	b.submitOK("deposit-form", "5", "Done. Deposit of 5.00 CNY")
+	keys := b.postKeys("/api/v1/deposits")
+	if len(keys) != 2 || keys[0] == keys[1] {
+		t.Errorf("the page's deposits carried keys %q; want two, the second a new one", keys)
+	}
+	if got := api.items("/api/v1/deposits"); len(got) != 1 {
+		t.Errorf("deposits = %v; want the second one only", amounts(got))
+	}
+	b.waitText("#balance", "5.00 CNY")
+}

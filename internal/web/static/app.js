@@ -387,6 +387,12 @@
         say(f.msg, 'error', `Not enough money: your balance does not cover ${money(decimal2(req.amount || ''))}. Nothing was changed.`);
         settle(f, { fresh: true, refresh: true });
         return;
+      case 'balance_limit':
+        // Recorded under the key like insufficient_funds: the next
+        // submission needs a fresh one.
+        say(f.msg, 'error', `That deposit would take your balance past the largest one the service keeps (${d.detail || 'see the limits'}). Nothing was changed.`);
+        settle(f, { fresh: true, refresh: true });
+        return;
       case 'order_already_paid':
         say(f.msg, 'warn', 'This order is already paid, so it was not charged again.');
         settle(f, { fresh: true, refresh: true });
