@@ -2,7 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/redisstore"
+	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/token"
 )
 
@@ -39,10 +39,12 @@ func BenchmarkMiddlewareRedis(b *testing.B) {
 	url := envRedis(b)
 	opt, _ := redis.ParseURL(url)
 	rdb := redis.NewClient(opt)
-	defer rdb.Close()
+	b.Cleanup(func() { _ = rdb.Close() }) // after the prefix's cleanup below, which uses it
 	rt := &roundTrips{}
 	rdb.AddHook(rt)
-	store := redisstore.New(rdb, &redisstore.Options{Prefix: fmt.Sprintf("bench:%d:", time.Now().UnixNano())})
+	// Its keys (a record per first use, kept for the TTL) are deleted
+	// when it ends: the shared Redis is not left with thousands.
+	store := redisstore.New(rdb, &redisstore.Options{Prefix: redistest.Prefix(b, rdb, "bench-middleware")})
 	tokens := token.New(store, nil)
 	h := idempotency.Middleware(idempotency.Config{Store: store, Tokens: tokens, Purpose: "withdrawal",
 		Principal: func(*http.Request) (string, error) { return "bench", nil }})(http.HandlerFunc(
