@@ -92,6 +92,7 @@ type serveConfig struct {
 	dbConns, rateBurst, loginAttempts                                                 int
 	rateLimit                                                                         float64
 	logLevel, logFormat, clientIPHeader                                               string
+	secureCookies                                                                     bool
 }
 
 // serveFlags defines serve's flags on a new flag set, each with its
@@ -119,6 +120,7 @@ func serveFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *serveConfig) {
 	fs.Float64Var(&c.rateLimit, "rate-limit", env.float("ONCEGUARD_RATE_LIMIT", 2000), "requests a second one client address may send (429 rate_limited over it), 0 off [ONCEGUARD_RATE_LIMIT]")
 	fs.IntVar(&c.rateBurst, "rate-burst", env.int("ONCEGUARD_RATE_BURST", 4000), "requests one client address may send at once [ONCEGUARD_RATE_BURST]")
 	fs.IntVar(&c.loginAttempts, "login-attempts", env.int("ONCEGUARD_LOGIN_ATTEMPTS", 5), "failed sign-ins per username and address in 15 min before 429 too_many_attempts (4x per address, 10x per username), -1 off [ONCEGUARD_LOGIN_ATTEMPTS]")
+	fs.BoolVar(&c.secureCookies, "secure-cookies", env.bool("ONCEGUARD_SECURE_COOKIES", false), "mark the session cookie Secure on every sign-in, for a service reached only over TLS through a proxy that sends neither X-Forwarded-Proto nor Forwarded; default: Secure when the request came over TLS or such a proxy says so [ONCEGUARD_SECURE_COOKIES]")
 	fs.StringVar(&c.clientIPHeader, "client-ip-header", env.str("ONCEGUARD_CLIENT_IP_HEADER", ""), "header a trusted proxy sets to the client's address (e.g. X-Real-IP), for the limits; default the connection's address [ONCEGUARD_CLIENT_IP_HEADER]")
 	fs.StringVar(&c.logLevel, "log-level", env.str("ONCEGUARD_LOG_LEVEL", "info"), "debug, info, warn or error [ONCEGUARD_LOG_LEVEL]")
 	fs.StringVar(&c.logFormat, "log-format", env.str("ONCEGUARD_LOG_FORMAT", "auto"), "json, text, or auto: text on a terminal, else JSON [ONCEGUARD_LOG_FORMAT]")
@@ -219,7 +221,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, RequestTimeout: c.requestTimeout, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
 		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, LockBackend: coord.backend, Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,
-		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, ClientIPHeader: c.clientIPHeader,
+		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, ClientIPHeader: c.clientIPHeader, SecureCookies: c.secureCookies,
 	})
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {

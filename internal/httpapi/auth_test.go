@@ -162,3 +162,27 @@ func TestAPINoSniff(t *testing.T) {
 		}
 	}
 }
+
+// The session cookie is Secure over TLS (or a proxy that says so), and on
+// every sign-in with SecureCookies, for a TLS proxy that says nothing.
+func TestSecureCookies(t *testing.T) {
+	for _, force := range []bool{false, true} {
+		o := newObsHarness(t, nil, nil, func(c *httpapi.Config) { c.SecureCookies = force })
+		for _, proto := range []string{"", "https"} {
+			r := httptest.NewRequest("POST", "/api/v1/sessions", strings.NewReader(`{"username":"alice","password":"correct horse"}`))
+			r.Header.Set("Content-Type", "application/json")
+			if proto != "" {
+				r.Header.Set("X-Forwarded-Proto", proto)
+			}
+			w := httptest.NewRecorder()
+			o.h.ServeHTTP(w, r)
+			cookies := w.Result().Cookies()
+			if w.Code != 201 || len(cookies) != 1 {
+				t.Fatalf("SecureCookies %v, proto %q: sign-in = %d, %d cookies; want 201, one", force, proto, w.Code, len(cookies))
+			}
+			if want := force || proto == "https"; cookies[0].Secure != want {
+				t.Errorf("SecureCookies %v, proto %q: cookie Secure = %v; want %v", force, proto, cookies[0].Secure, want)
+			}
+		}
+	}
+}

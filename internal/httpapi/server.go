@@ -74,7 +74,13 @@ type Config struct {
 	// client's address (its last value counts), for the limits. Default:
 	// the connection's remote address.
 	ClientIPHeader string
-	Web            http.Handler // serves / and /static/... (nil: 404)
+	// SecureCookies marks the session cookie Secure on every sign-in.
+	// Without it the cookie is Secure when the request came over TLS, or
+	// through a proxy that says so (X-Forwarded-Proto or Forwarded:
+	// proto=https): set it when the service is reached only over TLS
+	// through a proxy that sends neither.
+	SecureCookies bool
+	Web           http.Handler // serves / and /static/... (nil: 404)
 }
 
 // Completer completes an Idempotency-Key record inside the caller's
@@ -750,7 +756,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, r, err)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: tok, Path: "/", Expires: exp, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: secure(r)})
+	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: tok, Path: "/", Expires: exp, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.cfg.SecureCookies || secure(r)})
 	writeJSON(w, http.StatusCreated, map[string]string{"token": tok, "expires_at": exp.UTC().Format(time.RFC3339)})
 }
 
