@@ -5,7 +5,9 @@
 //
 // Each node runs the scripts of package redislock (atomic owner-checked
 // release and refresh, NOSCRIPT recovery, pipelining). Acquire asks all
-// nodes at once; without a majority it releases whatever it got. Fences
+// nodes at once; without a majority it releases whatever it got. Every
+// call returns as soon as a majority succeeded, without waiting for the
+// rest: a paused node costs nothing until a majority is in doubt. Fences
 // stay increasing across quorums: after winning, the largest fence any
 // granting node returned is written back to those nodes as a floor, and
 // any later majority shares at least one of them.
@@ -24,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -95,22 +96,45 @@ func NewBackend(clients []redis.UniversalClient, opts *Options) (*Backend, error
 // Quorum returns how many nodes must agree.
 func (b *Backend) Quorum() int { return b.quorum }
 
-// each runs f on every node at once and returns the per-node errors.
+// each runs f on every node at once and returns the per-node errors as
+// soon as a majority succeeded, or else once every node answered. A node
+// that has not answered by then is errPending (it may still succeed, as a
+// node that timed out may have): it goes on in the background, bounded by
+// NodeTimeout, and what it returns is dropped. So a paused node, which
+// answers nothing until its timeout, does not slow an operation that a
+// majority already carried; the failure paths still hear from every node.
 func (b *Backend) each(ctx context.Context, f func(ctx context.Context, i int, n *redislock.Backend) error) []error {
-	errs := make([]error, len(b.nodes))
-	var wg sync.WaitGroup
+	type answer struct {
+		i   int
+		err error
+	}
+	answers := make(chan answer, len(b.nodes)) // buffered: a late node never blocks
 	for i, n := range b.nodes {
-		wg.Add(1)
 		go func() {
-			defer wg.Done()
 			ctx, cancel := context.WithTimeout(ctx, b.opts.NodeTimeout)
 			defer cancel()
-			errs[i] = f(ctx, i, n)
+			answers <- answer{i, f(ctx, i, n)}
 		}()
 	}
-	wg.Wait()
+	errs := make([]error, len(b.nodes))
+	for i := range errs {
+		errs[i] = errPending
+	}
+	ok := 0
+	for range b.nodes {
+		a := <-answers
+		errs[a.i] = a.err
+		if a.err == nil {
+			if ok++; ok >= b.quorum {
+				break
+			}
+		}
+	}
 	return errs
 }
+
+// errPending marks a node that had not answered when a majority had.
+var errPending = errors.New("redlock: no answer yet")
 
 // Acquire implements lock.Backend. A split vote, where contenders each won
 // some nodes and none a majority (so nobody holds the lock), is tried
@@ -140,6 +164,8 @@ const splitTries = 4
 // acquire makes one attempt; split reports a vote that nobody won.
 func (b *Backend) acquire(ctx context.Context, r lock.Request) (_ lock.Grant, _ error, split bool) {
 	start := time.Now()
+	// Each node's goroutine writes its own element, before it answers;
+	// only answered ones are read (a late node may still write its own).
 	fences := make([]int64, len(b.nodes))
 	errs := b.each(ctx, func(ctx context.Context, i int, n *redislock.Backend) error {
 		g, err := n.Acquire(ctx, r)

@@ -251,3 +251,52 @@ func TestSplitVoteRetried(t *testing.T) {
 		t.Errorf("%d of %d rounds ended with no contender holding the lock; want (almost) none: a split vote is tried again", nobody, rounds)
 	}
 }
+
+// A paused node (it answers nothing, the way a node stuck in a long fork
+// or a stop-the-world does) does not hold up what a majority already
+// carried: acquire, refresh and release return with the two others,
+// instead of after NodeTimeout (a minute here). The paused node's late
+// answers are dropped; its copy of the lock ends with its TTL.
+func TestPausedNodeDoesNotWait(t *testing.T) {
+	srvs, clients := nodes(t, 3)
+	l, err := redlock.New(clients, &redlock.Options{NodeTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	srvs[2].Pause(t)
+	defer srvs[2].Resume(t)
+	done := make(chan error, 1)
+	go func() {
+		var last int64
+		for i := range 5 {
+			lease, err := l.TryAcquire(ctx, "paused", 10*time.Second)
+			if err != nil {
+				done <- fmt.Errorf("cycle %d: TryAcquire = %w", i, err)
+				return
+			}
+			if lease.Fence() <= last {
+				done <- fmt.Errorf("cycle %d: fence %d after %d; want increasing", i, lease.Fence(), last)
+				return
+			}
+			last = lease.Fence()
+			if err := lease.Refresh(ctx, 10*time.Second); err != nil {
+				done <- fmt.Errorf("cycle %d: Refresh = %w", i, err)
+				return
+			}
+			if err := lease.Release(ctx); err != nil {
+				done <- fmt.Errorf("cycle %d: Release = %w", i, err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(30 * time.Second): // the node timeout is a minute; a cycle on two nodes takes milliseconds
+		t.Fatal("5 lock cycles with one node of 3 paused did not finish in 30s: they waited for the paused node")
+	}
+}
