@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -137,15 +138,36 @@ func (c *coordination) redisStatus(ctx context.Context) (string, bool) {
 	if len(c.clients) == 0 {
 		return "not configured", true
 	}
-	for _, cl := range c.clients {
-		pctx, cancel := context.WithTimeout(ctx, redisTimeout)
-		err := cl.Ping(pctx).Err()
-		cancel()
-		if err != nil {
-			return "unreachable", false
+	// All nodes at once: a dead one costs redisTimeout once, not per node.
+	answered := make([]bool, len(c.clients))
+	var wg sync.WaitGroup
+	for i, cl := range c.clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, redisTimeout)
+			defer cancel()
+			answered[i] = cl.Ping(pctx).Err() == nil
+		}()
+	}
+	wg.Wait()
+	n := 0
+	for _, ok := range answered {
+		if ok {
+			n++
 		}
 	}
-	return "ok", true
+	switch {
+	case n == len(c.clients):
+		return "ok", true
+	case len(c.clients) == 1 || n == 0:
+		return "unreachable", false
+	case n > len(c.clients)/2:
+		// The locks still hold on a majority; one node more lost and
+		// they fall back: degraded.
+		return fmt.Sprintf("%d of %d nodes answer (a quorum: locks stay on Redis)", n, len(c.clients)), false
+	}
+	return fmt.Sprintf("%d of %d nodes answer (no quorum)", n, len(c.clients)), false
 }
 
 // locksStatus names the lock backend serving now and the fallback state:

@@ -188,8 +188,19 @@ func testRedisOutage(t *testing.T, base string, srv *redistest.Server, secondary
 		}
 		seen[id] = true
 	}
-	if len(items) != len(ids) {
-		t.Errorf("%d withdrawals for %d keys; want one each", len(items), len(ids))
+	// The list is the newest 1000 (docs/api.md); a fast machine sends more.
+	// The balance below counts them all.
+	if want := min(len(ids), 1000); len(items) != want {
+		t.Errorf("%d withdrawals listed for %d keys; want one each (the newest %d)", len(items), len(ids), want)
+	}
+	answered := map[string]bool{}
+	for _, id := range ids {
+		answered[id] = true
+	}
+	for id := range seen {
+		if !answered[id] {
+			t.Errorf("withdrawal %s listed, but no key's answer named it", id)
+		}
 	}
 	t.Logf("%d withdrawals, %d while Redis was down or coming back", len(ids), int64(len(ids))-killedAt)
 	stormBalance(t, alice, (10000_00 - money.Amount(len(ids))*1_00).String())
@@ -215,8 +226,8 @@ func TestServeRedisQuorum(t *testing.T) {
 	alice.expect(alice.do("POST", "/api/v1/withdrawals", "w3", `{"amount":"3.00"}`), 201, "")
 	r := alice.do("GET", "/readyz", "", "")
 	c, _ := r.body["components"].(map[string]any)
-	if r.status != 200 || r.body["status"] != "degraded" || c["redis"] != "unreachable" || c["locks"] != "redis" {
-		t.Errorf("readyz with one node of three down = %d %s; want 200 degraded, redis unreachable, locks redis (a quorum is left)", r.status, r.raw)
+	if r.status != 200 || r.body["status"] != "degraded" || c["redis"] != "2 of 3 nodes answer (a quorum: locks stay on Redis)" || c["locks"] != "redis" {
+		t.Errorf("readyz with one node of three down = %d %s; want 200 degraded, redis 2 of 3 nodes answer (a quorum), locks redis", r.status, r.raw)
 	}
 	stormBalance(t, alice, "94.00")
 }
