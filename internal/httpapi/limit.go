@@ -68,6 +68,31 @@ func (f *failures) undo(key string) {
 	}
 }
 
+// attempt is one key of one limiter.
+type attempt struct {
+	f   *failures
+	key string
+}
+
+// reserveAll reserves an attempt on each in order. If one refuses, it
+// gives back those it took and returns how long that one is refused.
+func reserveAll(now time.Time, as ...attempt) time.Duration {
+	for i, a := range as {
+		if wait := a.f.reserve(a.key, now); wait > 0 {
+			undoAll(as[:i]...)
+			return wait
+		}
+	}
+	return 0
+}
+
+// undoAll gives back an attempt reserved on each.
+func undoAll(as ...attempt) {
+	for _, a := range as {
+		a.f.undo(a.key)
+	}
+}
+
 // window1 returns key's current window, opening a new one if it has none
 // or its last has ended. f.mu is held.
 func (f *failures) window1(key string, now time.Time) *failWindow {

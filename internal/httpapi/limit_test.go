@@ -85,3 +85,27 @@ func TestHashingBounded(t *testing.T) {
 		t.Error("with the slots free again, a hash did not run")
 	}
 }
+
+// reserveAll takes an attempt on every limiter or on none: when a later
+// one refuses, the earlier ones get theirs back.
+func TestReserveAllOrNone(t *testing.T) {
+	now := time.Now()
+	pair, addr := newFailures(5, time.Minute), newFailures(1, time.Minute)
+	if d := reserveAll(now, attempt{pair, "alice|10.0.0.1"}, attempt{addr, "10.0.0.1"}); d != 0 {
+		t.Fatalf("first attempt refused (%v)", d)
+	}
+	for range 3 {
+		if d := reserveAll(now, attempt{pair, "alice|10.0.0.1"}, attempt{addr, "10.0.0.1"}); d <= 0 {
+			t.Fatal("attempt over the address's limit of 1 let through")
+		}
+	}
+	// The pair spent one attempt, not four: four more are allowed on it.
+	for i := range 4 {
+		if d := reserveAll(now, attempt{pair, "alice|10.0.0.1"}); d != 0 {
+			t.Fatalf("pair attempt %d refused (%v): the refused tries were not given back", i+2, d)
+		}
+	}
+	if d := reserveAll(now, attempt{pair, "alice|10.0.0.1"}); d <= 0 {
+		t.Error("pair's 6th attempt let through; want its limit of 5")
+	}
+}

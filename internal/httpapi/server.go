@@ -258,7 +258,7 @@ func (s *server) serve(w *statusWriter, r *http.Request) (route string, abort bo
 		route = info(r).route
 		obs.Logger(r.Context(), s.log).Error("handler panicked", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 		if w.status == 0 {
-			writeProblem(w, s.storeProblem(errors.New("panic")))
+			writeProblem(w, internalProblem())
 			return
 		}
 		w.status, abort = http.StatusInternalServerError, true // for the log line and the metric
@@ -526,6 +526,11 @@ func (s *server) storeProblem(err error) *idempotency.Problem {
 		return &idempotency.Problem{Status: http.StatusServiceUnavailable, Code: "store_unavailable", Title: "Service unavailable",
 			Detail: "the database is unreachable; retry later", RetryAfter: 2}
 	}
+	return internalProblem()
+}
+
+// internalProblem is the contract's 500 internal.
+func internalProblem() *idempotency.Problem {
 	return &idempotency.Problem{Status: http.StatusInternalServerError, Code: "internal", Title: "Internal error", Detail: "something went wrong on our side"}
 }
 
@@ -698,7 +703,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		// It costs no hash, and it counts against the address only: a
 		// counter per such name would let anyone fill the limiters with
 		// names of up to 64 KiB.
-		if wait := s.loginAddr.reserve(addr, now); wait > 0 {
+		if wait := reserveAll(now, attempt{s.loginAddr, addr}); wait > 0 {
 			refused(wait)
 			return
 		}
@@ -706,26 +711,12 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pair := name + "\x00" + addr
-	if wait := s.loginPair.reserve(pair, now); wait > 0 {
+	attempts := []attempt{{s.loginPair, pair}, {s.loginAddr, addr}, {s.loginUser, name}}
+	if wait := reserveAll(now, attempts...); wait > 0 {
 		refused(wait)
 		return
 	}
-	if wait := s.loginAddr.reserve(addr, now); wait > 0 {
-		s.loginPair.undo(pair)
-		refused(wait)
-		return
-	}
-	if wait := s.loginUser.reserve(name, now); wait > 0 {
-		s.loginPair.undo(pair)
-		s.loginAddr.undo(addr)
-		refused(wait)
-		return
-	}
-	giveBack := func() {
-		s.loginPair.undo(pair)
-		s.loginAddr.undo(addr)
-		s.loginUser.undo(name)
-	}
+	giveBack := func() { undoAll(attempts...) }
 	u, err := s.cfg.Store.UserByName(r.Context(), name)
 	if err != nil && !errors.Is(err, sqlstore.ErrNotFound) {
 		giveBack() // not the caller's failure
@@ -745,9 +736,8 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		invalid() // the reservations stay: they were the failures
 		return
 	}
-	s.loginAddr.undo(addr)
-	s.loginUser.undo(name)
-	s.loginPair.forget(pair)
+	undoAll(attempts[1:]...) // this attempt was no failure
+	s.loginPair.forget(pair) // and the pair's earlier ones are forgiven
 	// Always a new token, whatever the request carried: a session an
 	// attacker planted (fixation) never becomes authenticated.
 	tok, th := auth.NewSessionToken()
