@@ -200,7 +200,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.checkLocked()
 		ls.endQuietLocked(lostError(ls.key, err))
 	}
-	ls.locker.observe(Event{Op: OpRelease, Key: ls.key, Duration: time.Since(ls.start), Err: err})
+	ls.locker.observe(OpRelease, ls.key, false, ls.start, err)
 	return err
 }
 
@@ -282,7 +282,7 @@ func lostError(key string, err error) error {
 // ErrReleased as an OpLost.
 func (ls *Lease) endLocked(cause error) {
 	if !ls.ended && cause != ErrReleased {
-		ls.locker.observe(Event{Op: OpLost, Key: ls.key, Duration: time.Since(ls.start), Err: cause})
+		ls.locker.observe(OpLost, ls.key, false, ls.start, cause)
 	}
 	ls.endQuietLocked(cause)
 }

@@ -84,9 +84,11 @@ type Event struct {
 	Err error
 }
 
-func (l *Locker) observe(e Event) {
+// observe reports an event whose Duration runs from since, if anyone
+// listens: without Options.Observe it does not even read the clock.
+func (l *Locker) observe(op Op, key string, wait bool, since time.Time, err error) {
 	if l.opts.Observe != nil {
-		l.opts.Observe(e)
+		l.opts.Observe(Event{Op: op, Key: key, Wait: wait, Duration: time.Since(since), Err: err})
 	}
 }
 
@@ -152,10 +154,10 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 		if ctx.Err() != nil && !errors.Is(err, ErrNotAcquired) {
 			err = errors.Join(ErrNotAcquired, ctx.Err(), err)
 		}
-		l.observe(Event{Op: OpAcquire, Key: key, Duration: time.Since(start), Err: err})
+		l.observe(OpAcquire, key, false, start, err)
 		return nil, err
 	}
-	l.observe(Event{Op: OpAcquire, Key: key, Duration: time.Since(start)})
+	l.observe(OpAcquire, key, false, start, nil)
 	return newLease(l, key, owner, ttl, g.Fence, start), nil
 }
 
@@ -172,7 +174,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	}
 	start := time.Now()
 	lease, err := l.acquire(ctx, key, ttl)
-	l.observe(Event{Op: OpAcquire, Key: key, Wait: true, Duration: time.Since(start), Err: err})
+	l.observe(OpAcquire, key, true, start, err)
 	return lease, err
 }
 
