@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,11 @@ type result struct {
 	errs     int64
 	firstErr error
 	leftover int64 // locks of the cell still held after the workers stopped (deleted then)
+
+	// blocks (paired scenarios): the time of each pass's block, by pass
+	// number; 0 where the library ran no block in that pass or one of the
+	// block's cycles failed. Blocks of the same pass are compared in pairs.
+	blocks []time.Duration
 
 	// CPU use over the measured window, in cores: the lock server's and
 	// this process's (-1: unknown; cpuNA: no server process).
@@ -217,7 +223,9 @@ const pairBlock = 50
 // so its rate follows the machine's wake-up latency, which drifts over
 // seconds; separate cells catch different stretches of that drift (their
 // ratios move ±15% from round to round on a shared VM), blocks a few
-// milliseconds apart catch the same. Each library's result counts its own
+// milliseconds apart catch the same. The libraries' order is shuffled
+// every pass, so that each follows every other equally often. Each
+// library's result counts its own
 // blocks: window is the time they took. CPU is not sampled (the process
 // runs them all).
 func runPaired(libs []*library, keyBase func(*library) string, warmup, duration time.Duration) []*result {
@@ -231,6 +239,13 @@ func runPaired(libs []*library, keyBase func(*library) string, warmup, duration 
 	}
 	block := func(i int, measured bool) {
 		r := res[i]
+		var took time.Duration
+		failed := false
+		defer func() {
+			if measured && !failed {
+				r.blocks[len(r.blocks)-1] = took
+			}
+		}()
 		for range pairBlock {
 			begin := time.Now()
 			ok, err := ws[i].try(ctx)
@@ -247,7 +262,9 @@ func runPaired(libs []*library, keyBase func(*library) string, warmup, duration 
 				continue
 			}
 			r.window += end.Sub(begin)
+			took += end.Sub(begin)
 			if err != nil {
+				failed = true
 				r.errs++
 				if r.firstErr == nil {
 					r.firstErr = err
@@ -268,7 +285,15 @@ func runPaired(libs []*library, keyBase func(*library) string, warmup, duration 
 	}
 	for ctx.Err() == nil {
 		done := true
-		for i := range libs {
+		for _, r := range res {
+			r.blocks = append(r.blocks, 0)
+		}
+		// A fresh order every pass: a block runs a little faster or slower
+		// after some libraries than after others (one that leaves
+		// goroutines of its own running keeps the other vCPU awake for the
+		// next), and a fixed cycle would give each library the same
+		// predecessor in every pass.
+		for _, i := range mrand.Perm(len(libs)) {
 			if res[i].window < duration {
 				block(i, true)
 				done = false

@@ -258,6 +258,30 @@ func printTargets(w io.Writer, rep *report) {
 			label, fmtRatio(mx, my), fmtRate(mx), fmtRate(my), wantText, verdict, strings.Join(perRound, " "))
 	}
 	atLeast := func(want float64) string { return fmt.Sprintf("≥ %g×", want) }
+	// paired prints, under a paired-1 target, how sure the comparison is:
+	// the ratio of a's to b's cycles/s over every pass's pair of blocks,
+	// with its 95% confidence interval.
+	paired := func(a, b string) {
+		ra, rb := rep.cells[a+"/paired-1"], rep.cells[b+"/paired-1"]
+		if len(ra) == 0 || len(rb) == 0 {
+			return
+		}
+		geo, lo, hi, n := pairedRatio(ra, rb)
+		if n < 2 {
+			return
+		}
+		var says string
+		switch {
+		case lo > 1:
+			says = a + " faster"
+		case hi < 1:
+			says = a + " slower"
+		default:
+			says = "no significant difference"
+		}
+		fmt.Fprintf(w, "  %-58s  %7.3f× (95%% CI %.3f–%.3f over %d pairs of blocks: %s)\n",
+			"  paired blocks, "+a+" / "+b, geo, lo, hi, n, says)
+	}
 	cycles := (*result).cyclesPerSec
 	handoffs := (*result).handoffsPerSec
 	ratio("distinct-64 cycles/s: onceguard / bsm/redislock", "distinct-64", cycles, "onceguard", "bsm/redislock", 2, atLeast(2))
@@ -265,10 +289,12 @@ func printTargets(w io.Writer, rep *report) {
 	// At one goroutine the target is judged on the paired cells (see
 	// runPaired); the separate cells are shown for information.
 	ratio("paired-1 cycles/s: onceguard / bsm/redislock", "paired-1", cycles, "onceguard", "bsm/redislock", 1, atLeast(1))
+	paired("onceguard", "bsm/redislock")
 	ratio("distinct-1 cycles/s: onceguard / bsm/redislock (info)", "distinct-1", cycles, "onceguard", "bsm/redislock", 1, atLeast(1))
 	ratio("distinct-64 cycles/s: onceguard-rueidis / bsm/redislock", "distinct-64", cycles, libOGRueidis, "bsm/redislock", 2, atLeast(2))
 	ratio("distinct-64 cycles/s: onceguard-rueidis / redsync", "distinct-64", cycles, libOGRueidis, "redsync", 3, atLeast(3))
 	ratio("paired-1 cycles/s: onceguard-rueidis / bsm/redislock", "paired-1", cycles, libOGRueidis, "bsm/redislock", 1, atLeast(1))
+	paired(libOGRueidis, "bsm/redislock")
 	ratio("distinct-1 cycles/s: onceguard-rueidis / bsm/redislock (info)", "distinct-1", cycles, libOGRueidis, "bsm/redislock", 1, atLeast(1))
 	ratio("onekey-16-block handoffs/s: onceguard / bsm/redislock", "onekey-16-block", handoffs, "onceguard", "bsm/redislock", 20, atLeast(20))
 	label := "onekey-16-block fairness (Jain) of onceguard"
@@ -293,4 +319,36 @@ func printTargets(w io.Writer, rep *report) {
 	ratio("backends-1 cycles/s: sqllock-pg-xact / pg-xact-baseline", "backends-1", cycles, libSQLPGXact, libPGBase, 1/1.5, within)
 	ratio("backends-16 cycles/s: sqllock-pg (table) / pg-xact-baseline (info)", "backends-16", cycles, libSQLPG, libPGBase, 1/1.5, within)
 	ratio("backends-1 cycles/s: sqllock-pg (table) / pg-xact-baseline (info)", "backends-1", cycles, libSQLPG, libPGBase, 1/1.5, within)
+}
+
+// pairedRatio compares two libraries' blocks of the same passes of paired
+// cells (every round's): for each pass in which both ran a block without
+// an error, the log of b's block time over a's, which is the log of a's
+// cycles/s over b's (a block is pairBlock cycles for both). It returns the
+// geometric mean of that ratio, a 95% confidence interval for it (normal
+// approximation: hundreds of pairs per round), and the number of pairs.
+// Pairing a pass's blocks, milliseconds apart, takes the machine's drift
+// out of each difference; the interval assumes what is left is independent
+// from pass to pass.
+func pairedRatio(ra, rb []*result) (geo, lo, hi float64, n int) {
+	var sum, sq float64
+	for i := range min(len(ra), len(rb)) {
+		a, b := ra[i].blocks, rb[i].blocks
+		for p := range min(len(a), len(b)) {
+			if a[p] <= 0 || b[p] <= 0 {
+				continue
+			}
+			x := math.Log(float64(b[p]) / float64(a[p]))
+			sum += x
+			sq += x * x
+			n++
+		}
+	}
+	if n < 2 {
+		return 0, 0, 0, n
+	}
+	mean := sum / float64(n)
+	sd := math.Sqrt(max(0, sq-float64(n)*mean*mean) / float64(n-1))
+	half := 1.96 * sd / math.Sqrt(float64(n))
+	return math.Exp(mean), math.Exp(mean - half), math.Exp(mean + half), n
 }

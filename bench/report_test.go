@@ -1,0 +1,43 @@
+package main
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestPairedRatio(t *testing.T) {
+	ms := func(xs ...float64) []time.Duration {
+		var d []time.Duration
+		for _, x := range xs {
+			d = append(d, time.Duration(x*float64(time.Millisecond)))
+		}
+		return d
+	}
+	// a's blocks take half b's time in every pass it shares with b: a makes
+	// twice b's cycles/s. Passes where either ran no block (0) do not count.
+	a := []*result{{blocks: ms(5, 6, 0, 4)}, {blocks: ms(3, 7)}}
+	b := []*result{{blocks: ms(10, 12, 9, 8)}, {blocks: ms(6, 0)}}
+	geo, lo, hi, n := pairedRatio(a, b)
+	if n != 4 {
+		t.Fatalf("n = %d, want 4 pairs", n)
+	}
+	for _, x := range []float64{geo, lo, hi} {
+		if math.Abs(x-2) > 1e-9 {
+			t.Fatalf("ratio %.6f, CI %.6f–%.6f; want exactly 2", geo, lo, hi)
+		}
+	}
+
+	// Ratios 2 and 1/2, alternating: a geometric mean of 1, an interval
+	// around it.
+	a = []*result{{blocks: ms(5, 20, 5, 20)}}
+	b = []*result{{blocks: ms(10, 10, 10, 10)}}
+	geo, lo, hi, n = pairedRatio(a, b)
+	if n != 4 || math.Abs(geo-1) > 1e-9 || !(lo < 1 && hi > 1) || math.Abs(lo*hi-1) > 1e-9 {
+		t.Fatalf("ratio %.6f, CI %.6f–%.6f over %d; want 1 inside a symmetric interval, 4 pairs", geo, lo, hi, n)
+	}
+
+	if _, _, _, n := pairedRatio(a[:0], b); n != 0 {
+		t.Fatalf("no cells: n = %d", n)
+	}
+}
