@@ -200,7 +200,10 @@ func run(cfg config, out, progress io.Writer) error {
 
 	// The service configurations.
 	var services []*serviceConfig
-	baseArgs := []string{"serve", "--addr", "127.0.0.1:0", "--require-submit-token", ""}
+	// --signup-limit -1: the clients are users signed up from one address,
+	// more of them than the service lets one address create in an hour
+	// with -clients over 100.
+	baseArgs := []string{"serve", "--addr", "127.0.0.1:0", "--require-submit-token", "", "--signup-limit", "-1"}
 	if has(groupSQLite) {
 		dir := filepath.Join(tmp, "sqlite-data")
 		services = append(services, &serviceConfig{group: groupSQLite, bin: bin, runID: runID,
@@ -313,7 +316,7 @@ func run(cfg config, out, progress io.Writer) error {
 }
 
 func serviceFlagsNote(cfg config) string {
-	s := `--addr 127.0.0.1:0 --require-submit-token "" (repeat window default 10s); SQLite: --data-dir <tmp>; PostgreSQL: --db <fresh database> --redis ` + redactURL(cfg.redisURL)
+	s := `--addr 127.0.0.1:0 --require-submit-token "" --signup-limit -1 (repeat window default 10s); SQLite: --data-dir <tmp>; PostgreSQL: --db <fresh database> --redis ` + redactURL(cfg.redisURL)
 	if cfg.dbConns > 0 {
 		s += " --db-conns " + strconv.Itoa(cfg.dbConns)
 	}

@@ -89,7 +89,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 type serveConfig struct {
 	addr, db, dataDir, redis, pspURL, requireToken, currency, maxAmount               string
 	tokenTTL, keyTTL, keyLease, requestTimeout, lockTTL, repeatWindow, reconcileEvery time.Duration
-	dbConns, rateBurst, loginAttempts                                                 int
+	dbConns, rateBurst, loginAttempts, signupLimit                                    int
 	rateLimit                                                                         float64
 	logLevel, logFormat, clientIPHeader                                               string
 	secureCookies                                                                     bool
@@ -119,6 +119,7 @@ func serveFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *serveConfig) {
 	fs.StringVar(&c.currency, "currency", env.str("ONCEGUARD_CURRENCY", "CNY"), "currency [ONCEGUARD_CURRENCY]")
 	fs.Float64Var(&c.rateLimit, "rate-limit", env.float("ONCEGUARD_RATE_LIMIT", 2000), "requests a second one client address may send (429 rate_limited over it), 0 off [ONCEGUARD_RATE_LIMIT]")
 	fs.IntVar(&c.rateBurst, "rate-burst", env.int("ONCEGUARD_RATE_BURST", 4000), "requests one client address may send at once [ONCEGUARD_RATE_BURST]")
+	fs.IntVar(&c.signupLimit, "signup-limit", env.int("ONCEGUARD_SIGNUP_LIMIT", 100), "sign-ups one client address may make in an hour before 429 too_many_signups, -1 off [ONCEGUARD_SIGNUP_LIMIT]")
 	fs.IntVar(&c.loginAttempts, "login-attempts", env.int("ONCEGUARD_LOGIN_ATTEMPTS", 5), "failed sign-ins per username and address in 15 min before 429 too_many_attempts (4x per address, 10x per username), -1 off [ONCEGUARD_LOGIN_ATTEMPTS]")
 	fs.BoolVar(&c.secureCookies, "secure-cookies", env.bool("ONCEGUARD_SECURE_COOKIES", false), "mark the session cookie Secure on every sign-in, for a service reached only over TLS through a proxy that sends neither X-Forwarded-Proto nor Forwarded; default: Secure when the request came over TLS or such a proxy says so [ONCEGUARD_SECURE_COOKIES]")
 	fs.StringVar(&c.clientIPHeader, "client-ip-header", env.str("ONCEGUARD_CLIENT_IP_HEADER", ""), "header a trusted proxy sets to the client's address (e.g. X-Real-IP), for the limits; default the connection's address [ONCEGUARD_CLIENT_IP_HEADER]")
@@ -221,7 +222,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, RequestTimeout: c.requestTimeout, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
 		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, LockBackend: coord.backend, Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,
-		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, ClientIPHeader: c.clientIPHeader, SecureCookies: c.secureCookies,
+		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, SignupLimit: c.signupLimit, ClientIPHeader: c.clientIPHeader, SecureCookies: c.secureCookies,
 	})
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {

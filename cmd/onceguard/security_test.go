@@ -85,6 +85,37 @@ func TestServeLoginLimits(t *testing.T) {
 	}
 }
 
+// Account spam: sign-ups are limited per client address and hour; a
+// taken username counts (it cost a hash), a malformed one does not, and
+// another address is not affected.
+func TestServeSignupLimit(t *testing.T) {
+	base := startServe(t, "--signup-limit", "2", "--client-ip-header", "X-Real-IP")
+	signup := func(name, addr string) (int, http.Header, string) {
+		t.Helper()
+		return raw(t, "POST", base+"/api/v1/users", fmt.Sprintf(`{"username":%q,"password":"correct horse"}`, name), map[string]string{"X-Real-IP": addr})
+	}
+	if s, _, body := signup("Not Valid", "10.0.0.1"); s != 400 || !strings.Contains(body, "invalid_username") {
+		t.Fatalf("malformed username = %d %s; want 400 invalid_username", s, body)
+	}
+	if s, _, body := signup("spam1", "10.0.0.1"); s != 201 {
+		t.Fatalf("first sign-up = %d %s; want 201", s, body)
+	}
+	if s, _, body := signup("spam1", "10.0.0.1"); s != 409 {
+		t.Fatalf("taken username = %d %s; want 409", s, body)
+	}
+	s, h, body := signup("spam2", "10.0.0.1")
+	if s != 429 || !strings.Contains(body, `"code":"too_many_signups"`) || h.Get("Retry-After") == "" || !strings.HasPrefix(h.Get("Content-Type"), "application/problem+json") {
+		t.Errorf("third sign-up from one address = %d %v %s; want 429 too_many_signups with Retry-After", s, h, body)
+	}
+	if s, _, body := signup("spam2", "10.0.0.2"); s != 201 {
+		t.Errorf("sign-up from another address = %d %s; want 201", s, body)
+	}
+	// The refused attempt created nothing: spam2 exists once, from 10.0.0.2.
+	if s, _, body := signup("spam2", "10.0.0.3"); s != 409 {
+		t.Errorf("spam2 again = %d %s; want 409 (created once, from 10.0.0.2)", s, body)
+	}
+}
+
 // A client address over the rate limit gets 429 rate_limited with
 // Retry-After; health checks are never limited.
 func TestServeRateLimit(t *testing.T) {

@@ -70,6 +70,11 @@ type Config struct {
 	// the window ends; an address gets 4 times as many over all usernames,
 	// a username 10 times as many over all addresses. 0: 5; negative: off.
 	LoginAttempts int
+	// SignupLimit is how many sign-ups one client address may make in an
+	// hour before it gets 429 too_many_signups until the hour ends. Every
+	// sign-up that reaches the password hash counts, a taken username
+	// too; malformed ones cost nothing and do not. 0: 100; negative: off.
+	SignupLimit int
 	// ClientIPHeader names a header a trusted proxy in front sets to the
 	// client's address (its last value counts), for the limits. Default:
 	// the connection's remote address.
@@ -111,6 +116,7 @@ type server struct {
 
 	rates                           *rates
 	loginPair, loginAddr, loginUser *failures
+	signups                         *failures // per client address, an hour
 	tokens                          *token.Tokens
 	locks                           *lock.Locker                       // per-user and per-order locks
 	routes                          map[string]map[string]http.Handler // path -> method -> handler
@@ -137,6 +143,9 @@ func New(cfg Config) http.Handler {
 	if cfg.LoginAttempts == 0 {
 		cfg.LoginAttempts = 5
 	}
+	if cfg.SignupLimit == 0 {
+		cfg.SignupLimit = 100
+	}
 	lease := cfg.KeyLease
 	if lease <= 0 {
 		lease = 30 * time.Second // the middleware's default
@@ -150,6 +159,9 @@ func New(cfg Config) http.Handler {
 		s.loginPair = newFailures(n, 15*time.Minute)
 		s.loginAddr = newFailures(4*n, 15*time.Minute)
 		s.loginUser = newFailures(10*n, 15*time.Minute)
+	}
+	if n := cfg.SignupLimit; n > 0 {
+		s.signups = newFailures(n, time.Hour)
 	}
 	s.handle("GET", "/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) }))
 	s.handle("GET", "/readyz", http.HandlerFunc(s.readyz))
@@ -662,8 +674,18 @@ func (s *server) createUser(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "invalid_password", "Invalid password", "8 to 128 bytes")
 		return
 	}
+	// Account spam: counted before the (slow) hash, like a sign-in, and
+	// given back only when the attempt never got to create a user.
+	signup := attempt{s.signups, s.clientAddr(r)}
+	if wait := reserveAll(time.Now(), signup); wait > 0 {
+		obs.Logger(r.Context(), s.log).Warn("sign-up refused: too many sign-ups", "client", signup.key)
+		writeProblem(w, &idempotency.Problem{Status: http.StatusTooManyRequests, Code: "too_many_signups", Title: "Too many sign-ups",
+			Detail: "too many accounts created from this address; wait before creating another", RetryAfter: retryAfter(wait)})
+		return
+	}
 	var hash string
 	if !s.hashing(w, r, func() { hash = auth.HashPassword(pass) }) {
+		undoAll(signup)
 		return
 	}
 	id := newID("u_")
@@ -672,6 +694,7 @@ func (s *server) createUser(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusConflict, "username_taken", "Username taken", "choose another username")
 		return
 	} else if err != nil {
+		undoAll(signup) // not the caller's doing
 		s.internal(w, r, err)
 		return
 	}

@@ -653,6 +653,7 @@
             username_taken: 'That username is taken; choose another, or sign in.',
             invalid_username: 'The username must be 3 to 32 characters: lowercase letters, digits and _.',
             invalid_password: 'The password must be 8 to 128 bytes long.',
+            too_many_signups: 'Too many accounts were created from this address lately; try again later.',
           };
           say(msg, 'error', words[r.code] || `Could not create the account (${r.data.title || r.status}).`);
           return;
