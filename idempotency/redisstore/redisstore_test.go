@@ -1,7 +1,6 @@
 package redisstore_test
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -16,7 +15,7 @@ import (
 
 func TestStore(t *testing.T) {
 	rdb := redistest.Shared(t)
-	prefix := fmt.Sprintf("storetest:%d:", time.Now().UnixNano())
+	prefix := redistest.Prefix(t, rdb, "storetest") // its keys are deleted when the test ends
 	storetest.Run(t, func(*testing.T) idempotency.FullStore {
 		return redisstore.New(rdb, &redisstore.Options{Prefix: prefix})
 	})
@@ -36,7 +35,7 @@ func TestStoreCluster(t *testing.T) {
 // used is gone from Redis at its expiry, not kept forever.
 func TestTokenKeyExpires(t *testing.T) {
 	rdb := redistest.Shared(t)
-	prefix := fmt.Sprintf("storetest:%d:", time.Now().UnixNano())
+	prefix := redistest.Prefix(t, rdb, "storetest")
 	s := redisstore.New(rdb, &redisstore.Options{Prefix: prefix})
 	ctx := t.Context()
 	if err := s.PutToken(ctx, token.Record{Hash: "h", Subject: "u", Purpose: "p", ExpiresAt: time.Now().Add(time.Minute)}); err != nil {
