@@ -37,6 +37,28 @@ func race(n int, f func(i int)) {
 	done.Wait()
 }
 
+// sameKeyRace runs create in racers goroutines at once, all under one key,
+// and tallies the answers: how many said they created the row, how many
+// times each id came back, and the errors.
+func sameKeyRace(create func(i int) (id string, created bool, err error)) (news int, ids map[string]int, bad []string) {
+	var mu sync.Mutex
+	ids = map[string]int{}
+	race(racers, func(i int) {
+		id, created, err := create(i)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		ids[id]++
+		if created {
+			news++
+		}
+	})
+	return news, ids, bad
+}
+
 // fund credits u1 with amount through a settled deposit.
 func fund(t *testing.T, s *sqlstore.Store, id string, amount money.Amount, now int64) {
 	t.Helper()
@@ -157,22 +179,9 @@ func TestPayOrderSameKey(t *testing.T) {
 		wantBalance(t, s, 7500)
 
 		order(t, s, "o2", 1000, now)
-		var mu sync.Mutex
-		ids := map[string]int{}
-		var news int
-		var bad []string
-		race(racers, func(i int) {
+		news, ids, bad := sameKeyRace(func(i int) (string, bool, error) {
 			p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("q%d", i), OrderID: "o2", UserID: "u1", Key: "k2", CreatedAt: now}, 0)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				bad = append(bad, err.Error())
-				return
-			}
-			ids[p.ID]++
-			if created {
-				news++
-			}
+			return p.ID, created, err
 		})
 		if len(bad) != 0 || news != 1 || len(ids) != 1 {
 			t.Errorf("PayOrder(one key) x%d: %d created, ids %v, errors %q; want one created, one id, no error", racers, news, ids, bad)
@@ -264,22 +273,9 @@ func TestWithdrawSameKeyRace(t *testing.T) {
 				ctx := context.Background()
 				count := counter(t, db, d)
 				fund(t, s, "d1", funds, now)
-				var mu sync.Mutex
-				ids := map[string]int{}
-				var news int
-				var bad []string
-				race(racers, func(i int) {
+				news, ids, bad := sameKeyRace(func(i int) (string, bool, error) {
 					m, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: now}, 0)
-					mu.Lock()
-					defer mu.Unlock()
-					if err != nil {
-						bad = append(bad, err.Error())
-						return
-					}
-					ids[m.ID]++
-					if created {
-						news++
-					}
+					return m.ID, created, err
 				})
 				if len(bad) != 0 || news != 1 || len(ids) != 1 {
 					t.Errorf("Withdraw(one key) x%d: %d created, ids %v, errors %q; want one created, one id for all, no error", racers, news, ids, bad)
@@ -302,22 +298,9 @@ func TestWithdrawSameKeyRace(t *testing.T) {
 func TestCreateDepositSameKeyRace(t *testing.T) {
 	onEachDatabase(t, func(t *testing.T, s *sqlstore.Store, db *sql.DB, count func(string, ...any) int, now int64) {
 		ctx := context.Background()
-		var mu sync.Mutex
-		ids := map[string]int{}
-		var news int
-		var bad []string
-		race(racers, func(i int) {
+		news, ids, bad := sameKeyRace(func(i int) (string, bool, error) {
 			m, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: fmt.Sprintf("d%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: now})
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				bad = append(bad, err.Error())
-				return
-			}
-			ids[m.ID]++
-			if created {
-				news++
-			}
+			return m.ID, created, err
 		})
 		if len(bad) != 0 || news != 1 || len(ids) != 1 {
 			t.Fatalf("CreateDeposit(one key) x%d: %d created, ids %v, errors %q; want one created, one id for all, no error", racers, news, ids, bad)
@@ -331,7 +314,10 @@ func TestCreateDepositSameKeyRace(t *testing.T) {
 		for k := range ids {
 			id = k
 		}
-		var moves int
+		var (
+			mu    sync.Mutex
+			moves int
+		)
 		race(racers, func(int) {
 			moved, err := s.SettleDeposit(ctx, id, true, now)
 			mu.Lock()
