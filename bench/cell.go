@@ -241,11 +241,6 @@ func runPaired(libs []*library, keyBase func(*library) string, warmup, duration 
 		r := res[i]
 		var took time.Duration
 		failed := false
-		defer func() {
-			if measured && !failed {
-				r.blocks[len(r.blocks)-1] = took
-			}
-		}()
 		for range pairBlock {
 			begin := time.Now()
 			ok, err := ws[i].try(ctx)
@@ -276,6 +271,9 @@ func runPaired(libs []*library, keyBase func(*library) string, warmup, duration 
 			r.attempts++
 			r.perG[0]++
 			r.lat = append(r.lat, end.Sub(begin))
+		}
+		if measured && !failed {
+			r.blocks[len(r.blocks)-1] = took
 		}
 	}
 	for t0 := time.Now(); time.Since(t0) < warmup && ctx.Err() == nil; {

@@ -306,6 +306,9 @@ func TestSoakStoresBounded(t *testing.T) {
 	if f := int(failed.Load()); z.LoginPair != f || z.LoginAddr != f || z.LoginUser != f {
 		t.Errorf("failed sign-in counters %+v; want %d each (every failure a new username and address, successes forgotten)", z, f)
 	}
+	if z.Signups != workers {
+		t.Errorf("sign-up counters: %d; want %d (one sign-up from each of %d addresses)", z.Signups, workers, workers)
+	}
 	// Every lock released: the table keeps no entry for a free lock, so
 	// it does not grow with the orders (one lock key each).
 	if n := locks.Len(); n != 0 {

@@ -1,7 +1,9 @@
 package httpapi_test
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -123,6 +125,58 @@ func TestParallelGuessesCounted(t *testing.T) {
 	if w := serveJSON(o.h, "", "POST", "/api/v1/sessions", "", `{"username":"alice","password":"correct horse"}`); w.Code != 429 {
 		t.Errorf("the right password from that address after them = %d; want 429 until the window ends", w.Code)
 	}
+}
+
+// A sign-up counts against its address once its password is hashed, even
+// if the client hangs up meanwhile: the user is still created, and the
+// next sign-up from that address is over the limit. One that never got a
+// hashing slot (503 busy) gives its count back. (The harness signs alice
+// up from the same address first: a limit of 2 leaves one sign-up.)
+func TestSignupCountedOnceHashed(t *testing.T) {
+	signup := func(h http.Handler, name string, cancelled bool) int {
+		r := httptest.NewRequest("POST", "/api/v1/users", strings.NewReader(`{"username":"`+name+`","password":"correct horse"}`))
+		r.Header.Set("Content-Type", "application/json")
+		if cancelled {
+			ctx, cancel := context.WithCancel(r.Context())
+			cancel()
+			r = r.WithContext(ctx)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	limit2 := func(c *httpapi.Config) { c.SignupLimit = 2 }
+
+	t.Run("hung up during the hash", func(t *testing.T) {
+		o := newObsHarness(t, nil, nil, limit2)
+		// A slot is free, so the hash runs although the request has
+		// ended; the user is created on a context of its own.
+		if code := signup(o.h, "gone", true); code != 201 {
+			t.Fatalf("sign-up whose client hung up = %d; want 201 (created, though nobody reads it)", code)
+		}
+		if w := serveJSON(o.h, "", "POST", "/api/v1/sessions", "", `{"username":"gone","password":"correct horse"}`); w.Code != 201 {
+			t.Errorf("signing in as the user created after the hang-up = %d; want 201", w.Code)
+		}
+		if code := signup(o.h, "next", false); code != 429 {
+			t.Errorf("the next sign-up from the address = %d; want 429 (the hashed one counted)", code)
+		}
+	})
+
+	t.Run("no hashing slot", func(t *testing.T) {
+		o := newObsHarness(t, nil, nil, limit2)
+		release, ok := httpapi.HoldHashSlots(o.h)
+		if !ok {
+			t.Fatal("HoldHashSlots: not a handler from httpapi.New")
+		}
+		code := signup(o.h, "waited", true) // all slots held, the request ends: busy
+		release()
+		if code != 503 {
+			t.Fatalf("sign-up with every hashing slot taken = %d; want 503 busy", code)
+		}
+		if code := signup(o.h, "after", false); code != 201 {
+			t.Errorf("the next sign-up from the address = %d; want 201 (the busy one gave its count back)", code)
+		}
+	})
 }
 
 // A sign-in name that no user can have (it fails the username rule) is

@@ -3,7 +3,8 @@ package httpapi
 import "net/http"
 
 // MaxLimiterEntries is the most keys each in-memory limiter keeps (the
-// per-address token buckets and the three failed-sign-in counters).
+// per-address token buckets, the three failed-sign-in counters and the
+// sign-up counter).
 const MaxLimiterEntries = maxLimiterEntries
 
 // LimiterSizes is how many keys a service's in-memory limiters hold.
@@ -12,6 +13,7 @@ type LimiterSizes struct {
 	LoginPair int // failed sign-ins per (username, address)
 	LoginAddr int // failed sign-ins per address
 	LoginUser int // failed sign-ins per username
+	Signups   int // sign-ups per address
 }
 
 // Sizes reports the limiters of h, a handler from New (ok is false for
@@ -30,10 +32,29 @@ func Sizes(h http.Handler) (z LimiterSizes, ok bool) {
 	for _, c := range []struct {
 		f *failures
 		n *int
-	}{{s.loginPair, &z.LoginPair}, {s.loginAddr, &z.LoginAddr}, {s.loginUser, &z.LoginUser}} {
+	}{{s.loginPair, &z.LoginPair}, {s.loginAddr, &z.LoginAddr}, {s.loginUser, &z.LoginUser}, {s.signups, &z.Signups}} {
 		if c.f != nil {
 			*c.n = c.f.size()
 		}
 	}
 	return z, true
+}
+
+// HoldHashSlots takes every password-hashing slot of h, a handler from
+// New, until release is called: sign-ups and sign-ins meanwhile wait for
+// one, and answer 503 busy when their request ends first. For tests.
+func HoldHashSlots(h http.Handler) (release func(), ok bool) {
+	s, ok := h.(*server)
+	if !ok {
+		return nil, false
+	}
+	n := cap(s.hashSlots)
+	for range n {
+		s.hashSlots <- struct{}{}
+	}
+	return func() {
+		for range n {
+			<-s.hashSlots
+		}
+	}, true
 }

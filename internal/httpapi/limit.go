@@ -14,8 +14,8 @@ import (
 // attacker who floods with fresh addresses resets counts, never memory).
 const maxLimiterEntries = 50_000
 
-// failures counts failed attempts per key in a fixed window: after max
-// failures a key is refused until its window ends.
+// failures counts attempts per key in a fixed window (failed sign-ins;
+// sign-ups): after max of them a key is refused until its window ends.
 type failures struct {
 	max    int
 	window time.Duration

@@ -345,8 +345,7 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 	info(r).route = label
 	if s.rates != nil && label != "/healthz" && label != "/readyz" && label != "/metrics" {
 		if wait := s.rates.take(s.clientAddr(r), time.Now()); wait > 0 {
-			writeProblem(w, &idempotency.Problem{Status: http.StatusTooManyRequests, Code: "rate_limited", Title: "Too many requests",
-				Detail: "this address sends more requests than the service takes; slow down", RetryAfter: retryAfter(wait)})
+			tooMany(w, "rate_limited", "Too many requests", "this address sends more requests than the service takes; slow down", wait)
 			return label
 		}
 	}
@@ -679,8 +678,7 @@ func (s *server) createUser(w http.ResponseWriter, r *http.Request) {
 	signup := attempt{s.signups, s.clientAddr(r)}
 	if wait := reserveAll(time.Now(), signup); wait > 0 {
 		obs.Logger(r.Context(), s.log).Warn("sign-up refused: too many sign-ups", "client", signup.key)
-		writeProblem(w, &idempotency.Problem{Status: http.StatusTooManyRequests, Code: "too_many_signups", Title: "Too many sign-ups",
-			Detail: "too many accounts created from this address; wait before creating another", RetryAfter: retryAfter(wait)})
+		tooMany(w, "too_many_signups", "Too many sign-ups", "too many accounts created from this address; wait before creating another", wait)
 		return
 	}
 	var hash string
@@ -688,13 +686,18 @@ func (s *server) createUser(w http.ResponseWriter, r *http.Request) {
 		undoAll(signup)
 		return
 	}
+	// The hash is spent: the user is created even if the client has hung
+	// up meanwhile, so that hanging up during the hash never gets the
+	// attempt back (nor logs a failure that was only the client leaving).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.RequestTimeout)
+	defer cancel()
 	id := newID("u_")
-	err := s.cfg.Store.CreateUser(r.Context(), id, name, hash, s.cfg.Currency, time.Now().UnixMicro())
+	err := s.cfg.Store.CreateUser(ctx, id, name, hash, s.cfg.Currency, time.Now().UnixMicro())
 	if errors.Is(err, sqlstore.ErrUsernameTaken) {
 		problem(w, http.StatusConflict, "username_taken", "Username taken", "choose another username")
 		return
 	} else if err != nil {
-		undoAll(signup) // not the caller's doing
+		undoAll(signup) // the store's failure, not the caller's doing
 		s.internal(w, r, err)
 		return
 	}
@@ -713,8 +716,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	addr, now := s.clientAddr(r), time.Now()
 	refused := func(wait time.Duration) {
 		obs.Logger(r.Context(), s.log).Warn("sign-in refused: too many failed attempts", "username", logName(name), "client", addr)
-		writeProblem(w, &idempotency.Problem{Status: http.StatusTooManyRequests, Code: "too_many_attempts", Title: "Too many sign-in attempts",
-			Detail: "too many failed sign-ins; wait before trying again", RetryAfter: retryAfter(wait)})
+		tooMany(w, "too_many_attempts", "Too many sign-in attempts", "too many failed sign-ins; wait before trying again", wait)
 	}
 	invalid := func() {
 		obs.Logger(r.Context(), s.log).Warn("sign-in refused", "username", logName(name), "client", addr)
@@ -771,6 +773,12 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: tok, Path: "/", Expires: exp, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.cfg.SecureCookies || secure(r)})
 	writeJSON(w, http.StatusCreated, map[string]string{"token": tok, "expires_at": exp.UTC().Format(time.RFC3339)})
+}
+
+// tooMany answers 429 with code and Retry-After: a limit refused the
+// request for wait.
+func tooMany(w http.ResponseWriter, code, title, detail string, wait time.Duration) {
+	writeProblem(w, &idempotency.Problem{Status: http.StatusTooManyRequests, Code: code, Title: title, Detail: detail, RetryAfter: retryAfter(wait)})
 }
 
 var dummyHash = auth.HashPassword("timing equaliser, never a password")
