@@ -240,3 +240,30 @@ func TestSecureCookies(t *testing.T) {
 		}
 	}
 }
+
+// A request whose client went away while the store worked is answered 503
+// request_interrupted and logged at info: not a 500, which dashboards and
+// alerts read as a bug of the service, nor an error line.
+func TestClientGoneIsNotAnError(t *testing.T) {
+	o := newObsHarness(t, nil, nil)
+	for _, path := range []string{"/api/v1/account", "/api/v1/ledger", "/api/v1/withdrawals"} {
+		r := httptest.NewRequest("GET", path, nil)
+		r.Header.Set("Authorization", "Bearer "+o.token)
+		ctx, cancel := context.WithCancel(r.Context())
+		cancel()
+		w := httptest.NewRecorder()
+		o.h.ServeHTTP(w, r.WithContext(ctx))
+		if w.Code != 503 || !strings.Contains(w.Body.String(), `"code":"request_interrupted"`) || w.Header().Get("Retry-After") == "" {
+			t.Errorf("GET %s, client gone = %d %v %s; want 503 request_interrupted with Retry-After", path, w.Code, w.Header(), w.Body)
+		}
+	}
+	if l := o.lines(t, "request failed"); len(l) != 0 {
+		t.Errorf("error lines for clients that went away: %v; want none", l)
+	}
+	if l := o.lines(t, "request ended before it was answered"); len(l) != 3 {
+		t.Errorf("info lines: %d; want one per request (3)", len(l))
+	}
+	if n := o.value(t, "onceguard_http_requests_total", "route", "/api/v1/account", "method", "GET", "code", "500"); n != 0 {
+		t.Errorf("requests counted as 500: %v; want 0", n)
+	}
+}

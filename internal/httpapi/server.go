@@ -525,14 +525,30 @@ func jsonBody(v any) []byte {
 
 func (s *server) internal(w http.ResponseWriter, r *http.Request, err error) {
 	p := s.storeProblem(err)
-	obs.Logger(r.Context(), s.log).Error("request failed", "status", p.Status, "error", err.Error())
+	if p.Code == codeInterrupted {
+		// Nobody failed: the client went away before the answer. Not
+		// an error line, nor a 500 on the dashboards.
+		obs.Logger(r.Context(), s.log).Info("request ended before it was answered", "status", p.Status, "error", err.Error())
+	} else {
+		obs.Logger(r.Context(), s.log).Error("request failed", "status", p.Status, "error", err.Error())
+	}
 	writeProblem(w, p)
 }
 
-// storeProblem is the answer to a store error: 503 store_unavailable with
-// Retry-After when the database could not answer (down, or out of
-// connections), else 500.
+// codeInterrupted is the code of a request that ended before its answer,
+// the same as the idempotency middleware's.
+const codeInterrupted = "request_interrupted"
+
+// storeProblem is the answer to a store error: 503 request_interrupted
+// when the call's context was cancelled (the client went away; a keyed
+// request's key is freed, as after any 5xx), 503 store_unavailable with
+// Retry-After when the database could not answer (down, out of
+// connections, or the request's deadline passed), else 500.
 func (s *server) storeProblem(err error) *idempotency.Problem {
+	if errors.Is(err, context.Canceled) {
+		return &idempotency.Problem{Status: http.StatusServiceUnavailable, Code: codeInterrupted, Title: "Request interrupted",
+			Detail: "the request ended (the client went away) before it was answered; retry it", RetryAfter: 1}
+	}
 	if isUnavailable(err) {
 		return &idempotency.Problem{Status: http.StatusServiceUnavailable, Code: "store_unavailable", Title: "Service unavailable",
 			Detail: "the database is unreachable; retry later", RetryAfter: 2}
