@@ -80,8 +80,10 @@ type Config struct {
 	// Call.Forget, an answer that could not be stored, or none at all from
 	// a handler that returned without writing once the request's context
 	// had ended, which is answered 503 request_interrupted; a token bound
-	// with it can be used again), "store_unavailable". Low cardinality:
-	// fit for a metric label.
+	// with it can be used again), "store_unavailable", "interrupted" (the
+	// client went away while the store worked, before the handler ran:
+	// 503 request_interrupted, nothing kept). Low cardinality: fit for a
+	// metric label.
 	OnEvent func(r *http.Request, event string)
 }
 
@@ -273,7 +275,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if err != nil || left > 0 {
 			_ = cfg.Store.Abandon(detached, id, res.Lease) // not recorded: key and token stay usable
 			if err != nil {
-				m.fail(w, r, "store_unavailable", probUnavailable)
+				m.storeFailed(w, r, err)
 				return
 			}
 			m.fail(w, r, "duplicate_submission", &Problem{
@@ -385,6 +387,19 @@ func (m *middleware) tokenError(w http.ResponseWriter, r *http.Request, err erro
 	}
 	if errors.Is(err, token.ErrInvalid) {
 		m.fail(w, r, "token_invalid", probTokenInvalid)
+		return
+	}
+	m.storeFailed(w, r, err)
+}
+
+// storeFailed answers a store error before the handler ran: 503
+// store_unavailable, or 503 request_interrupted ("interrupted") when the
+// request's context was cancelled (the client went away) and the store
+// gave up with it. That store did not fail: it must not show as an
+// unreachable store in the metrics and alerts.
+func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		m.fail(w, r, "interrupted", probInterrupted)
 		return
 	}
 	m.fail(w, r, "store_unavailable", probUnavailable)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -579,6 +580,34 @@ func TestStoreUnavailable(t *testing.T) {
 	h.ServeHTTP(w, r)
 	if w.Code != 503 || code(t, w) != "store_unavailable" || w.Header().Get("Retry-After") == "" || b.runs.Load() != 0 {
 		t.Errorf("= %d %q Retry-After=%q runs=%d; want 503 store_unavailable with Retry-After and no run", w.Code, code(t, w), w.Header().Get("Retry-After"), b.runs.Load())
+	}
+}
+
+// gone is a store that gives up with the caller's context, as database
+// drivers and Redis clients do when the client of an HTTP request hangs up.
+type gone struct{ idempotency.FullStore }
+
+func (gone) Begin(ctx context.Context, _ idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	<-ctx.Done()
+	return idempotency.BeginResult{}, fmt.Errorf("query: %w", ctx.Err())
+}
+
+// A request whose client went away while the store worked is not a store
+// outage: 503 request_interrupted and the event "interrupted", not
+// store_unavailable (which operators alert on). A store error while the
+// request is alive stays store_unavailable (TestStoreUnavailable).
+func TestClientGoneIsNotStoreUnavailable(t *testing.T) {
+	b := &bank{}
+	var events []string
+	h := idempotency.Middleware(idempotency.Config{Store: gone{}, OnEvent: func(_ *http.Request, ev string) { events = append(events, ev) }})(b)
+	r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", "k")
+	ctx, cancel := context.WithCancel(r.Context())
+	cancel()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r.WithContext(ctx))
+	if w.Code != 503 || code(t, w) != "request_interrupted" || b.runs.Load() != 0 || !slices.Equal(events, []string{"interrupted"}) {
+		t.Errorf("= %d %q runs=%d events %q; want 503 request_interrupted, no run, one event \"interrupted\"", w.Code, code(t, w), b.runs.Load(), events)
 	}
 }
 
