@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // database/sql driver "sqlite"
 
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/redlock"
 	"github.com/onceguard/onceguard/lock/sqllock"
 )
@@ -458,10 +459,11 @@ func setupRedlock(ctx context.Context, bin string, n int, cl *cleanups) (*librar
 		admins = append(admins, a)
 		addrs = append(addrs, node.addr)
 	}
-	l, err := redlock.New(clients, nil)
+	b, err := redlock.NewBackend(clients, nil)
 	if err != nil {
 		return nil, "", err
 	}
+	l := lock.New(b, nil)
 	info := fmt.Sprintf("redlock: %d redis-server %s processes started by the bench at %s (no persistence)",
 		n, redisVersion(ctx, admins[0]), strings.Join(addrs, ", "))
 	return &library{
@@ -479,6 +481,7 @@ func setupRedlock(ctx context.Context, bin string, n int, cl *cleanups) (*librar
 			return sum, true
 		},
 		cleanup: func(ctx context.Context, prefix string) (int64, error) {
+			b.Wait() // the calls still out to a slow node, late grants undone
 			var held int64
 			var errs error
 			for _, a := range admins {

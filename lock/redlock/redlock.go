@@ -7,7 +7,13 @@
 // release and refresh, NOSCRIPT recovery, pipelining). Acquire asks all
 // nodes at once; without a majority it releases whatever it got. Every
 // call returns as soon as a majority succeeded, without waiting for the
-// rest: a paused node costs nothing until a majority is in doubt. Fences
+// rest: a paused node costs nothing until a majority is in doubt. The
+// calls to the remaining nodes go on in the background, each bounded by
+// NodeTimeout, and a late grant is not left behind: a release, including
+// the give-back of a failed acquire, reaches a node only after that node's
+// acquire for the same owner answered or timed out, so a grant that lands
+// after the caller released or gave up is undone by owner-checked delete.
+// Wait blocks until such background work is done. Fences
 // stay increasing across quorums: after winning, the largest fence any
 // granting node returned is written back to those nodes as a floor, and
 // any later majority shares at least one of them.
@@ -26,6 +32,8 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -54,6 +62,17 @@ type Backend struct {
 	nodes  []*redislock.Backend
 	quorum int
 	opts   Options
+
+	bg       sync.WaitGroup // calls still running after their operation returned
+	mu       sync.Mutex
+	inflight map[string][]*attempt // by key and owner: acquires some node has not answered
+}
+
+// attempt is one acquire on every node; done[i] is closed once node i
+// answered or timed out, so a release on node i can wait for it.
+type attempt struct {
+	done []chan struct{}
+	left int // nodes not yet done, under Backend.mu
 }
 
 var _ lock.Backend = (*Backend)(nil)
@@ -86,7 +105,7 @@ func NewBackend(clients []redis.UniversalClient, opts *Options) (*Backend, error
 		ro = *o.Redis
 	}
 	ro.Timeout = o.NodeTimeout
-	b := &Backend{quorum: len(clients)/2 + 1, opts: o}
+	b := &Backend{quorum: len(clients)/2 + 1, opts: o, inflight: map[string][]*attempt{}}
 	for _, c := range clients {
 		b.nodes = append(b.nodes, redislock.NewBackend(c, &ro))
 	}
@@ -95,6 +114,70 @@ func NewBackend(clients []redis.UniversalClient, opts *Options) (*Backend, error
 
 // Quorum returns how many nodes must agree.
 func (b *Backend) Quorum() int { return b.quorum }
+
+// Wait blocks until the node calls that operations left running in the
+// background have finished, late grants undone included. Call it after the
+// operations returned, for example before counting what is still held.
+func (b *Backend) Wait() { b.bg.Wait() }
+
+func inflightKey(key, owner string) string { return key + "\x00" + owner }
+
+// start registers an acquire of key by owner on every node.
+func (b *Backend) start(key, owner string) *attempt {
+	a := &attempt{done: make([]chan struct{}, len(b.nodes)), left: len(b.nodes)}
+	for i := range a.done {
+		a.done[i] = make(chan struct{})
+	}
+	b.mu.Lock()
+	k := inflightKey(key, owner)
+	b.inflight[k] = append(b.inflight[k], a)
+	b.mu.Unlock()
+	return a
+}
+
+// finish marks node i of a as answered, forgetting a once all answered.
+func (b *Backend) finish(key, owner string, a *attempt, i int) {
+	close(a.done[i])
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if a.left--; a.left > 0 {
+		return
+	}
+	k := inflightKey(key, owner)
+	rest := slices.DeleteFunc(b.inflight[k], func(x *attempt) bool { return x == a })
+	if len(rest) == 0 {
+		delete(b.inflight, k)
+	} else {
+		b.inflight[k] = rest
+	}
+}
+
+// pending returns the acquires of key by owner that some node has not
+// answered yet.
+func (b *Backend) pending(key, owner string) []*attempt {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.inflight[inflightKey(key, owner)])
+}
+
+// release releases key on every node, each after its pending acquires by
+// owner answered (bounded by NodeTimeout), so a late grant is undone
+// rather than left until its TTL.
+func (b *Backend) release(ctx context.Context, key, owner string) []error {
+	waits := b.pending(key, owner)
+	return b.each(ctx, func(ctx context.Context, i int, n *redislock.Backend) error {
+		if len(waits) == 0 {
+			return n.Release(ctx, key, owner)
+		}
+		for _, a := range waits {
+			<-a.done[i]
+		}
+		// The wait used up some of the node's time: give the release its own.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.NodeTimeout)
+		defer cancel()
+		return n.Release(ctx, key, owner)
+	})
+}
 
 // each runs f on every node at once and returns the per-node errors as
 // soon as a majority succeeded, or else once every node answered. A node
@@ -109,8 +192,10 @@ func (b *Backend) each(ctx context.Context, f func(ctx context.Context, i int, n
 		err error
 	}
 	answers := make(chan answer, len(b.nodes)) // buffered: a late node never blocks
+	b.bg.Add(len(b.nodes))
 	for i, n := range b.nodes {
 		go func() {
+			defer b.bg.Done()
 			ctx, cancel := context.WithTimeout(ctx, b.opts.NodeTimeout)
 			defer cancel()
 			answers <- answer{i, f(ctx, i, n)}
@@ -167,7 +252,9 @@ func (b *Backend) acquire(ctx context.Context, r lock.Request) (_ lock.Grant, _ 
 	// Each node's goroutine writes its own element, before it answers;
 	// only answered ones are read (a late node may still write its own).
 	fences := make([]int64, len(b.nodes))
+	a := b.start(r.Key, r.Owner)
 	errs := b.each(ctx, func(ctx context.Context, i int, n *redislock.Backend) error {
+		defer b.finish(r.Key, r.Owner, a, i)
 		g, err := n.Acquire(ctx, r)
 		fences[i] = g.Fence
 		return err
@@ -191,9 +278,7 @@ func (b *Backend) acquire(ctx context.Context, r lock.Request) (_ lock.Grant, _ 
 	}
 	// No majority: give back what we got, on every node (a node that timed
 	// out may still have granted it).
-	b.each(context.WithoutCancel(ctx), func(ctx context.Context, _ int, n *redislock.Backend) error {
-		return n.Release(ctx, r.Key, r.Owner)
-	})
+	b.release(context.WithoutCancel(ctx), r.Key, r.Owner)
 	if down > len(b.nodes)-b.quorum {
 		return lock.Grant{}, fmt.Errorf("redlock: acquire %q: %d of %d nodes unreachable, need %d: %w: %w",
 			r.Key, down, len(b.nodes), b.quorum, lock.ErrUnavailable, firstUnavailable(errs)), false
@@ -208,10 +293,7 @@ func (b *Backend) acquire(ctx context.Context, r lock.Request) (_ lock.Grant, _ 
 // Release implements lock.Backend: it releases on every node and succeeds
 // when a majority released.
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
-	errs := b.each(ctx, func(ctx context.Context, _ int, n *redislock.Backend) error {
-		return n.Release(ctx, key, owner)
-	})
-	return b.majority("release", key, errs)
+	return b.majority("release", key, b.release(ctx, key, owner))
 }
 
 // Refresh implements lock.Backend: it succeeds when a majority refreshed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -298,5 +299,88 @@ func TestPausedNodeDoesNotWait(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second): // the node timeout is a minute; a cycle on two nodes takes milliseconds
 		t.Fatal("5 lock cycles with one node of 3 paused did not finish in 30s: they waited for the paused node")
+	}
+}
+
+// holdFirst is a client hook that holds the first command (or pipeline)
+// sent after arm until open is closed: a node whose acquire is late, the
+// way a goroutine left unscheduled under load makes it.
+type holdFirst struct {
+	armed atomic.Bool
+	held  chan struct{} // closed when the held command arrived
+	open  chan struct{}
+}
+
+func newHoldFirst() *holdFirst {
+	h := &holdFirst{held: make(chan struct{}), open: make(chan struct{})}
+	h.armed.Store(true)
+	return h
+}
+
+func (h *holdFirst) wait() {
+	if h.armed.CompareAndSwap(true, false) {
+		close(h.held)
+		<-h.open
+	}
+}
+
+func (h *holdFirst) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdFirst) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.wait(); return next(ctx, cmd) }
+}
+
+func (h *holdFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.wait(); return next(ctx, cmds) }
+}
+
+// lockKeys returns the lock keys (not fence records) on srv.
+func lockKeys(t *testing.T, srv *redistest.Server) []string {
+	t.Helper()
+	v, err := srv.Do("KEYS", "onceguard:lock:*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, k := range v.([]any) {
+		if s := fmt.Sprint(k); !strings.HasSuffix(s, ":fence") {
+			keys = append(keys, s)
+		}
+	}
+	return keys
+}
+
+// An acquire that reaches the third node only after the lease was
+// released (the call returned with the other two) is undone there, so it
+// does not hold that node until its TTL; with another node then lost, the
+// lock is still available.
+func TestLateGrantUndone(t *testing.T) {
+	srvs, clients := nodes(t, 3)
+	late := newHoldFirst()
+	clients[2].(*redis.Client).AddHook(late)
+	b, err := redlock.NewBackend(clients, &redlock.Options{NodeTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := lock.New(b, nil)
+	ctx := t.Context()
+	lease, err := l.TryAcquire(ctx, "late", time.Minute)
+	if err != nil {
+		t.Fatalf("TryAcquire = %v", err)
+	}
+	<-late.held // the third node's acquire is on its way
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release = %v", err)
+	}
+	close(late.open) // now it lands, after the release
+	b.Wait()
+	if keys := lockKeys(t, srvs[2]); len(keys) > 0 {
+		t.Errorf("after the release and the late acquire, node 3 holds %q; want nothing left held", keys)
+	}
+	srvs[0].Kill(t)
+	if lease, err := l.TryAcquire(ctx, "late", time.Second); err != nil {
+		t.Errorf("TryAcquire on nodes 2 and 3 = %v; want a lease (nothing left held)", err)
+	} else {
+		_ = lease.Release(ctx)
 	}
 }
