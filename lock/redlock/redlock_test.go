@@ -151,27 +151,37 @@ func TestFenceAcrossQuorums(t *testing.T) {
 
 // A quorum's fence is the highest of its nodes', and the winner raises
 // the nodes it holds to it, so a later quorum without the node that was
-// ahead still continues above it.
+// ahead still continues above it. The fence record ahead is on two nodes,
+// as a grant's raise leaves it on a majority: one node alone ahead is in
+// no quorum it was not asked to be, and the first node's acquire is made
+// to come last, so that the quorum is the other two whatever the load.
 func TestFenceCarriedPastLostNode(t *testing.T) {
 	srvs, clients := nodes(t, 3)
-	l, err := redlock.New(clients, nil)
+	late := newHoldFirst()
+	clients[0].(*redis.Client).AddHook(late)
+	b, err := redlock.NewBackend(clients, &redlock.Options{NodeTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(b, nil)
 	ctx := context.Background()
 	ahead := time.Now().Add(time.Hour).UnixMicro()
-	if _, err := srvs[0].Do("SET", "onceguard:lock:{g}:fence", fmt.Sprint(ahead)); err != nil {
-		t.Fatal(err)
+	for _, srv := range srvs[:2] {
+		if _, err := srv.Do("SET", "onceguard:lock:{g}:fence", fmt.Sprint(ahead)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	first, err := l.TryAcquire(ctx, "g", time.Second)
+	first, err := l.TryAcquire(ctx, "g", time.Minute)
+	close(late.open)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if first.Fence() <= ahead {
-		t.Errorf("fence %d with a node at %d; want above it (the quorum's highest)", first.Fence(), ahead)
+		t.Errorf("fence %d with a majority at %d; want above it (the quorum's highest)", first.Fence(), ahead)
 	}
 	_ = first.Release(ctx)
-	srvs[0].Kill(t) // the node that was ahead leaves
+	b.Wait()
+	srvs[0].Kill(t) // a node that was ahead leaves
 	next, err := l.TryAcquire(ctx, "g", time.Second)
 	if err != nil {
 		t.Fatalf("TryAcquire with 2 of 3 nodes = %v", err)
