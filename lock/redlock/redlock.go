@@ -18,6 +18,11 @@
 // granting node returned is written back to those nodes as a floor, and
 // any later majority shares at least one of them.
 //
+// A refresh that a majority carried re-creates the lock, with SET NX for
+// the same owner and TTL, on a node that answered it had lost it (a
+// restart without persistence): only while the quorum still holds, and
+// never over another owner's.
+//
 // Blocked Acquires poll with jittered backoff: a per-node waiter queue
 // could leave each node's first waiter different and nobody with a
 // majority.
@@ -297,11 +302,37 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 }
 
 // Refresh implements lock.Backend: it succeeds when a majority refreshed.
+// A node that answered the lock was gone (it restarted without
+// persistence) gets it again, for the same owner and TTL, once a majority
+// refreshed, so a long-held lock's quorum does not erode node by node.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	errs := b.each(ctx, func(ctx context.Context, _ int, n *redislock.Backend) error {
-		return n.Refresh(ctx, key, owner, ttl)
+	held := make(chan bool, len(b.nodes)) // the outcome, one per node that waits for it
+	a := b.start(key, owner)              // a re-creation counts as an acquire: a release waits for it
+	errs := b.each(ctx, func(ctx context.Context, i int, n *redislock.Backend) error {
+		err := n.Refresh(ctx, key, owner, ttl)
+		if !errors.Is(err, lock.ErrExpired) {
+			b.finish(key, owner, a, i)
+			return err
+		}
+		b.bg.Add(1) // while each's own goroutine for this node still runs
+		go func() {
+			defer b.bg.Done()
+			defer b.finish(key, owner, a, i)
+			if !<-held {
+				return
+			}
+			// SET NX: a node where another owner got the lock keeps it.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.NodeTimeout)
+			defer cancel()
+			_, _ = n.Acquire(ctx, lock.Request{Key: key, Owner: owner, TTL: ttl})
+		}()
+		return err
 	})
-	return b.majority("refresh", key, errs)
+	err := b.majority("refresh", key, errs)
+	for range b.nodes {
+		held <- err == nil
+	}
+	return err
 }
 
 func (b *Backend) majority(op, key string, errs []error) error {

@@ -394,3 +394,44 @@ func TestLateGrantUndone(t *testing.T) {
 		_ = lease.Release(ctx)
 	}
 }
+
+// A node restarted empty gets the lock back on the next refresh, so the
+// lease survives the loss of another node afterwards and stays exclusive.
+func TestRefreshRecreatesLostNode(t *testing.T) {
+	srvs, clients := nodes(t, 3)
+	b, err := redlock.NewBackend(clients, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := lock.New(b, nil)
+	ctx := t.Context()
+	lease, err := l.TryAcquire(ctx, "restarted", time.Minute)
+	if err != nil {
+		t.Fatalf("TryAcquire = %v", err)
+	}
+	srvs[2].Restart(t) // no persistence: the node comes back empty
+	// Until it answers PING, the pool still drops its connections to the old process.
+	for try := 0; clients[2].Ping(ctx).Err() != nil; try++ {
+		if try == 50 {
+			t.Fatal("the restarted node does not answer PING")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := lease.Refresh(ctx, time.Minute); err != nil {
+		t.Fatalf("Refresh with a node restarted empty = %v; want nil", err)
+	}
+	b.Wait() // the re-creation may finish after the majority answered
+	if keys := lockKeys(t, srvs[2]); len(keys) != 1 {
+		t.Errorf("after the refresh, the restarted node holds %q; want the lock again", keys)
+	}
+	srvs[0].Kill(t)
+	if other, err := l.TryAcquire(ctx, "restarted", time.Second); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Errorf("TryAcquire by another owner on nodes 2 and 3 = %v, %v; want ErrNotAcquired", other, err)
+	}
+	if err := lease.Refresh(ctx, time.Minute); err != nil {
+		t.Errorf("Refresh on nodes 2 and 3 = %v; want nil (node 3 was given the lock back)", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Errorf("Release = %v", err)
+	}
+}
