@@ -283,7 +283,11 @@ func openDB(c serveConfig) (*sql.DB, sqlstore.Dialect, string, error) {
 			"idle_in_transaction_session_timeout": strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
 		}), sqlstore.Postgres
 	case strings.HasPrefix(u, "mysql://"):
-		driver, dsn, dialect = "mysql", strings.TrimPrefix(u, "mysql://"), sqlstore.MySQL
+		secs := strconv.FormatInt(int64((c.lockTTL+time.Second-1)/time.Second), 10) // whole seconds, rounded up
+		driver, dsn, dialect = "mysql", boundTx(strings.TrimPrefix(u, "mysql://"), map[string]string{
+			"innodb_lock_wait_timeout": secs,
+			"idle_transaction_timeout": secs, // MariaDB 10.3+: ends a paused holder's transaction
+		}), sqlstore.MySQL
 	default:
 		return nil, "", "", fmt.Errorf("--db %q: want sqlite:///path, postgres://... or mysql://...", u)
 	}

@@ -25,7 +25,7 @@ import (
 func TestServePausedHolderBoundedByLockTTL(t *testing.T) {
 	const ttl = time.Second
 	for name, db := range databases(t) {
-		if name != "postgres" {
+		if name == "sqlite" { // one writer at a time: its busy timeout bounds a wait already
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
