@@ -201,3 +201,17 @@ func TestTxHolderProcess(t *testing.T) {
 	}
 	fmt.Println("holder: committed")
 }
+
+// boundTx appends the settings a URL does not name, and keeps those it does.
+func TestBoundTx(t *testing.T) {
+	set := map[string]string{"lock_timeout": "1000", "idle_in_transaction_session_timeout": "1000"}
+	for in, want := range map[string]string{
+		"postgres://h/db":                   "postgres://h/db?idle_in_transaction_session_timeout=1000&lock_timeout=1000",
+		"postgres://h/db?sslmode=disable":   "postgres://h/db?sslmode=disable&idle_in_transaction_session_timeout=1000&lock_timeout=1000",
+		"postgres://h/db?lock_timeout=5000": "postgres://h/db?lock_timeout=5000&idle_in_transaction_session_timeout=1000",
+	} {
+		if got := boundTx(in, set); got != want {
+			t.Errorf("boundTx(%q) = %q; want %q", in, got, want)
+		}
+	}
+}
