@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -111,7 +112,7 @@ func serveFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *serveConfig) {
 	fs.DurationVar(&c.keyTTL, "key-ttl", env.dur("ONCEGUARD_KEY_TTL", 24*time.Hour), "Idempotency-Key retention [ONCEGUARD_KEY_TTL]")
 	fs.DurationVar(&c.keyLease, "key-lease", env.dur("ONCEGUARD_KEY_LEASE", 30*time.Second), "how long a key whose request is in flight answers 409; a crashed instance's keys run again after it [ONCEGUARD_KEY_LEASE]")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", env.dur("ONCEGUARD_REQUEST_TIMEOUT", 0), "deadline of a deposit, withdrawal, order or payment request; with a quarter of it more to record a settlement, it must end inside --key-lease, so a slow request never runs twice; 0: 3/5 of --key-lease [ONCEGUARD_REQUEST_TIMEOUT]")
-	fs.DurationVar(&c.lockTTL, "lock-ttl", env.dur("ONCEGUARD_LOCK_TTL", 10*time.Second), "TTL of the per-user and per-order locks, renewed while held: how long a crashed holder blocks others [ONCEGUARD_LOCK_TTL]")
+	fs.DurationVar(&c.lockTTL, "lock-ttl", env.dur("ONCEGUARD_LOCK_TTL", 10*time.Second), "TTL of the per-user and per-order locks, renewed while held: how long a crashed holder blocks others; also bounds how long a database transaction waits on a row lock or stays idle [ONCEGUARD_LOCK_TTL]")
 	fs.DurationVar(&c.repeatWindow, "repeat-window", env.dur("ONCEGUARD_REPEAT_WINDOW", 10*time.Second), "repeat-submit window, 0 off [ONCEGUARD_REPEAT_WINDOW]")
 	fs.DurationVar(&c.reconcileEvery, "reconcile-interval", env.dur("ONCEGUARD_RECONCILE_INTERVAL", 5*time.Second), "how often pending deposits and withdrawals are settled with the provider [ONCEGUARD_RECONCILE_INTERVAL]")
 	fs.StringVar(&c.maxAmount, "max-amount", env.str("ONCEGUARD_MAX_AMOUNT", "1000000.00"), "largest amount [ONCEGUARD_MAX_AMOUNT]")
@@ -277,9 +278,16 @@ func openDB(c serveConfig) (*sql.DB, sqlstore.Dialect, string, error) {
 	case strings.HasPrefix(u, "sqlite://"):
 		sqlite(strings.TrimPrefix(u, "sqlite://")) // sqlite:///abs/path or sqlite://rel/path
 	case strings.HasPrefix(u, "postgres://"), strings.HasPrefix(u, "postgresql://"):
-		driver, dsn, dialect = "pgx", u, sqlstore.Postgres
+		driver, dsn, dialect = "pgx", boundTx(u, map[string]string{
+			"lock_timeout":                        strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
+			"idle_in_transaction_session_timeout": strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
+		}), sqlstore.Postgres
 	case strings.HasPrefix(u, "mysql://"):
-		driver, dsn, dialect = "mysql", strings.TrimPrefix(u, "mysql://"), sqlstore.MySQL
+		secs := strconv.FormatInt(int64((c.lockTTL+time.Second-1)/time.Second), 10) // whole seconds, rounded up
+		driver, dsn, dialect = "mysql", boundTx(strings.TrimPrefix(u, "mysql://"), map[string]string{
+			"innodb_lock_wait_timeout": secs,
+			"idle_transaction_timeout": secs, // MariaDB 10.3+: ends a paused holder's transaction
+		}), sqlstore.MySQL
 	default:
 		return nil, "", "", fmt.Errorf("--db %q: want sqlite:///path, postgres://... or mysql://...", u)
 	}
@@ -295,6 +303,30 @@ func openDB(c serveConfig) (*sql.DB, sqlstore.Dialect, string, error) {
 		db.SetConnMaxIdleTime(time.Minute)
 	}
 	return db, dialect, string(dialect) + " (" + redactURL(u) + ")", nil
+}
+
+// boundTx adds to a database URL or DSN the session settings in set that
+// it does not name already: they bound how long a transaction waits on a
+// row lock and how long an idle one (its holder paused) keeps its locks,
+// both to the lock TTL, so a paused holder costs the others no more than
+// an expired lock does.
+func boundTx(dsn string, set map[string]string) string {
+	names := make([]string, 0, len(set))
+	for k := range set {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if strings.Contains(dsn, k+"=") {
+			continue
+		}
+		sep := "&"
+		if !strings.Contains(dsn, "?") {
+			sep = "?"
+		}
+		dsn += sep + k + "=" + set[k]
+	}
+	return dsn
 }
 
 // redactURL hides a password in a database URL before it is logged.

@@ -36,6 +36,7 @@ func Unavailable(err error) bool {
 		"conn closed", "conn busy", // pgx: the connection died under the statement or the commit
 		"Too many connections", "too many clients", "too many connections", // MySQL 1040, PostgreSQL 53300
 		"Lock wait timeout exceeded", "Deadlock found", "deadlock detected", // a retry may succeed
+		"lock timeout", "idle-in-transaction timeout", "idle transaction timeout", // a bounded wait or holder
 		"could not serialize access",
 	} {
 		if strings.Contains(msg, s) {
