@@ -235,7 +235,7 @@ func fmtRatio(x, y float64) string {
 
 // printTargets compares medians against the goals the project set itself.
 func printTargets(w io.Writer, rep *report) {
-	fmt.Fprintln(w, "targets (from the medians):")
+	fmt.Fprintln(w, "targets (from the medians; where a cell has paired blocks, the verdict is from their 95% CI: TIE when it spans the target):")
 	ratio := func(label, sc string, metric func(*result) float64, a, b string, want float64, wantText string) {
 		ra, rb := rep.cells[a+"/"+sc], rep.cells[b+"/"+sc]
 		if len(ra) == 0 || len(rb) == 0 {
@@ -253,6 +253,10 @@ func printTargets(w io.Writer, rep *report) {
 		verdict := "FAIL"
 		if my == 0 && mx > 0 || my > 0 && mx/my >= want {
 			verdict = "PASS"
+		}
+		// Where the cells have paired blocks, their interval decides.
+		if _, lo, hi, n := pairedRatio(ra, rb); n >= 2 {
+			verdict = ciVerdict(lo, hi, want) + " (by the paired-block 95% CI)"
 		}
 		fmt.Fprintf(w, "  %-58s  %7s× (%s vs %s, want %s)  %s   per round: %s\n",
 			label, fmtRatio(mx, my), fmtRate(mx), fmtRate(my), wantText, verdict, strings.Join(perRound, " "))
@@ -319,6 +323,21 @@ func printTargets(w io.Writer, rep *report) {
 	ratio("backends-1 cycles/s: sqllock-pg-xact / pg-xact-baseline", "backends-1", cycles, libSQLPGXact, libPGBase, 1/1.5, within)
 	ratio("backends-16 cycles/s: sqllock-pg (table) / pg-xact-baseline (info)", "backends-16", cycles, libSQLPG, libPGBase, 1/1.5, within)
 	ratio("backends-1 cycles/s: sqllock-pg (table) / pg-xact-baseline (info)", "backends-1", cycles, libSQLPG, libPGBase, 1/1.5, within)
+}
+
+// ciVerdict judges a ratio that has a confidence interval lo–hi against the
+// target want: PASS when the whole interval is at or above it, FAIL when
+// it is wholly below, TIE when it spans the target, which the measurement
+// cannot tell apart from the ratio on either side.
+func ciVerdict(lo, hi, want float64) string {
+	switch {
+	case lo >= want:
+		return "PASS"
+	case hi < want:
+		return "FAIL"
+	default:
+		return "TIE"
+	}
 }
 
 // pairedRatio compares two libraries' blocks of the same passes of paired
