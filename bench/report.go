@@ -300,7 +300,9 @@ func printTargets(w io.Writer, rep *report) {
 	ratio("paired-1 cycles/s: onceguard-rueidis / bsm/redislock", "paired-1", cycles, libOGRueidis, "bsm/redislock", 1, atLeast(1))
 	paired(libOGRueidis, "bsm/redislock")
 	ratio("distinct-1 cycles/s: onceguard-rueidis / bsm/redislock (info)", "distinct-1", cycles, libOGRueidis, "bsm/redislock", 1, atLeast(1))
-	ratio("onekey-16-block handoffs/s: onceguard / bsm/redislock", "onekey-16-block", handoffs, "onceguard", "bsm/redislock", 20, atLeast(20))
+	ratio("onekey-16-block handoffs/s: onceguard / bsm/redislock (its documented 100 ms retry)", "onekey-16-block", handoffs, "onceguard", "bsm/redislock", 20, atLeast(20))
+	ratio("onekey-16-block handoffs/s: onceguard / bsm/redislock-1ms (a 1 ms poller; info)", "onekey-16-block", handoffs, "onceguard", libBSM1ms, 1, atLeast(1))
+	ratio("onekey-16-block handoffs/s: onceguard / redsync (its default 50–250 ms retry; info)", "onekey-16-block", handoffs, "onceguard", "redsync", 1, atLeast(1))
 	label := "onekey-16-block fairness (Jain) of onceguard"
 	if rs := rep.cells["onceguard/onekey-16-block"]; len(rs) > 0 {
 		s, _ := summarize(rs)

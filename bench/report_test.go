@@ -92,3 +92,44 @@ func TestPairedTargetTie(t *testing.T) {
 		t.Fatalf("paired-1 target line %q: want the medians' ratio 1.10× shown", line)
 	}
 }
+
+// The 1 ms poller runs only the blocking scenario, and the targets show
+// onceguard's handoffs against it next to the 100 ms retry.
+func TestOneMsPoller(t *testing.T) {
+	var cfg config
+	var poller *library
+	for _, l := range newRedisLibraries("127.0.0.1:1", nil) {
+		defer l.close()
+		if l.name == libBSM1ms {
+			poller = l
+		}
+	}
+	if poller == nil {
+		t.Fatalf("no %s library", libBSM1ms)
+	}
+	for _, sc := range scenarios {
+		if sc.group != groupRedis {
+			continue
+		}
+		if got := cfg.runs(poller, sc); got != sc.blocking {
+			t.Errorf("%s runs %s: %v, want %v", libBSM1ms, sc.name, got, sc.blocking)
+		}
+	}
+
+	cell := func(handoffs int64) []*result { return []*result{{window: time.Second, handoffs: handoffs}} }
+	rep := &report{cells: map[string][]*result{
+		"onceguard/onekey-16-block":     cell(2300),
+		"bsm/redislock/onekey-16-block": cell(100),
+		libBSM1ms + "/onekey-16-block":  cell(1000),
+	}}
+	var b strings.Builder
+	printTargets(&b, rep)
+	var retry, poll bool
+	for _, l := range strings.Split(b.String(), "\n") {
+		retry = retry || strings.Contains(l, "bsm/redislock (its documented 100 ms retry)") && strings.Contains(l, "23.00×")
+		poll = poll || strings.Contains(l, "1 ms poller") && strings.Contains(l, "2.30×")
+	}
+	if !retry || !poll {
+		t.Fatalf("want the handoff ratio against the 100 ms retry (23.00×) and the 1 ms poller (2.30×):\n%s", b.String())
+	}
+}
