@@ -45,6 +45,9 @@ type library struct {
 	// returns how many of them were locks still held.
 	cleanup func(ctx context.Context, prefix string) (held int64, err error)
 	close   func()
+	// blockingOnly: the library runs only the blocking scenarios (its try
+	// is another library's).
+	blockingOnly bool
 }
 
 // clientOptions is the one go-redis configuration every library gets (a
@@ -57,7 +60,7 @@ func clientOptions(addr string) *redis.Options {
 // own client of the server at addr; admin (a client of its own) samples the
 // server's CPU and cleans up after each cell.
 func newRedisLibraries(addr string, admin *redis.Client) []*library {
-	libs := []*library{newOnceguard(addr), newOnceguardRueidis(addr), newBSM(addr), newRedsync(addr)}
+	libs := []*library{newOnceguard(addr), newOnceguardRueidis(addr), newBSM(addr), newBSM1ms(addr), newRedsync(addr)}
 	for _, l := range libs {
 		l.group = groupRedis
 		l.serverCPU = func() (time.Duration, bool) { return redisCPU(admin) }
@@ -171,6 +174,20 @@ func newBSM(addr string) *library {
 	// The blocking setting its README shows; the caller's context bounds it.
 	blocking := &bsmlock.Options{RetryStrategy: bsmlock.LinearBackoff(100 * time.Millisecond)}
 	return &library{name: "bsm/redislock", close: func() { _ = rdb.Close() }, newWorker: func(key string) worker {
+		return &bsmWorker{c: c, key: key, blocking: blocking}
+	}}
+}
+
+// libBSM1ms is bsm/redislock polling every millisecond when it blocks: the
+// blocking handoffs compared with a tight poller, not only with the
+// library's documented 100 ms retry.
+const libBSM1ms = "bsm/redislock-1ms"
+
+func newBSM1ms(addr string) *library {
+	rdb := redis.NewClient(clientOptions(addr))
+	c := bsmlock.New(rdb)
+	blocking := &bsmlock.Options{RetryStrategy: bsmlock.LinearBackoff(time.Millisecond)}
+	return &library{name: libBSM1ms, blockingOnly: true, close: func() { _ = rdb.Close() }, newWorker: func(key string) worker {
 		return &bsmWorker{c: c, key: key, blocking: blocking}
 	}}
 }

@@ -105,6 +105,12 @@ func (c *config) selected(lib, sc, group string) bool {
 	return false
 }
 
+// runs reports whether lib runs scenario sc: selected, and blocking if
+// the library runs only those.
+func (c *config) runs(lib *library, sc scenario) bool {
+	return c.selected(lib.name, sc.name, sc.group) && (sc.blocking || !lib.blockingOnly)
+}
+
 // libSelected reports whether any cell of lib is to run.
 func (c *config) libSelected(lib, group string) bool {
 	for _, sc := range scenarios {
@@ -121,7 +127,7 @@ func exactName(s string) bool {
 	if s == groupRedis || s == groupBackends || s == "ceiling/redis-benchmark" {
 		return true
 	}
-	libs := map[string][]string{groupRedis: {"onceguard", libOGRueidis, "bsm/redislock", "redsync", "ceiling"}, groupBackends: backendLibs}
+	libs := map[string][]string{groupRedis: {"onceguard", libOGRueidis, "bsm/redislock", libBSM1ms, "redsync", "ceiling"}, groupBackends: backendLibs}
 	for group, names := range libs {
 		for _, l := range names {
 			if s == l {
@@ -180,7 +186,7 @@ func run(cfg config, out, progress io.Writer) error {
 	serverVersion := ""
 	var admin *redis.Client
 	needRedis := cfg.selected("ceiling", "redis-benchmark", groupRedis)
-	for _, l := range []string{"onceguard", libOGRueidis, "bsm/redislock", "redsync"} {
+	for _, l := range []string{"onceguard", libOGRueidis, "bsm/redislock", libBSM1ms, "redsync"} {
 		needRedis = needRedis || cfg.libSelected(l, groupRedis)
 	}
 	if needRedis {
@@ -274,7 +280,7 @@ func run(cfg config, out, progress io.Writer) error {
 			if sc.paired {
 				var sel []*library
 				for i := range libs {
-					if lib := libs[(i+round)%len(libs)]; cfg.selected(lib.name, sc.name, sc.group) {
+					if lib := libs[(i+round)%len(libs)]; cfg.runs(lib, sc) {
 						sel = append(sel, lib)
 					}
 				}
@@ -302,7 +308,7 @@ func run(cfg config, out, progress io.Writer) error {
 			for i := range libs {
 				lib := libs[(i+round)%len(libs)]
 				name := lib.name + "/" + sc.name
-				if !cfg.selected(lib.name, sc.name, sc.group) || ctx.Err() != nil {
+				if !cfg.runs(lib, sc) || ctx.Err() != nil {
 					continue
 				}
 				cell++

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -39,5 +40,96 @@ func TestPairedRatio(t *testing.T) {
 
 	if _, _, _, n := pairedRatio(a[:0], b); n != 0 {
 		t.Fatalf("no cells: n = %d", n)
+	}
+}
+
+func TestCIVerdict(t *testing.T) {
+	for _, c := range []struct {
+		lo, hi, want float64
+		verdict      string
+	}{
+		{0.920, 1.019, 1, "TIE"},
+		{1.01, 1.10, 1, "PASS"},
+		{0.90, 0.99, 1, "FAIL"},
+		{1.5, 2.5, 2, "TIE"},
+		{2.1, 2.5, 2, "PASS"},
+	} {
+		if got := ciVerdict(c.lo, c.hi, c.want); got != c.verdict {
+			t.Errorf("ciVerdict(%g, %g, want %g) = %s, want %s", c.lo, c.hi, c.want, got, c.verdict)
+		}
+	}
+}
+
+// A paired-1 target whose medians favour onceguard but whose paired blocks
+// show no difference is printed TIE, not PASS.
+func TestPairedTargetTie(t *testing.T) {
+	ms := func(xs ...float64) []time.Duration {
+		var d []time.Duration
+		for _, x := range xs {
+			d = append(d, time.Duration(x*float64(time.Millisecond)))
+		}
+		return d
+	}
+	cell := func(cycles int64, blocks ...float64) *result {
+		return &result{window: time.Second, cycles: cycles, blocks: ms(blocks...)}
+	}
+	rep := &report{cells: map[string][]*result{
+		"onceguard/paired-1":     {cell(1100, 5, 20, 5, 20), cell(1100, 5, 20)},
+		"bsm/redislock/paired-1": {cell(1000, 10, 10, 10, 10), cell(1000, 10, 10)},
+	}}
+	var b strings.Builder
+	printTargets(&b, rep)
+	var line string
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.Contains(l, "paired-1 cycles/s: onceguard / bsm/redislock") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "TIE") || strings.Contains(line, "PASS") {
+		t.Fatalf("paired-1 target line %q: want TIE, not PASS", line)
+	}
+	if !strings.Contains(line, "1.10×") {
+		t.Fatalf("paired-1 target line %q: want the medians' ratio 1.10× shown", line)
+	}
+}
+
+// The 1 ms poller runs only the blocking scenario, and the targets show
+// onceguard's handoffs against it next to the 100 ms retry.
+func TestOneMsPoller(t *testing.T) {
+	var cfg config
+	var poller *library
+	for _, l := range newRedisLibraries("127.0.0.1:1", nil) {
+		defer l.close()
+		if l.name == libBSM1ms {
+			poller = l
+		}
+	}
+	if poller == nil {
+		t.Fatalf("no %s library", libBSM1ms)
+	}
+	for _, sc := range scenarios {
+		if sc.group != groupRedis {
+			continue
+		}
+		if got := cfg.runs(poller, sc); got != sc.blocking {
+			t.Errorf("%s runs %s: %v, want %v", libBSM1ms, sc.name, got, sc.blocking)
+		}
+	}
+
+	cell := func(handoffs int64) []*result { return []*result{{window: time.Second, handoffs: handoffs}} }
+	rep := &report{cells: map[string][]*result{
+		"onceguard/onekey-16-block":     cell(2300),
+		"bsm/redislock/onekey-16-block": cell(100),
+		libBSM1ms + "/onekey-16-block":  cell(1000),
+	}}
+	var b strings.Builder
+	printTargets(&b, rep)
+	var retry, poll bool
+	for _, l := range strings.Split(b.String(), "\n") {
+		retry = retry || strings.Contains(l, "bsm/redislock (its documented 100 ms retry)") && strings.Contains(l, "23.00×")
+		poll = poll || strings.Contains(l, "1 ms poller") && strings.Contains(l, "2.30×")
+	}
+	if !retry || !poll {
+		t.Fatalf("want the handoff ratio against the 100 ms retry (23.00×) and the 1 ms poller (2.30×):\n%s", b.String())
 	}
 }

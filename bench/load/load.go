@@ -101,8 +101,10 @@ func (r *cellResult) nonOKSummary() string {
 // runCell runs one cell against a service: every user is one client
 // looping POST /api/v1/withdrawals with a fresh key, warmup unmeasured,
 // then duration measured. Only requests that start and end in the window
-// count; latencies are those of the 201s among them.
-func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.Duration, probe cpuProbe) *cellResult {
+// count; latencies are those of the 201s among them. With mint, the key
+// is a submit token minted just before (POST /api/v1/submit-tokens), and
+// the withdrawal's time includes the mint.
+func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.Duration, probe cpuProbe, mint bool) *cellResult {
 	res := &cellResult{window: duration, cpu: cpuUse{-1, -1, -1, -1}, other: map[string]int{}, otherSample: map[string]string{}, notSucceeded: map[string]int{}}
 	start := time.Now()
 	w0 := start.Add(warmup)
@@ -141,7 +143,19 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 				body = fmt.Appendf(body[:0], `{"amount":"%d.%02d"}`, cents/100, cents%100)
 				key := "ld-wd-" + strconv.FormatInt(u.sent, 10)
 				t0 := time.Now()
-				st, resp, err := a.do(ctx, http.MethodPost, "/api/v1/withdrawals", u.token, key, body)
+				var (
+					st   int
+					resp []byte
+					err  error
+				)
+				mintFailed := false
+				if mint {
+					key, st, resp, err = mintToken(ctx, a, u.token)
+					mintFailed = err != nil || key == ""
+				}
+				if !mintFailed {
+					st, resp, err = a.do(ctx, http.MethodPost, "/api/v1/withdrawals", u.token, key, body)
+				}
 				t1 := time.Now()
 				sent++
 				in := !t0.Before(w0) && !t1.After(w1)
@@ -155,7 +169,7 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 					if firstErr == "" {
 						firstErr = err.Error()
 					}
-				case st == http.StatusCreated:
+				case st == http.StatusCreated && !mintFailed:
 					if bytes.Contains(resp, succeeded) {
 						u.balance -= cents
 						if in {
@@ -179,6 +193,9 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 					var p struct{ Code, Detail string }
 					_ = json.Unmarshal(resp, &p)
 					k := fmt.Sprintf("%d %s", st, p.Code)
+					if mintFailed {
+						k = "submit-tokens " + k
+					}
 					other[k]++
 					if _, seen := sample[k]; !seen {
 						sample[k] = truncate(string(resp), 300)
@@ -240,4 +257,18 @@ func truncate(s string, n int) string {
 		return s[:n] + "…"
 	}
 	return s
+}
+
+// mintToken mints a withdrawal submit token for the session token. It
+// returns the token, or "" with the answer when none was minted.
+func mintToken(ctx context.Context, a *api, session string) (string, int, []byte, error) {
+	st, resp, err := a.do(ctx, http.MethodPost, "/api/v1/submit-tokens", session, "", []byte(`{"purpose":"withdrawal"}`))
+	if err != nil || st != http.StatusCreated {
+		return "", st, resp, err
+	}
+	var t struct{ Token string }
+	if json.Unmarshal(resp, &t) != nil || t.Token == "" {
+		return "", st, resp, nil
+	}
+	return t.Token, st, resp, nil
 }

@@ -33,6 +33,7 @@ import (
 const (
 	groupSQLite   = "sqlite"
 	groupPostgres = "postgres"
+	groupTokens   = "postgres-tokens"
 	groupPgbench  = "pgbench"
 	groupFloor    = "floor"
 )
@@ -40,6 +41,7 @@ const (
 var groupLabels = map[string]string{
 	groupSQLite:   "embedded (SQLite)",
 	groupPostgres: "PostgreSQL + Redis",
+	groupTokens:   "PostgreSQL + Redis, default",
 	groupPgbench:  "ceiling: pgbench",
 	groupFloor:    "floor: pgbench tx over HTTP",
 }
@@ -65,7 +67,7 @@ func main() {
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured warm-up per cell, same clients")
 	flag.IntVar(&cfg.rounds, "rounds", 2, "rounds; each runs every configuration at every client count, the table shows medians")
 	flag.StringVar(&clients, "clients", "16,64", "comma-separated numbers of concurrent clients (each its own user)")
-	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, pgbench, floor (default: all)")
+	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, postgres-tokens, pgbench, floor (default: all)")
 	flag.StringVar(&cfg.pgDSN, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL admin `DSN`; the run creates (and at exit drops) a fresh database for the service and one for pgbench through it")
 	flag.StringVar(&cfg.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis `URL` for the PostgreSQL configuration (shared: only the service's keys of this run's users are touched)")
 	flag.StringVar(&cfg.pgbench, "pgbench", "/usr/bin/pgbench", "pgbench `binary` for the ceiling (empty: no ceiling)")
@@ -97,7 +99,7 @@ func main() {
 			cfg.clients = append(cfg.clients, n)
 		}
 	}
-	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres, groupFloor} {
+	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres, groupTokens, groupFloor} {
 		if only == "" || slices.Contains(strings.Split(strings.ReplaceAll(only, " ", ""), ","), g) {
 			cfg.groups = append(cfg.groups, g)
 		}
@@ -154,7 +156,7 @@ func run(cfg config, out, progress io.Writer) error {
 	// The service binary, built from the main module (its own go.mod, so
 	// with exactly the dependencies it ships with).
 	bin, binInfo := cfg.bin, ""
-	if has(groupSQLite) || has(groupPostgres) {
+	if has(groupSQLite) || has(groupPostgres) || has(groupTokens) {
 		if bin == "" {
 			repo := cfg.repo
 			if repo == "" {
@@ -178,7 +180,7 @@ func run(cfg config, out, progress io.Writer) error {
 	// PostgreSQL: fresh databases of this run.
 	var pg *pgAdmin
 	var serverLines []string
-	if has(groupPostgres) || has(groupPgbench) || has(groupFloor) {
+	if has(groupPostgres) || has(groupTokens) || has(groupPgbench) || has(groupFloor) {
 		if pg, err = openPG(ctx, cfg.pgDSN); err != nil {
 			return err
 		}
@@ -209,23 +211,34 @@ func run(cfg config, out, progress io.Writer) error {
 		services = append(services, &serviceConfig{group: groupSQLite, bin: bin, runID: runID,
 			args: append(slices.Clone(baseArgs), "--data-dir", dir), logPath: filepath.Join(tmp, "service-sqlite.log")})
 	}
-	if has(groupPostgres) {
-		name := "ogload_" + runID
+	// PostgreSQL + Redis twice: with submit tokens off like the others, and
+	// in the default configuration (--require-submit-token withdrawal).
+	var rc *redisAdmin
+	for _, g := range []string{groupPostgres, groupTokens} {
+		if !has(g) {
+			continue
+		}
+		name, svcArgs, id := "ogload_"+runID, slices.Clone(baseArgs), runID
+		if g == groupTokens {
+			name, id = name+"_tokens", runID+"t"
+			svcArgs = slices.DeleteFunc(svcArgs, func(a string) bool { return a == "--require-submit-token" || a == "" })
+		}
 		if err := pg.createDB(ctx, name); err != nil {
 			return err
 		}
 		cl.add(func() { pg.dropDB(name, cfg.keep, progress) })
-		args := append(slices.Clone(baseArgs), "--data-dir", filepath.Join(tmp, "pg-data"), "--db", withDatabase(cfg.pgDSN, name), "--redis", cfg.redisURL)
+		args := append(svcArgs, "--data-dir", filepath.Join(tmp, g+"-data"), "--db", withDatabase(cfg.pgDSN, name), "--redis", cfg.redisURL)
 		if cfg.dbConns > 0 {
 			args = append(args, "--db-conns", strconv.Itoa(cfg.dbConns))
 		}
-		rc, err := newRedisAdmin(cfg.redisURL)
-		if err != nil {
-			return err
+		if rc == nil {
+			if rc, err = newRedisAdmin(cfg.redisURL); err != nil {
+				return err
+			}
+			cl.add(rc.close)
+			serverLines = append(serverLines, rc.describe(ctx))
 		}
-		cl.add(rc.close)
-		serverLines = append(serverLines, rc.describe(ctx))
-		s := &serviceConfig{group: groupPostgres, bin: bin, runID: runID, args: args, logPath: filepath.Join(tmp, "service-postgres.log"), redis: rc, pg: pg, dbName: name}
+		s := &serviceConfig{group: g, bin: bin, runID: id, args: args, logPath: filepath.Join(tmp, "service-"+g+".log"), redis: rc, pg: pg, dbName: name, mintTokens: g == groupTokens}
 		cl.add(func() { s.cleanupRedis(progress) })
 		services = append(services, s)
 	}
@@ -319,6 +332,9 @@ func serviceFlagsNote(cfg config) string {
 	s := `--addr 127.0.0.1:0 --require-submit-token "" --signup-limit -1 (repeat window default 10s); SQLite: --data-dir <tmp>; PostgreSQL: --db <fresh database> --redis ` + redactURL(cfg.redisURL)
 	if cfg.dbConns > 0 {
 		s += " --db-conns " + strconv.Itoa(cfg.dbConns)
+	}
+	if slices.Contains(cfg.groups, groupTokens) {
+		s += `; "` + groupLabels[groupTokens] + `": the same without --require-submit-token "" (its default, withdrawal: each withdrawal mints a submit token first)`
 	}
 	return s
 }

@@ -125,7 +125,7 @@ func (r *report) sortedClients() []int {
 // tableGroups is the row order within a client count: the ceiling first.
 func (r *report) tableGroups() []string {
 	var gs []string
-	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres, groupFloor} {
+	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres, groupTokens, groupFloor} {
 		if slices.Contains(r.cfg.groups, g) {
 			gs = append(gs, g)
 		}
@@ -134,8 +134,8 @@ func (r *report) tableGroups() []string {
 }
 
 func (r *report) print(out io.Writer, markdown bool) {
-	head := []string{"configuration", "clients", "withdrawals/s", "p50", "p99", "vs ceiling", "service cpu", "postgres cpu", "redis cpu", "client cpu", "spread", "not 201"}
-	right := []bool{false, true, true, true, true, true, true, true, true, true, true, false}
+	head := []string{"configuration", "submit tokens", "clients", "withdrawals/s", "p50", "p99", "vs ceiling", "service cpu", "postgres cpu", "redis cpu", "client cpu", "spread", "not 201"}
+	right := []bool{false, false, true, true, true, true, true, true, true, true, true, true, false}
 	var rows [][]string
 	for _, n := range r.sortedClients() {
 		ceil, hasCeil := r.summarize(groupPgbench, n)
@@ -164,7 +164,7 @@ func (r *report) print(out io.Writer, markdown bool) {
 					nonOK = "0"
 				}
 			}
-			rows = append(rows, []string{groupLabels[g], fmt.Sprint(n), rate, fmtDur(s.p50), fmtDur(s.p99), vs,
+			rows = append(rows, []string{groupLabels[g], submitTokens(g), fmt.Sprint(n), rate, fmtDur(s.p50), fmtDur(s.p99), vs,
 				fmtCPU(s.cpu[cpuSvc]), fmtCPU(s.cpu[cpuPG]), fmtCPU(s.cpu[cpuRedis]), fmtCPU(s.cpu[cpuLoad]),
 				fmt.Sprintf("%.0f%%", 100*s.spread), nonOK})
 		}
@@ -197,10 +197,24 @@ func (r *report) print(out io.Writer, markdown bool) {
 	if slices.Contains(r.cfg.groups, groupFloor) {
 		fmt.Fprintln(out, "floor rows: the same transaction behind POST /api/v1/withdrawals in a minimal Go server (pgx, 20 connections; no session, key, window, lock, provider or logs);")
 	}
+	fmt.Fprintln(out, "submit tokens: off: --require-submit-token \"\", each withdrawal carries a fresh plain key; 1 minted per withdrawal: the service's default")
+	fmt.Fprintln(out, "(withdrawals need a submit token), each withdrawal first POSTs /api/v1/submit-tokens and its time includes that request;")
 	fmt.Fprintln(out, "p50/p99: latency of those; vs ceiling: withdrawals/s / pgbench tx/s at the same clients (SQLite rows: against PostgreSQL's ceiling);")
 	fmt.Fprintln(out, "cpu columns: CPU time over the window in % of one core: the service process; all postgres processes on the machine; Redis (INFO cpu);")
 	fmt.Fprintln(out, "the client (this process, or pgbench); '-' does not apply. spread: (max-min)/median of the rate over rounds;")
 	fmt.Fprintln(out, "not 201: every other answer over all rounds, warm-up included (pgbench: failed transactions).")
+}
+
+// submitTokens says how a group's withdrawals get their keys.
+func submitTokens(g string) string {
+	switch g {
+	case groupSQLite, groupPostgres:
+		return "off"
+	case groupTokens:
+		return "1 minted per withdrawal"
+	default:
+		return "-"
+	}
 }
 
 func (r *report) printTargets(out io.Writer) {
@@ -213,7 +227,7 @@ func (r *report) printTargets(out io.Writer) {
 		if !ok || ceil.rounds == 0 || ceil.rate <= 0 {
 			continue
 		}
-		for _, g := range []string{groupPostgres, groupSQLite, groupFloor} {
+		for _, g := range []string{groupPostgres, groupTokens, groupSQLite, groupFloor} {
 			s, ok := r.summarize(g, n)
 			if !ok || s.rounds == 0 {
 				continue
@@ -237,8 +251,12 @@ func (r *report) printTargets(out io.Writer) {
 			case groupFloor:
 				note = " (not a service: the least a withdrawal over HTTP costs here; informational)"
 			}
-			fmt.Fprintf(out, "  %-20s %3d clients  %.2f× (%.0f/s vs %.0f tx/s, want ≥ %.2f×)  %s  per round: %s%s\n",
-				groupLabels[g], n, ratio, s.rate, ceil.rate, target, verdict, strings.Join(per, " "), note)
+			label := groupLabels[g]
+			if st := submitTokens(g); st != "-" {
+				label += " (submit tokens " + st + ")"
+			}
+			fmt.Fprintf(out, "  %-55s %3d clients  %.2f× (%.0f/s vs %.0f tx/s, want ≥ %.2f×)  %s  per round: %s%s\n",
+				label, n, ratio, s.rate, ceil.rate, target, verdict, strings.Join(per, " "), note)
 		}
 	}
 }

@@ -51,6 +51,7 @@ type serviceConfig struct {
 	args              []string
 	logPath           string
 	redis             *redisAdmin // nil: SQLite
+	mintTokens        bool        // every withdrawal uses a submit token minted for it
 	users             []*user
 
 	pg     *pgAdmin // the PostgreSQL configuration: its database's counters
@@ -212,7 +213,7 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 			return fmt.Errorf("%s: top-up deposits: %w", s.group, err)
 		}
 		probe := cpuProbe{svcPID: s.proc.pid, pg: s.pg != nil, redis: s.redis}
-		r := runCell(ctx, a, s.users[:n], cfg.warmup, cfg.duration, probe)
+		r := runCell(ctx, a, s.users[:n], cfg.warmup, cfg.duration, probe, s.mintTokens)
 		if ctx.Err() != nil {
 			return ctx.Err() // interrupted: the cell is left out
 		}
