@@ -11,6 +11,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"flag"
 	"fmt"
@@ -26,7 +27,7 @@ import (
 	"syscall"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql" // driver "mysql"
+	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // driver "pgx"
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // driver "sqlite"
@@ -286,12 +287,19 @@ func openDB(c serveConfig) (*sql.DB, sqlstore.Dialect, string, error) {
 		secs := strconv.FormatInt(int64((c.lockTTL+time.Second-1)/time.Second), 10) // whole seconds, rounded up
 		driver, dsn, dialect = "mysql", boundTx(strings.TrimPrefix(u, "mysql://"), map[string]string{
 			"innodb_lock_wait_timeout": secs,
-			"idle_transaction_timeout": secs, // MariaDB 10.3+: ends a paused holder's transaction
 		}), sqlstore.MySQL
 	default:
 		return nil, "", "", fmt.Errorf("--db %q: want sqlite:///path, postgres://... or mysql://...", u)
 	}
-	db, err := sql.Open(driver, dsn)
+	var (
+		db  *sql.DB
+		err error
+	)
+	if dialect == sqlstore.MySQL {
+		db, err = openMySQL(dsn, c.lockTTL)
+	} else {
+		db, err = sql.Open(driver, dsn)
+	}
 	if err != nil {
 		return nil, "", "", err
 	}
@@ -327,6 +335,52 @@ func boundTx(dsn string, set map[string]string) string {
 		dsn += sep + k + "=" + set[k]
 	}
 	return dsn
+}
+
+// openMySQL opens dsn with each new connection's idle transactions bounded
+// by ttl where the server can (MariaDB's idle_transaction_timeout, which
+// ends a paused holder's transaction); MySQL has no such variable, and
+// naming it in the DSN would fail every connection there.
+func openMySQL(dsn string, ttl time.Duration) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if ttl <= 0 || strings.Contains(dsn, "idle_transaction_timeout=") {
+		return sql.OpenDB(connector), nil // no bound asked, or the operator's own
+	}
+	secs := int64((ttl + time.Second - 1) / time.Second)
+	return sql.OpenDB(idleBound{connector, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d", secs)}), nil
+}
+
+// idleBound runs stmt on every new connection, ignoring only the error of a
+// server that does not know the variable.
+type idleBound struct {
+	driver.Connector
+	stmt string
+}
+
+func (c idleBound) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ex, ok := conn.(driver.ExecerContext)
+	if !ok {
+		return conn, nil
+	}
+	if _, err := ex.ExecContext(ctx, c.stmt, nil); err != nil {
+		var me *mysql.MySQLError
+		if !errors.As(err, &me) || me.Number != 1193 { // 1193: unknown system variable (MySQL)
+			conn.Close()
+			return nil, err
+		}
+	}
+	return conn, nil
 }
 
 // redactURL hides a password in a database URL before it is logged.
