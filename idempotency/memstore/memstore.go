@@ -534,6 +534,10 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, d time.Durati
 		if w.owner == owner {
 			return 0, nil
 		}
+		if idempotency.WindowRecord(w.owner) == idempotency.WindowRecord(owner) {
+			s.windows[k] = window{owner: owner, expires: w.expires}
+			return 0, nil
+		}
 		return w.expires.Sub(now), nil
 	}
 	s.windows[k] = window{owner: owner, expires: now.Add(d)}

@@ -340,6 +340,33 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		}
 	})
 
+	t.Run("WindowFreeOnlyOwnClaim", func(t *testing.T) {
+		// A retry that took the key over claims the entry; the stale
+		// attempt's free must leave it in place.
+		s := newStore(t)
+		id, now := uniq(t, "wo"), time.Now()
+		stale, retry := idempotency.WindowOwner("rec", "lease1"), idempotency.WindowOwner("rec", "lease2")
+		if left, err := s.ClaimWindow(ctx, id, stale, 10*time.Second, now); err != nil || left != 0 {
+			t.Fatalf("first ClaimWindow = %v, %v; want 0, nil", left, err)
+		}
+		if left, err := s.ClaimWindow(ctx, id, retry, 10*time.Second, now.Add(time.Second)); err != nil || left != 0 {
+			t.Fatalf("ClaimWindow by a new attempt at the same record = %v, %v; want 0 (not a duplicate of itself)", left, err)
+		}
+		if err := s.FreeWindow(ctx, id, stale); err != nil {
+			t.Fatal(err)
+		}
+		left, err := s.ClaimWindow(ctx, id, idempotency.WindowOwner("other", "lease3"), 10*time.Second, now.Add(2*time.Second))
+		if err != nil || left <= 7*time.Second || left > 8*time.Second {
+			t.Errorf("ClaimWindow of another record after the stale attempt's free = %v, %v; want about 8s left (the retry's entry, first expiry kept)", left, err)
+		}
+		if err := s.FreeWindow(ctx, id, retry); err != nil {
+			t.Fatal(err)
+		}
+		if left, _ := s.ClaimWindow(ctx, id, idempotency.WindowOwner("other", "lease3"), 10*time.Second, now.Add(3*time.Second)); left != 0 {
+			t.Errorf("ClaimWindow after the owner's free = %v; want 0", left)
+		}
+	})
+
 	t.Run("MiddlewareStorms", func(t *testing.T) { storms(t, newStore(t)) })
 
 	t.Run("Tokens", func(t *testing.T) {
