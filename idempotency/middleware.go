@@ -282,7 +282,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.fail(w, r, "duplicate_submission", &Problem{
 				Status: http.StatusTooManyRequests, Code: "duplicate_submission", Title: "Duplicate submission",
 				Detail:     "the same request was accepted moments ago under another key; wait before sending it again",
-				RetryAfter: int(math.Ceil(left.Seconds())),
+				RetryAfter: int(math.Ceil(min(left, cfg.Window).Seconds())), // whole seconds left, never more than the window
 			})
 			return
 		}

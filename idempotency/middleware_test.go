@@ -903,3 +903,27 @@ func TestCacheControlNoStore(t *testing.T) {
 		})
 	}
 }
+
+// overWindow is a window store that says more time is left than the window
+// has, as a store did to a request started before the winner's.
+type overWindow struct{ *memstore.Store }
+
+func (overWindow) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
+	return window + 500*time.Millisecond, nil
+}
+
+// Retry-After of a duplicate_submission is whole seconds left, never more
+// than the window.
+func TestDuplicateRetryAfterAtMostWindow(t *testing.T) {
+	store := &memstore.Store{}
+	h := idempotency.Middleware(idempotency.Config{
+		Store: store, Windows: overWindow{store}, Window: 10 * time.Second,
+	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"1"}`))
+	r.Header.Set("Idempotency-Key", "k")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != 429 || w.Header().Get("Retry-After") != "10" {
+		t.Errorf("duplicate = %d, Retry-After %q; want 429, 10 (the window)", w.Code, w.Header().Get("Retry-After"))
+	}
+}

@@ -135,7 +135,8 @@ return 1
 `)
 	// claimLua: KEYS[1] the window entry, "expires ms|owner"; ARGV owner,
 	// now ms, window ms, the owner's record. Returns 0 when claimed (or
-	// already the record's, then passed to owner), else the ms left.
+	// already the record's, then passed to owner), else the ms left, at
+	// most the window (a caller whose now is before the winner's sees more).
 	claimLua = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -148,7 +149,7 @@ if v then
       redis.call('SET', KEYS[1], exp .. '|' .. ARGV[1], 'PX', exp - tonumber(ARGV[2]))
       return 0
     end
-    return exp - tonumber(ARGV[2])
+    return math.min(exp - tonumber(ARGV[2]), tonumber(ARGV[3]))
   end
 end
 redis.call('SET', KEYS[1], (tonumber(ARGV[2]) + tonumber(ARGV[3])) .. '|' .. ARGV[1], 'PX', ARGV[3])

@@ -463,7 +463,8 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.D
 	if got == owner {
 		return 0, nil
 	}
-	return max(time.Duration(exp-us(now))*time.Microsecond, time.Microsecond), nil
+	// At most window: a request that started before the winner's sees more.
+	return min(max(time.Duration(exp-us(now))*time.Microsecond, time.Microsecond), window), nil
 }
 
 // FreeWindow implements idempotency.WindowStore.

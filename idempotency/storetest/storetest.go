@@ -340,6 +340,33 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		}
 	})
 
+	t.Run("WindowLeftBounded", func(t *testing.T) {
+		// Requests of a storm start before and after the winner's: each
+		// loser is told 0 < left <= window, whatever its own start time.
+		s := newStore(t)
+		id, base := uniq(t, "wl"), time.Now()
+		const window = 10 * time.Second
+		if left, err := s.ClaimWindow(ctx, id, "winner", window, base.Add(500*time.Millisecond)); err != nil || left != 0 {
+			t.Fatalf("first ClaimWindow = %v, %v; want 0, nil", left, err)
+		}
+		lefts := make([]time.Duration, 50)
+		errs := make([]error, 50)
+		var wg sync.WaitGroup
+		for i := range lefts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lefts[i], errs[i] = s.ClaimWindow(ctx, id, fmt.Sprint("loser", i), window, base.Add(time.Duration(i)*20*time.Millisecond))
+			}()
+		}
+		wg.Wait()
+		for i, left := range lefts {
+			if errs[i] != nil || left <= 0 || left > window {
+				t.Errorf("loser %d (started %v from the winner) = %v, %v; want 0 < left <= %v", i, time.Duration(i)*20*time.Millisecond-500*time.Millisecond, left, errs[i], window)
+			}
+		}
+	})
+
 	t.Run("WindowFreeOnlyOwnClaim", func(t *testing.T) {
 		// A retry that took the key over claims the entry; the stale
 		// attempt's free must leave it in place.
