@@ -269,9 +269,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var windowID string
 	if cfg.Windows != nil && cfg.Window > 0 {
 		windowID = digest(principal, r.Method, r.URL.Path, fp)
-		// Owned by the key's record, not by this attempt: a retry of the
-		// same key (after a crashed holder) is not a duplicate of itself.
-		left, err := cfg.Windows.ClaimWindow(ctx, windowID, id, cfg.Window, now)
+		// Owned by this attempt at the key's record: a retry of the same
+		// key (after a crashed holder) is not a duplicate of itself, and a
+		// stale attempt frees only its own claim.
+		left, err := cfg.Windows.ClaimWindow(ctx, windowID, WindowOwner(id, res.Lease), cfg.Window, now)
 		if err != nil || left > 0 {
 			_ = cfg.Store.Abandon(detached, id, res.Lease) // not recorded: key and token stay usable
 			if err != nil {
@@ -281,7 +282,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.fail(w, r, "duplicate_submission", &Problem{
 				Status: http.StatusTooManyRequests, Code: "duplicate_submission", Title: "Duplicate submission",
 				Detail:     "the same request was accepted moments ago under another key; wait before sending it again",
-				RetryAfter: int(math.Ceil(left.Seconds())),
+				RetryAfter: int(math.Ceil(min(left, cfg.Window).Seconds())), // whole seconds left, never more than the window
 			})
 			return
 		}
@@ -375,7 +376,7 @@ func (m *middleware) serve(rec *recorder, r *http.Request, body []byte, call *Ca
 func (m *middleware) release(r *http.Request, ctx context.Context, id, lease, windowID string) {
 	_ = m.cfg.Store.Abandon(ctx, id, lease)
 	if windowID != "" {
-		_ = m.cfg.Windows.FreeWindow(ctx, windowID, id)
+		_ = m.cfg.Windows.FreeWindow(ctx, windowID, WindowOwner(id, lease))
 	}
 	m.event(r, "released")
 }

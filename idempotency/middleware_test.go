@@ -704,6 +704,57 @@ func TestRecoveredKeyPassesItsOwnWindow(t *testing.T) {
 	<-done
 }
 
+// A stale attempt that fails after its key was taken over frees only its
+// own window claim: the successor's entry still turns a duplicate away.
+func TestStaleAttemptKeepsSuccessorsWindow(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	store := &memstore.Store{}
+	stuck := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	first := true
+	h := idempotency.Middleware(idempotency.Config{
+		Store: store, Windows: store, Window: time.Minute, Lease: 30 * time.Second, Now: clock,
+		Principal: func(r *http.Request) (string, error) { return "alice", nil },
+	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		f := first
+		first = false
+		mu.Unlock()
+		if f { // paused past its lease, then it fails
+			entered <- struct{}{}
+			<-stuck
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func(key string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"1"}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	done := make(chan int)
+	go func() { done <- send("k").Code }()
+	<-entered
+	mu.Lock()
+	now = now.Add(31 * time.Second)
+	mu.Unlock()
+	if w := send("k"); w.Code != 201 {
+		t.Fatalf("retry after the lease = %d %s; want 201", w.Code, w.Body)
+	}
+	close(stuck)
+	if code := <-done; code != 503 {
+		t.Fatalf("stale attempt = %d; want its 503", code)
+	}
+	if w := send("k2"); w.Code != 429 {
+		t.Errorf("same body under a new key after the stale attempt failed = %d %s; want 429 (the retry's window entry)", w.Code, w.Body)
+	}
+}
+
 // An answer the handler marks transient (Forget) is sent, not stored: the
 // same key runs again.
 func TestForget(t *testing.T) {
@@ -850,5 +901,29 @@ func TestCacheControlNoStore(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// overWindow is a window store that says more time is left than the window
+// has, as a store did to a request started before the winner's.
+type overWindow struct{ *memstore.Store }
+
+func (overWindow) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
+	return window + 500*time.Millisecond, nil
+}
+
+// Retry-After of a duplicate_submission is whole seconds left, never more
+// than the window.
+func TestDuplicateRetryAfterAtMostWindow(t *testing.T) {
+	store := &memstore.Store{}
+	h := idempotency.Middleware(idempotency.Config{
+		Store: store, Windows: overWindow{store}, Window: 10 * time.Second,
+	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"1"}`))
+	r.Header.Set("Idempotency-Key", "k")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != 429 || w.Header().Get("Retry-After") != "10" {
+		t.Errorf("duplicate = %d, Retry-After %q; want 429, 10 (the window)", w.Code, w.Header().Get("Retry-After"))
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -147,11 +148,29 @@ type Store interface {
 // away the same request sent again under a new key.
 type WindowStore interface {
 	// ClaimWindow records id for window, owned by owner, unless a live
-	// entry of another owner exists; then it returns the time that entry
-	// has left. A live entry of the same owner is a success (0).
+	// entry of another request exists; then it returns the time that entry
+	// has left. An owner is "record/attempt" (see WindowOwner), or a bare
+	// record: a live entry of the same record is a success (0) and passes
+	// to owner, keeping its expiry, as a retry takes a key over.
 	ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (left time.Duration, err error)
-	// FreeWindow deletes id's entry if owner owns it.
+	// FreeWindow deletes id's entry if owner, attempt and all, owns it: a
+	// stale attempt never frees the entry its key's successor claimed.
 	FreeWindow(ctx context.Context, id, owner string) error
+}
+
+// WindowOwner returns the window owner of one attempt (its lease) at a
+// key's record.
+func WindowOwner(record, attempt string) string {
+	return record + "/" + attempt
+}
+
+// WindowRecord returns the record part of a window owner (up to its first
+// "/"): what ClaimWindow compares to tell a retry of a key from a duplicate.
+func WindowRecord(owner string) string {
+	if i := strings.IndexByte(owner, '/'); i >= 0 {
+		return owner[:i]
+	}
+	return owner
 }
 
 // FullStore is a store that keeps records, tokens and windows together,

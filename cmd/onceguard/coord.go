@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -12,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceguard/onceguard/idempotency"
-	"github.com/onceguard/onceguard/idempotency/redisstore"
 	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
@@ -29,9 +27,10 @@ import (
 //   - no --redis: locks in the database (PostgreSQL, MySQL: shared by every
 //     instance) or in process (SQLite, one process), the window in the
 //     database;
-//   - --redis: locks and the window in Redis (one node, or a quorum of
-//     independent nodes), falling back to the database at once when Redis
-//     does not answer and returning to it when it does.
+//   - --redis: locks in Redis (one node, or a quorum of independent
+//     nodes), falling back to the database at once when Redis does not
+//     answer and returning to it when it does; the window in the database
+//     still, so that it survives Redis losing its data or its first node.
 type coordination struct {
 	locks    *lock.Locker
 	windows  idempotency.WindowStore
@@ -123,11 +122,12 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 		what = fmt.Sprintf("a quorum of %d Redis nodes", len(c.clients))
 	}
 	c.breaker = fallback.NewBackend(primary, secondary, fopts)
-	// The window is a courtesy check, not worth a quorum: the first node
-	// keeps it.
-	c.windows = &windowFallback{primary: redisstore.New(c.clients[0], nil), secondary: dbWindows, breaker: c.breaker}
+	// The window stays in the database (c.windows as above): an entry only
+	// in Redis is forgotten when Redis restarts empty, is not seen by an
+	// instance that fell back, and waits out a black-holed first node on
+	// every request.
 	c.locks = lock.New(c.breaker, &lopts)
-	c.describe = fmt.Sprintf("locks and repeat window in %s, falling back to %s", what, where)
+	c.describe = fmt.Sprintf("locks in %s, falling back to %s; repeat window in the database", what, where)
 	return c, nil
 }
 
@@ -198,39 +198,4 @@ func (c *coordination) close() {
 	for _, cl := range c.clients {
 		_ = cl.Close()
 	}
-}
-
-// windowFallback keeps the repeat-submit window in Redis and in the
-// database while Redis does not answer, following the lock breaker: while
-// it is open the database serves without trying Redis. An entry claimed on
-// one side is not seen on the other, so across a switch, or while some
-// instances reach Redis and others do not, a repeat under a new key may
-// get through this check and make a second movement (seen in the
-// degraded-mode audit: one from each side). Keys, tokens and the business
-// tables' constraints keep each request to one movement either way; the
-// window's own guarantee holds only while every instance is on one side.
-type windowFallback struct {
-	primary   idempotency.WindowStore
-	secondary idempotency.WindowStore // the database's
-	breaker   *fallback.Backend
-}
-
-func (w *windowFallback) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
-	if !w.breaker.Degraded() {
-		left, err := w.primary.ClaimWindow(ctx, id, owner, window, now)
-		if !errors.Is(err, idempotency.ErrUnavailable) || ctx.Err() != nil {
-			return left, err
-		}
-	}
-	return w.secondary.ClaimWindow(ctx, id, owner, window, now)
-}
-
-func (w *windowFallback) FreeWindow(ctx context.Context, id, owner string) error {
-	var errs []error
-	if !w.breaker.Degraded() {
-		if err := w.primary.FreeWindow(ctx, id, owner); err != nil && !errors.Is(err, idempotency.ErrUnavailable) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(append(errs, w.secondary.FreeWindow(ctx, id, owner))...)
 }

@@ -534,7 +534,12 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, d time.Durati
 		if w.owner == owner {
 			return 0, nil
 		}
-		return w.expires.Sub(now), nil
+		if idempotency.WindowRecord(w.owner) == idempotency.WindowRecord(owner) {
+			s.windows[k] = window{owner: owner, expires: w.expires}
+			return 0, nil
+		}
+		// At most d: a request that started before the winner's sees more.
+		return min(w.expires.Sub(now), d), nil
 	}
 	s.windows[k] = window{owner: owner, expires: now.Add(d)}
 	s.expireAt('w', k, now.Add(d))

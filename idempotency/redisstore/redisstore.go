@@ -134,16 +134,22 @@ redis.call('PEXPIRE', KEYS[1], math.max(tonumber(r[2]) - tonumber(ARGV[2]), 1))
 return 1
 `)
 	// claimLua: KEYS[1] the window entry, "expires ms|owner"; ARGV owner,
-	// now ms, window ms. Returns 0 when claimed (or already the owner's),
-	// else the ms left.
+	// now ms, window ms, the owner's record. Returns 0 when claimed (or
+	// already the record's, then passed to owner), else the ms left, at
+	// most the window (a caller whose now is before the winner's sees more).
 	claimLua = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v then
   local sep = string.find(v, '|', 1, true)
   local exp = tonumber(string.sub(v, 1, sep - 1))
   if exp > tonumber(ARGV[2]) then
-    if string.sub(v, sep + 1) == ARGV[1] then return 0 end
-    return exp - tonumber(ARGV[2])
+    local o = string.sub(v, sep + 1)
+    if o == ARGV[1] then return 0 end
+    if o == ARGV[4] or string.sub(o, 1, #ARGV[4] + 1) == ARGV[4] .. '/' then
+      redis.call('SET', KEYS[1], exp .. '|' .. ARGV[1], 'PX', exp - tonumber(ARGV[2]))
+      return 0
+    end
+    return math.min(exp - tonumber(ARGV[2]), tonumber(ARGV[3]))
   end
 end
 redis.call('SET', KEYS[1], (tonumber(ARGV[2]) + tonumber(ARGV[3])) .. '|' .. ARGV[1], 'PX', ARGV[3])
@@ -241,7 +247,7 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 
 // ClaimWindow implements idempotency.WindowStore: one script.
 func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
-	left, err := claimLua.Run(ctx, s.rdb, []string{s.winKey(id)}, owner, ms(now), max(window.Milliseconds(), 1)).Int64()
+	left, err := claimLua.Run(ctx, s.rdb, []string{s.winKey(id)}, owner, ms(now), max(window.Milliseconds(), 1), idempotency.WindowRecord(owner)).Int64()
 	if err != nil {
 		return 0, wrap("claim window", err)
 	}

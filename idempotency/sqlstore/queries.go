@@ -49,7 +49,9 @@ WHERE hash = ? AND subject = ? AND purpose = ? AND scope IS NULL AND expires_at 
 		q.insertRecord = `INSERT INTO {p}idempotency ` + cols + ` ON CONFLICT (id) DO NOTHING`
 		q.insertFresh = q.insertRecord + ` RETURNING lease`
 		q.claimWindow = `INSERT INTO {p}repeat_window AS w (id, owner, expires_at) VALUES (?, ?, ?)
-ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at WHERE w.expires_at <= ?`
+ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner,
+  expires_at = CASE WHEN w.expires_at <= ? THEN EXCLUDED.expires_at ELSE w.expires_at END
+WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 		q.create = []string{
 			`CREATE TABLE IF NOT EXISTS {p}idempotency (id VARCHAR(255) PRIMARY KEY, fingerprint TEXT NOT NULL, state SMALLINT NOT NULL,
   lease VARCHAR(255), lease_until BIGINT NOT NULL, expires_at BIGINT NOT NULL, token_hash VARCHAR(255),
@@ -65,10 +67,11 @@ ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.exp
 		// such transactions upgrading to FOR UPDATE deadlock; the no-op
 		// update takes the exclusive lock at once.
 		q.insertRecord = `INSERT INTO {p}idempotency ` + cols + ` ON DUPLICATE KEY UPDATE id = id`
-		// Both assignments test the old expiry (owner's does not change it),
-		// so a live entry, even the caller's own, is left as it is.
+		// Assignments run in order: owner's tests the old owner, expiry's the
+		// old expiry (owner's does not change it), so a live entry keeps its
+		// expiry and passes only to an attempt at the same record.
 		q.claimWindow = `INSERT INTO {p}repeat_window (id, owner, expires_at) VALUES (?, ?, ?)
-ON DUPLICATE KEY UPDATE owner = IF(expires_at <= ?, VALUES(owner), owner),
+ON DUPLICATE KEY UPDATE owner = IF(expires_at <= ? OR owner = ? OR SUBSTRING(owner, 1, ?) = ?, VALUES(owner), owner),
   expires_at = IF(expires_at <= ?, VALUES(expires_at), expires_at)`
 		q.create = []string{
 			`CREATE TABLE IF NOT EXISTS {p}idempotency (id VARCHAR(255) NOT NULL PRIMARY KEY, fingerprint VARCHAR(255) NOT NULL,
@@ -84,7 +87,9 @@ ON DUPLICATE KEY UPDATE owner = IF(expires_at <= ?, VALUES(owner), owner),
 		q.insertRecord = `INSERT OR IGNORE INTO {p}idempotency ` + cols
 		q.insertFresh = `INSERT INTO {p}idempotency ` + cols + ` ON CONFLICT (id) DO NOTHING RETURNING lease`
 		q.claimWindow = `INSERT INTO {p}repeat_window AS w (id, owner, expires_at) VALUES (?, ?, ?)
-ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at WHERE w.expires_at <= ?`
+ON CONFLICT (id) DO UPDATE SET owner = excluded.owner,
+  expires_at = CASE WHEN w.expires_at <= ? THEN excluded.expires_at ELSE w.expires_at END
+WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 		q.create = []string{
 			`CREATE TABLE IF NOT EXISTS {p}idempotency (id TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, state INTEGER NOT NULL,
   lease TEXT, lease_until INTEGER NOT NULL, expires_at INTEGER NOT NULL, token_hash TEXT,

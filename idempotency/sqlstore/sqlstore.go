@@ -447,9 +447,10 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.D
 	if err := s.Migrate(ctx); err != nil {
 		return 0, err
 	}
-	args := []any{id, owner, us(now.Add(window)), us(now)}
-	if s.dialect == MySQL {
-		args = append(args, us(now)) // its upsert tests the old expiry twice
+	rec := idempotency.WindowRecord(owner)
+	args := []any{id, owner, us(now.Add(window)), us(now), rec, len(rec) + 1, rec + "/", us(now)}
+	if s.dialect != MySQL {
+		args = []any{id, owner, us(now.Add(window)), us(now), us(now), rec, len(rec) + 1, rec + "/"}
 	}
 	if _, err := s.db.ExecContext(ctx, s.q.claimWindow, args...); err != nil {
 		return 0, wrap("claim window", err)
@@ -462,7 +463,8 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.D
 	if got == owner {
 		return 0, nil
 	}
-	return max(time.Duration(exp-us(now))*time.Microsecond, time.Microsecond), nil
+	// At most window: a request that started before the winner's sees more.
+	return min(max(time.Duration(exp-us(now))*time.Microsecond, time.Microsecond), window), nil
 }
 
 // FreeWindow implements idempotency.WindowStore.

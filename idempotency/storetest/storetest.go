@@ -340,6 +340,60 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		}
 	})
 
+	t.Run("WindowLeftBounded", func(t *testing.T) {
+		// Requests of a storm start before and after the winner's: each
+		// loser is told 0 < left <= window, whatever its own start time.
+		s := newStore(t)
+		id, base := uniq(t, "wl"), time.Now()
+		const window = 10 * time.Second
+		if left, err := s.ClaimWindow(ctx, id, "winner", window, base.Add(500*time.Millisecond)); err != nil || left != 0 {
+			t.Fatalf("first ClaimWindow = %v, %v; want 0, nil", left, err)
+		}
+		lefts := make([]time.Duration, 50)
+		errs := make([]error, 50)
+		var wg sync.WaitGroup
+		for i := range lefts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lefts[i], errs[i] = s.ClaimWindow(ctx, id, fmt.Sprint("loser", i), window, base.Add(time.Duration(i)*20*time.Millisecond))
+			}()
+		}
+		wg.Wait()
+		for i, left := range lefts {
+			if errs[i] != nil || left <= 0 || left > window {
+				t.Errorf("loser %d (started %v from the winner) = %v, %v; want 0 < left <= %v", i, time.Duration(i)*20*time.Millisecond-500*time.Millisecond, left, errs[i], window)
+			}
+		}
+	})
+
+	t.Run("WindowFreeOnlyOwnClaim", func(t *testing.T) {
+		// A retry that took the key over claims the entry; the stale
+		// attempt's free must leave it in place.
+		s := newStore(t)
+		id, now := uniq(t, "wo"), time.Now()
+		stale, retry := idempotency.WindowOwner("rec", "lease1"), idempotency.WindowOwner("rec", "lease2")
+		if left, err := s.ClaimWindow(ctx, id, stale, 10*time.Second, now); err != nil || left != 0 {
+			t.Fatalf("first ClaimWindow = %v, %v; want 0, nil", left, err)
+		}
+		if left, err := s.ClaimWindow(ctx, id, retry, 10*time.Second, now.Add(time.Second)); err != nil || left != 0 {
+			t.Fatalf("ClaimWindow by a new attempt at the same record = %v, %v; want 0 (not a duplicate of itself)", left, err)
+		}
+		if err := s.FreeWindow(ctx, id, stale); err != nil {
+			t.Fatal(err)
+		}
+		left, err := s.ClaimWindow(ctx, id, idempotency.WindowOwner("other", "lease3"), 10*time.Second, now.Add(2*time.Second))
+		if err != nil || left <= 7*time.Second || left > 8*time.Second {
+			t.Errorf("ClaimWindow of another record after the stale attempt's free = %v, %v; want about 8s left (the retry's entry, first expiry kept)", left, err)
+		}
+		if err := s.FreeWindow(ctx, id, retry); err != nil {
+			t.Fatal(err)
+		}
+		if left, _ := s.ClaimWindow(ctx, id, idempotency.WindowOwner("other", "lease3"), 10*time.Second, now.Add(3*time.Second)); left != 0 {
+			t.Errorf("ClaimWindow after the owner's free = %v; want 0", left)
+		}
+	})
+
 	t.Run("MiddlewareStorms", func(t *testing.T) { storms(t, newStore(t)) })
 
 	t.Run("Tokens", func(t *testing.T) {
