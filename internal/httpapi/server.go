@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"mime"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -363,7 +364,12 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 	}
 	if ok && !csrfSafe(r) {
 		problem(w, http.StatusForbidden, "csrf_rejected", "Cross-site request refused",
-			"a sign-in, or a request authenticated by the session cookie, must come from this origin (the latter sending application/json); or use Authorization: Bearer")
+			"a sign-up, a sign-in, or a request authenticated by the session cookie, must come from this origin (the latter sending application/json); or use Authorization: Bearer")
+		return pattern
+	}
+	if ok && !sendsJSON(r) {
+		problem(w, http.StatusUnsupportedMediaType, "unsupported_media_type", "Unsupported media type",
+			"a request body must be sent as Content-Type: application/json")
 		return pattern
 	}
 	if !ok {
@@ -396,7 +402,8 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 // Signing in sets the cookie, so a sign-in a browser sends from another
 // site is refused too, cookie or not (login CSRF: a cross-site form would
 // sign the victim's browser in as the attacker, whose account would then
-// receive what the victim deposits). Browsers name such a request's site
+// receive what the victim deposits); so is a sign-up, which a foreign
+// page could otherwise send from its visitors' addresses. Browsers name such a request's site
 // (Sec-Fetch-Site) or origin (Origin, sent on every cross-origin POST);
 // other clients send neither and pass.
 func csrfSafe(r *http.Request) bool {
@@ -404,7 +411,7 @@ func csrfSafe(r *http.Request) bool {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return true
 	}
-	if r.URL.Path == "/api/v1/sessions" {
+	if r.URL.Path == "/api/v1/sessions" || r.URL.Path == "/api/v1/users" {
 		return sameOrigin(r)
 	}
 	if _, ok := bearer(r); ok {
@@ -415,6 +422,23 @@ func csrfSafe(r *http.Request) bool {
 	}
 	ct := r.Header.Get("Content-Type")
 	return sameOrigin(r) && (r.ContentLength == 0 && r.Method == http.MethodDelete || strings.HasPrefix(ct, "application/json"))
+}
+
+// sendsJSON tells whether a request that can carry a body sends it as
+// application/json (parameters such as charset allowed); one with no body
+// passes and meets the decoder's invalid_json instead.
+func sendsJSON(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+	default:
+		return true
+	}
+	ct := r.Header.Get("Content-Type")
+	if ct == "" && r.ContentLength == 0 {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
 }
 
 // sameOrigin tells whether a browser's request comes from this origin, as
