@@ -601,26 +601,55 @@ func isUnavailable(err error) bool {
 // 200 degraded when another component is not ok (Redis unreachable and
 // locks on the database, the provider unreachable and settlements left to
 // the reconciler), else 200 ok.
+//
+// The checks run at once, each with its own deadline, so that one that
+// hangs (a black-holed database) costs the others nothing and is the only
+// one reported.
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
+	type result struct {
+		name, status string
+		healthy      bool
+	}
+	checks := make([]Component, 0, len(s.cfg.Components)+1)
+	if ping := s.cfg.Ping; ping != nil {
+		checks = append(checks, Component{Name: "database", Check: func(ctx context.Context) (string, bool) {
+			if err := ping(ctx); err != nil {
+				return "unreachable", false
+			}
+			return "ok", true
+		}})
+	}
+	checks = append(checks, s.cfg.Components...)
+	results := make(chan result, len(checks))
+	for _, c := range checks {
+		go func() {
+			ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+			defer cancel()
+			st, healthy := c.Check(ctx)
+			results <- result{c.Name, st, healthy}
+		}()
+	}
 	comps := map[string]string{"database": "ok"}
 	status, code := "ok", http.StatusOK
-	if s.cfg.Ping != nil {
-		if err := s.cfg.Ping(ctx); err != nil {
-			comps["database"] = "unreachable"
+	degraded := false
+	for range checks {
+		res := <-results
+		comps[res.name] = res.status
+		switch {
+		case res.name == "database" && !res.healthy:
 			status, code = "unavailable", http.StatusServiceUnavailable
+		case !res.healthy:
+			degraded = true
 		}
 	}
-	for _, c := range s.cfg.Components {
-		st, healthy := c.Check(ctx)
-		comps[c.Name] = st
-		if !healthy && status == "ok" {
-			status = "degraded"
-		}
+	if degraded && status == "ok" {
+		status = "degraded"
 	}
 	writeJSON(w, code, map[string]any{"status": status, "components": comps})
 }
+
+// readyTimeout bounds each /readyz check.
+const readyTimeout = 2 * time.Second
 
 func newID(prefix string) string {
 	var b [12]byte
