@@ -69,7 +69,9 @@ type Config struct {
 	// LoginAttempts is how many failed sign-ins one username may have from
 	// one address in 15 minutes before it gets 429 too_many_attempts until
 	// the window ends; an address gets 4 times as many over all usernames,
-	// a username 10 times as many over all addresses. 0: 5; negative: off.
+	// a username 10 times as many over all addresses, except from an
+	// address with no failure of its own or a pair that signed in before
+	// (so that no one can lock an owner out). 0: 5; negative: off.
 	LoginAttempts int
 	// SignupLimit is how many sign-ups one client address may make in an
 	// hour before it gets 429 too_many_signups until the hour ends. Every
@@ -117,6 +119,7 @@ type server struct {
 
 	rates                           *rates
 	loginPair, loginAddr, loginUser *failures
+	loginKnown                      *failures // (username, address) pairs that signed in, 30 days
 	signups                         *failures // per client address, an hour
 	tokens                          *token.Tokens
 	locks                           *lock.Locker                       // per-user and per-order locks
@@ -160,6 +163,7 @@ func New(cfg Config) http.Handler {
 		s.loginPair = newFailures(n, 15*time.Minute)
 		s.loginAddr = newFailures(4*n, 15*time.Minute)
 		s.loginUser = newFailures(10*n, 15*time.Minute)
+		s.loginKnown = newFailures(1, 30*24*time.Hour)
 	}
 	if n := cfg.SignupLimit; n > 0 {
 		s.signups = newFailures(n, time.Hour)
@@ -805,8 +809,26 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pair := name + "\x00" + addr
-	attempts := []attempt{{s.loginPair, pair}, {s.loginAddr, addr}, {s.loginUser, name}}
-	if wait := reserveAll(now, attempts...); wait > 0 {
+	if wait := s.loginPair.reserve(pair, now); wait > 0 {
+		refused(wait)
+		return
+	}
+	wait, n := s.loginAddr.reserveN(addr, now)
+	if wait > 0 {
+		s.loginPair.undo(pair)
+		refused(wait)
+		return
+	}
+	attempts := []attempt{{s.loginPair, pair}, {s.loginAddr, addr}}
+	// The per-username limit stops guessers spread over many addresses,
+	// but must not let them lock the owner out: an address with no other
+	// failure (n counts this attempt, atomically) and a pair that signed in
+	// before are counted by it but not refused.
+	exempt := n == 1 || s.loginKnown.has(pair, now)
+	if wait := s.loginUser.reserve(name, now); wait == 0 {
+		attempts = append(attempts, attempt{s.loginUser, name})
+	} else if !exempt {
+		undoAll(attempts...)
 		refused(wait)
 		return
 	}
@@ -832,6 +854,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	undoAll(attempts[1:]...) // this attempt was no failure
 	s.loginPair.forget(pair) // and the pair's earlier ones are forgiven
+	s.loginKnown.reserve(pair, now)
 	// Always a new token, whatever the request carried: a session an
 	// attacker planted (fixation) never becomes authenticated.
 	tok, th := auth.NewSessionToken()
