@@ -47,7 +47,8 @@ func TestServeCSRF(t *testing.T) {
 		{"cookie, form content type", "cookie", "http://" + host, "same-origin", "text/plain", "", 403},
 		{"cookie, same origin, JSON", "cookie", "http://" + host, "same-origin", "application/json", "", 201},
 		{"cookie, no browser headers, JSON", "cookie", "", "", "application/json", "", 201},
-		{"bearer from anywhere", "bearer", "http://evil.example", "cross-site", "text/plain", "", 201},
+		{"bearer from anywhere", "bearer", "http://evil.example", "cross-site", "application/json", "", 201},
+		{"bearer, form content type", "bearer", "", "", "text/plain", "", 415},
 		// The origin is scheme and host. Where the scheme is known (TLS,
 		// or a proxy's X-Forwarded-Proto or Forwarded) it must match;
 		// where a proxy says nothing, only the host is compared, so that
@@ -61,7 +62,7 @@ func TestServeCSRF(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, body := send(tc.auth, tc.origin, tc.site, tc.ctype, tc.proto, "k-"+strings.NewReplacer(" ", "-", ",", "").Replace(tc.name))
-			if status != tc.status || (status == 403 && !strings.Contains(body, `"code":"csrf_rejected"`)) {
+			if status != tc.status || (status == 403 && !strings.Contains(body, `"code":"csrf_rejected"`)) || (status == 415 && !strings.Contains(body, `"code":"unsupported_media_type"`)) {
 				t.Errorf("= %d %s; want %d", status, body, tc.status)
 			}
 		})

@@ -40,17 +40,35 @@ func newFailures(max int, window time.Duration) *failures {
 // that then succeeds (or never got to try) gives its count back with
 // undo.
 func (f *failures) reserve(key string, now time.Time) time.Duration {
+	wait, _ := f.reserveN(key, now)
+	return wait
+}
+
+// reserveN is reserve, also returning how many attempts key has in its
+// window with this one (0 when refused or f is off).
+func (f *failures) reserveN(key string, now time.Time) (time.Duration, int) {
 	if f == nil || f.max <= 0 {
-		return 0
+		return 0, 0
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	w := f.window1(key, now)
 	if w.n >= f.max {
-		return w.end.Sub(now)
+		return w.end.Sub(now), 0
 	}
 	w.n++
-	return 0
+	return 0, w.n
+}
+
+// has tells whether key has an attempt in a window that has not ended.
+func (f *failures) has(key string, now time.Time) bool {
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.m[key]
+	return ok && w.n > 0 && now.Before(w.end)
 }
 
 // undo gives back an attempt counted by reserve. A key left with no

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"mime"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -68,7 +69,9 @@ type Config struct {
 	// LoginAttempts is how many failed sign-ins one username may have from
 	// one address in 15 minutes before it gets 429 too_many_attempts until
 	// the window ends; an address gets 4 times as many over all usernames,
-	// a username 10 times as many over all addresses. 0: 5; negative: off.
+	// a username 10 times as many over all addresses, except from an
+	// address with no failure of its own or a pair that signed in before
+	// (so that no one can lock an owner out). 0: 5; negative: off.
 	LoginAttempts int
 	// SignupLimit is how many sign-ups one client address may make in an
 	// hour before it gets 429 too_many_signups until the hour ends. Every
@@ -116,6 +119,7 @@ type server struct {
 
 	rates                           *rates
 	loginPair, loginAddr, loginUser *failures
+	loginKnown                      *failures // (username, address) pairs that signed in, 30 days
 	signups                         *failures // per client address, an hour
 	tokens                          *token.Tokens
 	locks                           *lock.Locker                       // per-user and per-order locks
@@ -159,6 +163,7 @@ func New(cfg Config) http.Handler {
 		s.loginPair = newFailures(n, 15*time.Minute)
 		s.loginAddr = newFailures(4*n, 15*time.Minute)
 		s.loginUser = newFailures(10*n, 15*time.Minute)
+		s.loginKnown = newFailures(1, 30*24*time.Hour)
 	}
 	if n := cfg.SignupLimit; n > 0 {
 		s.signups = newFailures(n, time.Hour)
@@ -363,7 +368,12 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 	}
 	if ok && !csrfSafe(r) {
 		problem(w, http.StatusForbidden, "csrf_rejected", "Cross-site request refused",
-			"a sign-in, or a request authenticated by the session cookie, must come from this origin (the latter sending application/json); or use Authorization: Bearer")
+			"a sign-up, a sign-in, or a request authenticated by the session cookie, must come from this origin (the latter sending application/json); or use Authorization: Bearer")
+		return pattern
+	}
+	if ok && !sendsJSON(r) {
+		problem(w, http.StatusUnsupportedMediaType, "unsupported_media_type", "Unsupported media type",
+			"a request body must be sent as Content-Type: application/json")
 		return pattern
 	}
 	if !ok {
@@ -396,7 +406,8 @@ func (s *server) route(w http.ResponseWriter, r *http.Request) string {
 // Signing in sets the cookie, so a sign-in a browser sends from another
 // site is refused too, cookie or not (login CSRF: a cross-site form would
 // sign the victim's browser in as the attacker, whose account would then
-// receive what the victim deposits). Browsers name such a request's site
+// receive what the victim deposits); so is a sign-up, which a foreign
+// page could otherwise send from its visitors' addresses. Browsers name such a request's site
 // (Sec-Fetch-Site) or origin (Origin, sent on every cross-origin POST);
 // other clients send neither and pass.
 func csrfSafe(r *http.Request) bool {
@@ -404,7 +415,7 @@ func csrfSafe(r *http.Request) bool {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return true
 	}
-	if r.URL.Path == "/api/v1/sessions" {
+	if r.URL.Path == "/api/v1/sessions" || r.URL.Path == "/api/v1/users" {
 		return sameOrigin(r)
 	}
 	if _, ok := bearer(r); ok {
@@ -415,6 +426,23 @@ func csrfSafe(r *http.Request) bool {
 	}
 	ct := r.Header.Get("Content-Type")
 	return sameOrigin(r) && (r.ContentLength == 0 && r.Method == http.MethodDelete || strings.HasPrefix(ct, "application/json"))
+}
+
+// sendsJSON tells whether a request that can carry a body sends it as
+// application/json (parameters such as charset allowed); one with no body
+// passes and meets the decoder's invalid_json instead.
+func sendsJSON(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+	default:
+		return true
+	}
+	ct := r.Header.Get("Content-Type")
+	if ct == "" && r.ContentLength == 0 {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
 }
 
 // sameOrigin tells whether a browser's request comes from this origin, as
@@ -577,26 +605,55 @@ func isUnavailable(err error) bool {
 // 200 degraded when another component is not ok (Redis unreachable and
 // locks on the database, the provider unreachable and settlements left to
 // the reconciler), else 200 ok.
+//
+// The checks run at once, each with its own deadline, so that one that
+// hangs (a black-holed database) costs the others nothing and is the only
+// one reported.
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
+	type result struct {
+		name, status string
+		healthy      bool
+	}
+	checks := make([]Component, 0, len(s.cfg.Components)+1)
+	if ping := s.cfg.Ping; ping != nil {
+		checks = append(checks, Component{Name: "database", Check: func(ctx context.Context) (string, bool) {
+			if err := ping(ctx); err != nil {
+				return "unreachable", false
+			}
+			return "ok", true
+		}})
+	}
+	checks = append(checks, s.cfg.Components...)
+	results := make(chan result, len(checks))
+	for _, c := range checks {
+		go func() {
+			ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+			defer cancel()
+			st, healthy := c.Check(ctx)
+			results <- result{c.Name, st, healthy}
+		}()
+	}
 	comps := map[string]string{"database": "ok"}
 	status, code := "ok", http.StatusOK
-	if s.cfg.Ping != nil {
-		if err := s.cfg.Ping(ctx); err != nil {
-			comps["database"] = "unreachable"
+	degraded := false
+	for range checks {
+		res := <-results
+		comps[res.name] = res.status
+		switch {
+		case res.name == "database" && !res.healthy:
 			status, code = "unavailable", http.StatusServiceUnavailable
+		case !res.healthy:
+			degraded = true
 		}
 	}
-	for _, c := range s.cfg.Components {
-		st, healthy := c.Check(ctx)
-		comps[c.Name] = st
-		if !healthy && status == "ok" {
-			status = "degraded"
-		}
+	if degraded && status == "ok" {
+		status = "degraded"
 	}
 	writeJSON(w, code, map[string]any{"status": status, "components": comps})
 }
+
+// readyTimeout bounds each /readyz check.
+const readyTimeout = 2 * time.Second
 
 func newID(prefix string) string {
 	var b [12]byte
@@ -752,8 +809,26 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pair := name + "\x00" + addr
-	attempts := []attempt{{s.loginPair, pair}, {s.loginAddr, addr}, {s.loginUser, name}}
-	if wait := reserveAll(now, attempts...); wait > 0 {
+	if wait := s.loginPair.reserve(pair, now); wait > 0 {
+		refused(wait)
+		return
+	}
+	wait, n := s.loginAddr.reserveN(addr, now)
+	if wait > 0 {
+		s.loginPair.undo(pair)
+		refused(wait)
+		return
+	}
+	attempts := []attempt{{s.loginPair, pair}, {s.loginAddr, addr}}
+	// The per-username limit stops guessers spread over many addresses,
+	// but must not let them lock the owner out: an address with no other
+	// failure (n counts this attempt, atomically) and a pair that signed in
+	// before are counted by it but not refused.
+	exempt := n == 1 || s.loginKnown.has(pair, now)
+	if wait := s.loginUser.reserve(name, now); wait == 0 {
+		attempts = append(attempts, attempt{s.loginUser, name})
+	} else if !exempt {
+		undoAll(attempts...)
 		refused(wait)
 		return
 	}
@@ -779,6 +854,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	undoAll(attempts[1:]...) // this attempt was no failure
 	s.loginPair.forget(pair) // and the pair's earlier ones are forgiven
+	s.loginKnown.reserve(pair, now)
 	// Always a new token, whatever the request carried: a session an
 	// attacker planted (fixation) never becomes authenticated.
 	tok, th := auth.NewSessionToken()

@@ -90,25 +90,34 @@ func LabelValues() map[string]map[string][]string {
 // pollute.
 func (m *Metrics) Exemplify() {
 	for _, v := range m.vecs {
-		sets := make([][]string, len(v.labels))
-		for i, l := range v.labels {
-			sets[i] = labelValues[v.name][l]
-			if len(sets[i]) == 0 {
-				sets[i] = []string{"example"}
-			}
-		}
-		var walk func(i int, values []string)
-		walk = func(i int, values []string) {
-			if i == len(sets) {
-				v.touch(values...)
+		v.touchAll("example")
+	}
+}
+
+// touchAll makes v's child for every combination of its closed label
+// values, with open for an open label ("" : none made for v).
+func (v vec) touchAll(open string) {
+	sets := make([][]string, len(v.labels))
+	for i, l := range v.labels {
+		sets[i] = labelValues[v.name][l]
+		if len(sets[i]) == 0 {
+			if open == "" {
 				return
 			}
-			for _, x := range sets[i] {
-				walk(i+1, append(values, x))
-			}
+			sets[i] = []string{open}
 		}
-		walk(0, nil)
 	}
+	var walk func(i int, values []string)
+	walk = func(i int, values []string) {
+		if i == len(sets) {
+			v.touch(values...)
+			return
+		}
+		for _, x := range sets[i] {
+			walk(i+1, append(values, x))
+		}
+	}
+	walk(0, nil)
 }
 
 // Latency buckets from 0.5 ms to 10 s: lock waits and database calls are
@@ -116,7 +125,8 @@ func (m *Metrics) Exemplify() {
 var buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 // NewMetrics creates and registers the metrics, with the Go runtime and
-// process collectors.
+// process collectors. Metrics whose labels all have closed sets
+// (LabelValues) start with every series at 0.
 func NewMetrics() *Metrics {
 	r := prometheus.NewRegistry()
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -158,6 +168,12 @@ func NewMetrics() *Metrics {
 		Money:            counter("money_movements_total", "Money movement requests by kind and outcome.", "kind", "outcome"),
 	}
 	m.vecs = vecs
+	// Every series of a metric whose labels are all closed exists at 0
+	// from the start, so that an alert on one (store_unavailable, a lost
+	// lock) has a series to evaluate before its first event.
+	for _, v := range vecs {
+		v.touchAll("")
+	}
 	return m
 }
 
