@@ -1112,3 +1112,66 @@ func TestBrowserBalanceLimitNewKey(t *testing.T) {
 	}
 	b.waitText("#balance", "5.00 CNY")
 }
+
+// phoneLayout lists what does not fit a phone screen: the page or a card
+// wider than its box, or a row whose when, what, amount or status cell is
+// missing, empty, cut off or outside its card. need maps each table to
+// the cell classes its every row must show.
+const phoneLayout = `((need) => {
+	const bad = [];
+	const de = document.documentElement;
+	if (de.scrollWidth > window.innerWidth) bad.push('page: ' + de.scrollWidth + 'px wide in a ' + window.innerWidth + 'px screen');
+	for (const card of document.querySelectorAll('.card:not([hidden])')) {
+		if (card.offsetParent === null) continue;
+		const name = (card.querySelector('h2') || {}).textContent;
+		for (const box of [card, ...card.querySelectorAll('.scroll')]) {
+			if (box.scrollWidth > box.clientWidth) bad.push(name + ': ' + box.scrollWidth + 'px of content in ' + box.clientWidth + 'px');
+		}
+	}
+	for (const [id, classes] of Object.entries(need)) {
+		const table = document.getElementById(id);
+		const card = table.closest('.card').getBoundingClientRect();
+		const trs = table.tBodies[0].rows;
+		if (trs.length === 0) bad.push(id + ': no rows');
+		for (const [i, tr] of [...trs].entries()) {
+			for (const c of classes) {
+				const td = tr.querySelector('td.' + c);
+				const r = td && td.getBoundingClientRect();
+				if (!td) bad.push(id + ' row ' + i + ': no ' + c + ' cell');
+				else if (td.textContent.trim() === '' || r.width === 0 || r.height === 0 || getComputedStyle(td).visibility !== 'visible') bad.push(id + ' row ' + i + ': ' + c + ' not shown');
+				else if (r.left < card.left || r.right > card.right) bad.push(id + ' row ' + i + ': ' + c + ' "' + td.textContent + '" at ' + Math.round(r.left) + '..' + Math.round(r.right) + 'px, outside the card at ' + Math.round(card.left) + '..' + Math.round(card.right) + 'px');
+				else if (td.scrollWidth > td.clientWidth + 1) bad.push(id + ' row ' + i + ': ' + c + ' cut off');
+			}
+		}
+	}
+	return bad;
+})({ledger: ['when', 'what', 'amount', 'ref'], withdrawals: ['when', 'amount', 'status', 'ref'], deposits: ['when', 'amount', 'status', 'ref'], orders: ['when', 'what', 'amount', 'status']})`
+
+// On a 390x844 phone screen, with a row in every list, nothing is wider
+// than the screen or its card, and every row shows when, what, amount and
+// status without sideways scrolling.
+func TestBrowserPhoneLayout(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("frank")
+	b.submitOK("deposit-form", "100", "Done. Deposit of 100.00 CNY")
+	b.submitOK("withdraw-form", "7", "Done. Withdrawal of 7.00 CNY")
+	b.waitState("order-form", "ready")
+	b.fill("#order-amount", "20")
+	b.fill("#order-description", "a pot of green tea with two cups")
+	b.do(chromedp.Click(chromedp.CSS("#order-form button[type=submit]")))
+	b.waitText("#order-form .msg", "Done. Order ON")
+	b.waitState("pay-form", "ready")
+	b.do(chromedp.Click(chromedp.CSS("#pay-form button[type=submit]")))
+	b.waitText("#pay-form .msg", "Done. Order paid")
+	b.waitText("#balance", "73.00 CNY")
+	b.waitFor(`document.querySelectorAll('#ledger tbody tr').length === 3 && document.querySelector('#orders tbody').textContent.includes('paid')`, `document.querySelector('#ledger').innerText`)
+	if w := eval[int](b, `window.innerWidth`); w != phoneWidth {
+		t.Fatalf("window.innerWidth = %d; want %d", w, phoneWidth)
+	}
+	if bad := eval[[]string](b, phoneLayout); len(bad) > 0 {
+		t.Errorf("at %dx%d:\n%s", phoneWidth, phoneHeight, strings.Join(bad, "\n"))
+	}
+	b.shot("01-phone")
+}

@@ -521,7 +521,7 @@
   }
 
   function renderOrders(items) {
-    rows($('orders').tBodies[0], items, (o) => [[when(o.created_at)], [o.order_no], [o.description || '—'], [money(o.amount), 'num'], [statuses[o.status] || o.status]]);
+    rows($('orders').tBodies[0], items, (o) => [[when(o.created_at), 'when'], [o.order_no, 'what'], [o.description || '—', 'ref'], [money(o.amount), 'num amount'], [statuses[o.status] || o.status, 'status']]);
     const pay = state.forms.find((f) => f.spec === specs.pay);
     if (!pay || pay.busy || pay.pending) return; // frozen while its request is open
     const select = pay.form.elements.order;
@@ -564,11 +564,11 @@
     if (account.status === 200) renderAccount(account.data);
     const list = (r) => (r.status === 200 && Array.isArray(r.data.items) ? r.data.items : null);
     const l = list(ledger);
-    if (l) rows($('ledger').tBodies[0], l, (e) => [[when(e.created_at)], [kinds[e.kind] || e.kind], [money(e.amount), 'num'], [money(e.balance_after), 'num'], [e.ref]]);
+    if (l) rows($('ledger').tBodies[0], l, (e) => [[when(e.created_at), 'when'], [kinds[e.kind] || e.kind, 'what'], [money(e.amount), 'num amount'], [money(e.balance_after), 'num after'], [e.ref, 'ref']]);
     const dep = list(deposits);
-    if (dep) rows($('deposits').tBodies[0], dep, (m) => [[when(m.created_at)], [money(m.amount), 'num'], [statuses[m.status] || m.status], [m.id]]);
+    if (dep) rows($('deposits').tBodies[0], dep, (m) => [[when(m.created_at), 'when'], [money(m.amount), 'num amount'], [statuses[m.status] || m.status, 'status'], [m.id, 'ref']]);
     const wd = list(withdrawals);
-    if (wd) rows($('withdrawals').tBodies[0], wd, (m) => [[when(m.created_at)], [money(m.amount), 'num'], [statuses[m.status] || m.status], [m.id]]);
+    if (wd) rows($('withdrawals').tBodies[0], wd, (m) => [[when(m.created_at), 'when'], [money(m.amount), 'num amount'], [statuses[m.status] || m.status, 'status'], [m.id, 'ref']]);
     const ord = list(orders);
     if (ord) renderOrders(ord);
     if (rs.every((r) => r.status === 200)) say($('refresh-msg'), '', '');
