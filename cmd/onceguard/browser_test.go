@@ -1175,3 +1175,20 @@ func TestBrowserPhoneLayout(t *testing.T) {
 	}
 	b.shot("01-phone")
 }
+
+// A result stays on its form until a later action elsewhere: then only the
+// newest one is shown.
+func TestBrowserOldResultCleared(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("grace")
+	b.submitOK("deposit-form", "50", "Done. Deposit of 50.00 CNY")
+	b.submitOK("withdraw-form", "5", "Done. Withdrawal of 5.00 CNY")
+	if got := eval[string](b, q("#deposit-form .msg")+".textContent"); got != "" {
+		t.Errorf("after a withdrawal the deposit form still says %q; want its old result gone", got)
+	}
+	if got := eval[bool](b, q("#deposit-form .msg")+".offsetParent === null"); !got {
+		t.Errorf("the deposit form's emptied message is still shown; want it hidden")
+	}
+}

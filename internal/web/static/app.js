@@ -293,6 +293,11 @@
 
   function submit(f) {
     if (!canSubmit(f)) return;
+    // A new action makes the other forms' old results stale; a form whose
+    // request is open or waits for its retry keeps its words.
+    for (const g of state.forms) {
+      if (g !== f && !g.busy && !g.pending) say(g.msg, '', '');
+    }
     let req = f.pending;
     if (!req) {
       const r = f.spec.read(f.form);
