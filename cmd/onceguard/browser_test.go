@@ -1192,3 +1192,32 @@ func TestBrowserOldResultCleared(t *testing.T) {
 		t.Errorf("the deposit form's emptied message is still shown; want it hidden")
 	}
 }
+
+// An empty field's placeholder reads as an example, not as a value typed
+// in: it says "e.g." and is drawn slanted in a lighter colour than a value.
+func TestBrowserPlaceholdersLookEmpty(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("heidi")
+	type look struct {
+		ID          string `json:"id"`
+		Placeholder string `json:"placeholder"`
+		Color       string `json:"color"`
+		ValueColor  string `json:"valueColor"`
+		Style       string `json:"style"`
+		Opacity     string `json:"opacity"`
+	}
+	got := eval[[]look](b, `[...document.querySelectorAll('#app input[placeholder]')].map((e) => {
+		const p = getComputedStyle(e, '::placeholder'), v = getComputedStyle(e);
+		return {id: e.id, placeholder: e.placeholder, color: p.color, valueColor: v.color, style: p.fontStyle, opacity: p.opacity};
+	})`)
+	if len(got) != 4 {
+		t.Fatalf("inputs with a placeholder = %+v; want 4", got)
+	}
+	for _, l := range got {
+		if !strings.HasPrefix(l.Placeholder, "e.g. ") || l.Style != "italic" || (l.Color == l.ValueColor && l.Opacity == "1") {
+			t.Errorf("%s placeholder = %+v; want it starting \"e.g. \", italic, lighter than a value", l.ID, l)
+		}
+	}
+}
