@@ -1221,3 +1221,31 @@ func TestBrowserPlaceholdersLookEmpty(t *testing.T) {
 		}
 	}
 }
+
+// The ledger row of a payment names the order it paid, also after a
+// reload, not only the payment id.
+func TestBrowserLedgerNamesOrder(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("ivan")
+	b.submitOK("deposit-form", "50", "Done. Deposit of 50.00 CNY")
+	b.submitOK("order-form", "12", "Done. Order ON")
+	b.waitState("pay-form", "ready")
+	b.do(chromedp.Click(chromedp.CSS("#pay-form button[type=submit]")))
+	b.waitText("#pay-form .msg", "Done. Order paid")
+	b.waitText("#orders tbody", "paid")
+	orderNo := eval[string](b, q("#orders tbody td.what")+".textContent")
+	if !strings.HasPrefix(orderNo, "ON") {
+		t.Fatalf("order no = %q; want ON…", orderNo)
+	}
+	row := `[...document.querySelectorAll('#ledger tbody tr')].find((tr) => tr.textContent.includes('Order payment'))`
+	for _, when := range []string{"after paying", "after a reload"} {
+		b.waitFor(row, `document.querySelector('#ledger').innerText`)
+		if got := eval[string](b, row+".querySelector('td.ref').textContent"); got != "order "+orderNo {
+			t.Errorf("%s the payment's ledger row names %q; want %q", when, got, "order "+orderNo)
+		}
+		b.do(chromedp.Reload())
+		b.waitText("#who-name", "ivan")
+	}
+}
