@@ -1249,3 +1249,18 @@ func TestBrowserLedgerNamesOrder(t *testing.T) {
 		b.waitText("#who-name", "ivan")
 	}
 }
+
+// With every form ready, the page says once, not under each button, that
+// the forms are protected by a one-time key.
+func TestBrowserKeyNoteOnce(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("judy")
+	for _, f := range []string{"deposit-form", "withdraw-form", "order-form"} {
+		b.waitState(f, "ready")
+	}
+	if n := eval[int](b, `(document.getElementById('app').innerText.match(/one-time key/g) || []).length`); n != 1 {
+		t.Errorf("the page mentions the one-time key %d times with every form ready; want once", n)
+	}
+}

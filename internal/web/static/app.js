@@ -309,7 +309,7 @@
     if (f.minting) f.keyLine.textContent = 'Getting a one-time key for this form…';
     else if (f.busy) f.keyLine.textContent = 'Sent with this form’s one-time key; waiting for the answer.';
     else if (f.pending) f.keyLine.textContent = 'Retry uses the same one-time key, so it cannot happen twice.';
-    else if (f.key) f.keyLine.textContent = 'Protected by a one-time key: one click, one request.';
+    else f.keyLine.textContent = ''; // ready: the page's one note above the forms says what the key does
     for (const el of f.form.elements) {
       if (el === f.button) continue;
       // While a request is on its way or waits for its retry, its inputs
