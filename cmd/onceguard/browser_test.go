@@ -36,7 +36,7 @@ import (
 	"github.com/onceguard/onceguard/internal/psp"
 )
 
-var updateScreenshot = flag.Bool("update-screenshot", false, "write docs/screenshot.png from TestBrowserWithdrawOnce")
+var updateScreenshot = flag.Bool("update-screenshot", false, "write docs/screenshot.png from TestBrowserWithdrawOnce and docs/screenshot-phone.png from TestBrowserPhoneLayout")
 
 // Phone-sized: every test runs the page as a phone shows it.
 const phoneWidth, phoneHeight = 390, 844
@@ -1173,7 +1173,12 @@ func TestBrowserPhoneLayout(t *testing.T) {
 	if bad := eval[[]string](b, phoneLayout); len(bad) > 0 {
 		t.Errorf("at %dx%d:\n%s", phoneWidth, phoneHeight, strings.Join(bad, "\n"))
 	}
-	b.shot("01-phone")
+	phone := b.shot("01-phone")
+	if *updateScreenshot && phone != nil {
+		if err := os.WriteFile(filepath.Join("..", "..", "docs", "screenshot-phone.png"), phone, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // A result stays on its form until a later action elsewhere: then only the
