@@ -36,7 +36,7 @@ import (
 	"github.com/onceguard/onceguard/internal/psp"
 )
 
-var updateScreenshot = flag.Bool("update-screenshot", false, "write docs/screenshot.png from TestBrowserWithdrawOnce")
+var updateScreenshot = flag.Bool("update-screenshot", false, "write docs/screenshot.png from TestBrowserWithdrawOnce and docs/screenshot-phone.png from TestBrowserPhoneLayout")
 
 // Phone-sized: every test runs the page as a phone shows it.
 const phoneWidth, phoneHeight = 390, 844
@@ -1111,4 +1111,161 @@ func TestBrowserBalanceLimitNewKey(t *testing.T) {
 		t.Errorf("deposits = %v; want the second one only", amounts(got))
 	}
 	b.waitText("#balance", "5.00 CNY")
+}
+
+// phoneLayout lists what does not fit a phone screen: the page or a card
+// wider than its box, or a row whose when, what, amount or status cell is
+// missing, empty, cut off or outside its card. need maps each table to
+// the cell classes its every row must show.
+const phoneLayout = `((need) => {
+	const bad = [];
+	const de = document.documentElement;
+	if (de.scrollWidth > window.innerWidth) bad.push('page: ' + de.scrollWidth + 'px wide in a ' + window.innerWidth + 'px screen');
+	for (const card of document.querySelectorAll('.card:not([hidden])')) {
+		if (card.offsetParent === null) continue;
+		const name = (card.querySelector('h2') || {}).textContent;
+		for (const box of [card, ...card.querySelectorAll('.scroll')]) {
+			if (box.scrollWidth > box.clientWidth) bad.push(name + ': ' + box.scrollWidth + 'px of content in ' + box.clientWidth + 'px');
+		}
+	}
+	for (const [id, classes] of Object.entries(need)) {
+		const table = document.getElementById(id);
+		const card = table.closest('.card').getBoundingClientRect();
+		const trs = table.tBodies[0].rows;
+		if (trs.length === 0) bad.push(id + ': no rows');
+		for (const [i, tr] of [...trs].entries()) {
+			for (const c of classes) {
+				const td = tr.querySelector('td.' + c);
+				const r = td && td.getBoundingClientRect();
+				if (!td) bad.push(id + ' row ' + i + ': no ' + c + ' cell');
+				else if (td.textContent.trim() === '' || r.width === 0 || r.height === 0 || getComputedStyle(td).visibility !== 'visible') bad.push(id + ' row ' + i + ': ' + c + ' not shown');
+				else if (r.left < card.left || r.right > card.right) bad.push(id + ' row ' + i + ': ' + c + ' "' + td.textContent + '" at ' + Math.round(r.left) + '..' + Math.round(r.right) + 'px, outside the card at ' + Math.round(card.left) + '..' + Math.round(card.right) + 'px');
+				else if (td.scrollWidth > td.clientWidth + 1) bad.push(id + ' row ' + i + ': ' + c + ' cut off');
+			}
+		}
+	}
+	return bad;
+})({ledger: ['when', 'what', 'amount', 'ref'], withdrawals: ['when', 'amount', 'status', 'ref'], deposits: ['when', 'amount', 'status', 'ref'], orders: ['when', 'what', 'amount', 'status']})`
+
+// On a 390x844 phone screen, with a row in every list, nothing is wider
+// than the screen or its card, and every row shows when, what, amount and
+// status without sideways scrolling.
+func TestBrowserPhoneLayout(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("frank")
+	b.submitOK("deposit-form", "100", "Done. Deposit of 100.00 CNY")
+	b.submitOK("withdraw-form", "7", "Done. Withdrawal of 7.00 CNY")
+	b.waitState("order-form", "ready")
+	b.fill("#order-amount", "20")
+	b.fill("#order-description", "a pot of green tea with two cups")
+	b.do(chromedp.Click(chromedp.CSS("#order-form button[type=submit]")))
+	b.waitText("#order-form .msg", "Done. Order ON")
+	b.waitState("pay-form", "ready")
+	b.do(chromedp.Click(chromedp.CSS("#pay-form button[type=submit]")))
+	b.waitText("#pay-form .msg", "Done. Order paid")
+	b.waitText("#balance", "73.00 CNY")
+	b.waitFor(`document.querySelectorAll('#ledger tbody tr').length === 3 && document.querySelector('#orders tbody').textContent.includes('paid')`, `document.querySelector('#ledger').innerText`)
+	if w := eval[int](b, `window.innerWidth`); w != phoneWidth {
+		t.Fatalf("window.innerWidth = %d; want %d", w, phoneWidth)
+	}
+	if bad := eval[[]string](b, phoneLayout); len(bad) > 0 {
+		t.Errorf("at %dx%d:\n%s", phoneWidth, phoneHeight, strings.Join(bad, "\n"))
+	}
+	phone := b.shot("01-phone")
+	if *updateScreenshot && phone != nil {
+		if err := os.WriteFile(filepath.Join("..", "..", "docs", "screenshot-phone.png"), phone, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A result stays on its form until a later action elsewhere: then only the
+// newest one is shown.
+func TestBrowserOldResultCleared(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("grace")
+	b.submitOK("deposit-form", "50", "Done. Deposit of 50.00 CNY")
+	b.submitOK("withdraw-form", "5", "Done. Withdrawal of 5.00 CNY")
+	if got := eval[string](b, q("#deposit-form .msg")+".textContent"); got != "" {
+		t.Errorf("after a withdrawal the deposit form still says %q; want its old result gone", got)
+	}
+	if got := eval[bool](b, q("#deposit-form .msg")+".offsetParent === null"); !got {
+		t.Errorf("the deposit form's emptied message is still shown; want it hidden")
+	}
+}
+
+// An empty field's placeholder reads as an example, not as a value typed
+// in: it says "e.g." and is drawn slanted in a lighter colour than a value.
+func TestBrowserPlaceholdersLookEmpty(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("heidi")
+	type look struct {
+		ID          string `json:"id"`
+		Placeholder string `json:"placeholder"`
+		Color       string `json:"color"`
+		ValueColor  string `json:"valueColor"`
+		Style       string `json:"style"`
+		Opacity     string `json:"opacity"`
+	}
+	got := eval[[]look](b, `[...document.querySelectorAll('#app input[placeholder]')].map((e) => {
+		const p = getComputedStyle(e, '::placeholder'), v = getComputedStyle(e);
+		return {id: e.id, placeholder: e.placeholder, color: p.color, valueColor: v.color, style: p.fontStyle, opacity: p.opacity};
+	})`)
+	if len(got) != 4 {
+		t.Fatalf("inputs with a placeholder = %+v; want 4", got)
+	}
+	for _, l := range got {
+		if !strings.HasPrefix(l.Placeholder, "e.g. ") || l.Style != "italic" || (l.Color == l.ValueColor && l.Opacity == "1") {
+			t.Errorf("%s placeholder = %+v; want it starting \"e.g. \", italic, lighter than a value", l.ID, l)
+		}
+	}
+}
+
+// The ledger row of a payment names the order it paid, also after a
+// reload, not only the payment id.
+func TestBrowserLedgerNamesOrder(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("ivan")
+	b.submitOK("deposit-form", "50", "Done. Deposit of 50.00 CNY")
+	b.submitOK("order-form", "12", "Done. Order ON")
+	b.waitState("pay-form", "ready")
+	b.do(chromedp.Click(chromedp.CSS("#pay-form button[type=submit]")))
+	b.waitText("#pay-form .msg", "Done. Order paid")
+	b.waitText("#orders tbody", "paid")
+	orderNo := eval[string](b, q("#orders tbody td.what")+".textContent")
+	if !strings.HasPrefix(orderNo, "ON") {
+		t.Fatalf("order no = %q; want ON…", orderNo)
+	}
+	row := `[...document.querySelectorAll('#ledger tbody tr')].find((tr) => tr.textContent.includes('Order payment'))`
+	for _, when := range []string{"after paying", "after a reload"} {
+		b.waitFor(row, `document.querySelector('#ledger').innerText`)
+		if got := eval[string](b, row+".querySelector('td.ref').textContent"); got != "order "+orderNo {
+			t.Errorf("%s the payment's ledger row names %q; want %q", when, got, "order "+orderNo)
+		}
+		b.do(chromedp.Reload())
+		b.waitText("#who-name", "ivan")
+	}
+}
+
+// With every form ready, the page says once, not under each button, that
+// the forms are protected by a one-time key.
+func TestBrowserKeyNoteOnce(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	b.signUp("judy")
+	for _, f := range []string{"deposit-form", "withdraw-form", "order-form"} {
+		b.waitState(f, "ready")
+	}
+	if n := eval[int](b, `(document.getElementById('app').innerText.match(/one-time key/g) || []).length`); n != 1 {
+		t.Errorf("the page mentions the one-time key %d times with every form ready; want once", n)
+	}
 }

@@ -20,6 +20,8 @@
   const QUIET_MS = 700; // after an answer: the button stays off this long after the last click or Enter
   const IN_PROGRESS_MAX = 60; // automatic re-asks while the service says "still in progress"
   const HINT = 'onceguard.signed-in'; // a hint that a session cookie may exist; never the token
+  const PAID = 'onceguard.paid-orders'; // payment id -> order no of the payments made here, for the ledger
+  const PAID_MAX = 200;
   const AMOUNT = /^(0|[1-9][0-9]*)(\.[0-9]{1,2})?$/;
 
   const $ = (id) => document.getElementById(id);
@@ -129,6 +131,35 @@
     }
   }
 
+  // The ledger names a payment by its payment id, which the lists do not
+  // link to an order: the page keeps the order no of each payment it made.
+  function paidOrders() {
+    try {
+      const m = JSON.parse(localStorage.getItem(PAID) || '{}');
+      return m && typeof m === 'object' ? m : {};
+    } catch (_) {
+      return {};
+    }
+  }
+
+  function rememberPaid(paymentID, orderNo) {
+    if (typeof paymentID !== 'string' || !orderNo) return;
+    const m = paidOrders();
+    delete m[paymentID];
+    m[paymentID] = orderNo;
+    const ids = Object.keys(m);
+    for (const id of ids.slice(0, Math.max(0, ids.length - PAID_MAX))) delete m[id];
+    try {
+      localStorage.setItem(PAID, JSON.stringify(m));
+    } catch (_) {
+      // storage may be disabled: the ledger then shows the payment id
+    }
+  }
+
+  function ledgerRef(e, paid) {
+    return e.kind === 'payment' && paid[e.ref] ? `order ${paid[e.ref]}` : e.ref;
+  }
+
   const movementStatus = {
     succeeded: 'it went through',
     pending: 'the payment provider has not confirmed it yet; it settles by itself, never twice',
@@ -189,9 +220,12 @@
         const id = form.elements.order.value;
         if (!id) return { error: 'There is no unpaid order to pay.', field: form.elements.order };
         const opt = form.elements.order.selectedOptions[0];
-        return { path: `/orders/${encodeURIComponent(id)}/payment`, body: { method: 'wallet' }, amount: opt ? opt.dataset.amount : '' };
+        return { path: `/orders/${encodeURIComponent(id)}/payment`, body: { method: 'wallet' }, amount: opt ? opt.dataset.amount : '', orderNo: opt ? opt.dataset.orderNo : '' };
       },
-      done: (d) => `Order paid: ${money(d.amount)} was taken from your balance.`,
+      done: (d, req) => {
+        rememberPaid(d.payment_id, req && req.orderNo);
+        return `Order paid: ${money(d.amount)} was taken from your balance.`;
+      },
       clear() {},
     },
   };
@@ -275,7 +309,7 @@
     if (f.minting) f.keyLine.textContent = 'Getting a one-time key for this form…';
     else if (f.busy) f.keyLine.textContent = 'Sent with this form’s one-time key; waiting for the answer.';
     else if (f.pending) f.keyLine.textContent = 'Retry uses the same one-time key, so it cannot happen twice.';
-    else if (f.key) f.keyLine.textContent = 'Protected by a one-time key: one click, one request.';
+    else f.keyLine.textContent = ''; // ready: the page's one note above the forms says what the key does
     for (const el of f.form.elements) {
       if (el === f.button) continue;
       // While a request is on its way or waits for its retry, its inputs
@@ -293,6 +327,11 @@
 
   function submit(f) {
     if (!canSubmit(f)) return;
+    // A new action makes the other forms' old results stale; a form whose
+    // request is open or waits for its retry keeps its words.
+    for (const g of state.forms) {
+      if (g !== f && !g.busy && !g.pending) say(g.msg, '', '');
+    }
     let req = f.pending;
     if (!req) {
       const r = f.spec.read(f.form);
@@ -342,7 +381,7 @@
     const d = r.data;
     const req = f.pending;
     if (r.status >= 200 && r.status < 300) {
-      const what = f.spec.done(d);
+      const what = f.spec.done(d, req);
       if (r.replayed) {
         say(f.msg, 'ok', `Already submitted — here is the result of your earlier submission; nothing was done twice. ${what}`);
       } else {
@@ -521,7 +560,7 @@
   }
 
   function renderOrders(items) {
-    rows($('orders').tBodies[0], items, (o) => [[when(o.created_at)], [o.order_no], [o.description || '—'], [money(o.amount), 'num'], [statuses[o.status] || o.status]]);
+    rows($('orders').tBodies[0], items, (o) => [[when(o.created_at), 'when'], [o.order_no, 'what'], [o.description || '—', 'ref'], [money(o.amount), 'num amount'], [statuses[o.status] || o.status, 'status']]);
     const pay = state.forms.find((f) => f.spec === specs.pay);
     if (!pay || pay.busy || pay.pending) return; // frozen while its request is open
     const select = pay.form.elements.order;
@@ -531,6 +570,7 @@
       const opt = document.createElement('option');
       opt.value = o.id;
       opt.dataset.amount = o.amount;
+      opt.dataset.orderNo = o.order_no;
       opt.textContent = `${o.order_no} · ${money(o.amount)}${o.description ? ` · ${o.description}` : ''}`;
       return opt;
     });
@@ -564,11 +604,12 @@
     if (account.status === 200) renderAccount(account.data);
     const list = (r) => (r.status === 200 && Array.isArray(r.data.items) ? r.data.items : null);
     const l = list(ledger);
-    if (l) rows($('ledger').tBodies[0], l, (e) => [[when(e.created_at)], [kinds[e.kind] || e.kind], [money(e.amount), 'num'], [money(e.balance_after), 'num'], [e.ref]]);
+    const paid = paidOrders();
+    if (l) rows($('ledger').tBodies[0], l, (e) => [[when(e.created_at), 'when'], [kinds[e.kind] || e.kind, 'what'], [money(e.amount), 'num amount'], [money(e.balance_after), 'num after'], [ledgerRef(e, paid), 'ref']]);
     const dep = list(deposits);
-    if (dep) rows($('deposits').tBodies[0], dep, (m) => [[when(m.created_at)], [money(m.amount), 'num'], [statuses[m.status] || m.status], [m.id]]);
+    if (dep) rows($('deposits').tBodies[0], dep, (m) => [[when(m.created_at), 'when'], [money(m.amount), 'num amount'], [statuses[m.status] || m.status, 'status'], [m.id, 'ref']]);
     const wd = list(withdrawals);
-    if (wd) rows($('withdrawals').tBodies[0], wd, (m) => [[when(m.created_at)], [money(m.amount), 'num'], [statuses[m.status] || m.status], [m.id]]);
+    if (wd) rows($('withdrawals').tBodies[0], wd, (m) => [[when(m.created_at), 'when'], [money(m.amount), 'num amount'], [statuses[m.status] || m.status, 'status'], [m.id, 'ref']]);
     const ord = list(orders);
     if (ord) renderOrders(ord);
     if (rs.every((r) => r.status === 200)) say($('refresh-msg'), '', '');
