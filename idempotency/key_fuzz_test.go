@@ -126,12 +126,20 @@ func FuzzKeyHeaderWire(f *testing.F) {
 		// Exactly one header line names the key; its value, trimmed of
 		// the whitespace HTTP allows around it, is the key or the key in
 		// quotes.
-		var found []string
+		var logical []string // header lines with folded continuations joined, as net/http reads them
 		for _, l := range strings.Split(raw, "\n")[1:] {
 			l = strings.TrimSuffix(l, "\r")
 			if l == "" {
 				break // the end of the header section
 			}
+			if n := len(logical); n > 0 && (l[0] == ' ' || l[0] == '\t') {
+				logical[n-1] += " " + strings.Trim(l, " \t") // obs-fold: one space in its place
+				continue
+			}
+			logical = append(logical, l)
+		}
+		var found []string
+		for _, l := range logical {
 			name, val, ok := strings.Cut(l, ":")
 			if ok && strings.EqualFold(name, "Idempotency-Key") {
 				found = append(found, strings.Trim(val, " \t"))
