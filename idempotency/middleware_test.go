@@ -656,101 +656,87 @@ func TestReadBodyPassedOn(t *testing.T) {
 	}
 }
 
-// A retry of a crashed request's key is not a duplicate of itself: the
-// window entry its first attempt left belongs to the key.
-func TestRecoveredKeyPassesItsOwnWindow(t *testing.T) {
-	var mu sync.Mutex
-	now := time.Now()
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+// pausedFirst serves a middleware on memstore whose handler holds its
+// first attempt until resume and then answers it staleCode (0: nothing, as
+// a process that died); later attempts answer 201. advance moves its clock.
+type pausedFirst struct {
+	h       http.Handler
+	mu      sync.Mutex
+	now     time.Time
+	first   bool
+	entered chan struct{}
+	stuck   chan struct{}
+}
+
+func newPausedFirst(staleCode int) *pausedFirst {
+	p := &pausedFirst{now: time.Now(), first: true, entered: make(chan struct{}, 1), stuck: make(chan struct{})}
 	store := &memstore.Store{}
-	stuck := make(chan struct{})
-	entered := make(chan struct{}, 1)
-	first := true
-	h := idempotency.Middleware(idempotency.Config{
-		Store: store, Windows: store, Window: time.Minute, Lease: 30 * time.Second, Now: clock,
+	p.h = idempotency.Middleware(idempotency.Config{
+		Store: store, Windows: store, Window: time.Minute, Lease: 30 * time.Second,
+		Now:       func() time.Time { p.mu.Lock(); defer p.mu.Unlock(); return p.now },
 		Principal: func(r *http.Request) (string, error) { return "alice", nil },
 	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		f := first
-		first = false
-		mu.Unlock()
-		if f { // the first attempt's process "dies": it never answers
-			entered <- struct{}{}
-			<-stuck
+		p.mu.Lock()
+		f := p.first
+		p.first = false
+		p.mu.Unlock()
+		if f {
+			p.entered <- struct{}{}
+			<-p.stuck
+			if staleCode != 0 {
+				w.WriteHeader(staleCode)
+			}
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
 	}))
-	send := func() *httptest.ResponseRecorder {
-		r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"1"}`))
-		r.Header.Set("Idempotency-Key", "k")
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w
-	}
+	return p
+}
+
+func (p *pausedFirst) send(key string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"1"}`))
+	r.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	p.h.ServeHTTP(w, r)
+	return w
+}
+
+func (p *pausedFirst) advance(d time.Duration) { p.mu.Lock(); p.now = p.now.Add(d); p.mu.Unlock() }
+
+// A retry of a crashed request's key is not a duplicate of itself: the
+// window entry its first attempt left belongs to the key.
+func TestRecoveredKeyPassesItsOwnWindow(t *testing.T) {
+	p := newPausedFirst(0) // the first attempt's process "dies": it never answers
 	done := make(chan struct{})
-	go func() { defer close(done); send() }()
-	<-entered // it passed the window and runs
-	if w := send(); w.Code != 409 {
+	go func() { defer close(done); p.send("k") }()
+	<-p.entered // it passed the window and runs
+	if w := p.send("k"); w.Code != 409 {
 		t.Errorf("retry within the lease = %d; want 409", w.Code)
 	}
-	mu.Lock()
-	now = now.Add(31 * time.Second)
-	mu.Unlock()
-	if w := send(); w.Code != 201 {
+	p.advance(31 * time.Second)
+	if w := p.send("k"); w.Code != 201 {
 		t.Errorf("retry after the lease = %d %s; want 201 (not 429 from its own window entry)", w.Code, w.Body)
 	}
-	close(stuck)
+	close(p.stuck)
 	<-done
 }
 
 // A stale attempt that fails after its key was taken over frees only its
 // own window claim: the successor's entry still turns a duplicate away.
 func TestStaleAttemptKeepsSuccessorsWindow(t *testing.T) {
-	var mu sync.Mutex
-	now := time.Now()
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	store := &memstore.Store{}
-	stuck := make(chan struct{})
-	entered := make(chan struct{}, 1)
-	first := true
-	h := idempotency.Middleware(idempotency.Config{
-		Store: store, Windows: store, Window: time.Minute, Lease: 30 * time.Second, Now: clock,
-		Principal: func(r *http.Request) (string, error) { return "alice", nil },
-	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		f := first
-		first = false
-		mu.Unlock()
-		if f { // paused past its lease, then it fails
-			entered <- struct{}{}
-			<-stuck
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-	}))
-	send := func(key string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"1"}`))
-		r.Header.Set("Idempotency-Key", key)
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w
-	}
+	p := newPausedFirst(http.StatusServiceUnavailable) // paused past its lease, then it fails
 	done := make(chan int)
-	go func() { done <- send("k").Code }()
-	<-entered
-	mu.Lock()
-	now = now.Add(31 * time.Second)
-	mu.Unlock()
-	if w := send("k"); w.Code != 201 {
+	go func() { done <- p.send("k").Code }()
+	<-p.entered
+	p.advance(31 * time.Second)
+	if w := p.send("k"); w.Code != 201 {
 		t.Fatalf("retry after the lease = %d %s; want 201", w.Code, w.Body)
 	}
-	close(stuck)
+	close(p.stuck)
 	if code := <-done; code != 503 {
 		t.Fatalf("stale attempt = %d; want its 503", code)
 	}
-	if w := send("k2"); w.Code != 429 {
+	if w := p.send("k2"); w.Code != 429 {
 		t.Errorf("same body under a new key after the stale attempt failed = %d %s; want 429 (the retry's window entry)", w.Code, w.Body)
 	}
 }
