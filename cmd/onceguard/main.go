@@ -3,9 +3,9 @@
 //	onceguard [serve] [flags]   the service (the default command)
 //	onceguard psp [--addr A]    the simulated payment provider over HTTP
 //	onceguard storm [--target U] a duplicate storm against a running service
-//	onceguard version           print the version
+//	onceguard version           print the module path and version
 //
-// Every flag can also be set from the environment; see README.md.
+// Every flag can also be set from the environment; see docs/operations.md.
 package main
 
 import (
@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,7 +45,22 @@ import (
 	"github.com/onceguard/onceguard/lock/fallback"
 )
 
-const version = "0.1.0-dev"
+// modulePath and version name the main module of this binary: a release
+// tag when it was built by `go install ...@vX.Y.Z`, "(devel)" in a checkout.
+var modulePath, version = moduleVersion()
+
+func moduleVersion() (path, version string) {
+	path, version = "github.com/onceguard/onceguard", "(devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Path != "" {
+			path = bi.Main.Path
+		}
+		if bi.Main.Version != "" {
+			version = bi.Main.Version
+		}
+	}
+	return path, version
+}
 
 func main() {
 	// go-redis logs dial failures on its own; the service reports Redis
@@ -80,7 +96,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "storm":
 		return runStorm(ctx, args, getenv, stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, "onceguard", version)
+		fmt.Fprintln(stdout, modulePath, version)
 		return nil
 	default:
 		return fmt.Errorf("unknown command %q (want serve, psp, storm or version)", cmd)

@@ -23,7 +23,7 @@ func TestRun(t *testing.T) {
 		want    string
 		wantErr bool
 	}{
-		{"version", []string{"version"}, "onceguard " + version, false},
+		{"version", []string{"version"}, modulePath + " " + version, false},
 		{"unknown command", []string{"nope"}, "", true},
 		{"bad flag", []string{"serve", "--nope"}, "", true},
 		{"bad max amount", []string{"serve", "--max-amount", "1e9"}, "", true},
