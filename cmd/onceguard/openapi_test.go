@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bufio"
+	"net/http"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// docs/openapi.yaml describes the service's routes: every path and
+// method it names is served (neither 404 nor 405), every other method of
+// those paths is 405, and every route docs/api.md names is in it.
+func TestOpenAPIRoutes(t *testing.T) {
+	doc := openAPIRoutes(t, "../../docs/openapi.yaml")
+	contract := contractRoutes(t, "../../docs/api.md")
+	for route := range contract {
+		if !doc[route] {
+			t.Errorf("docs/api.md names %s; docs/openapi.yaml does not", route)
+		}
+	}
+
+	base := startServe(t)
+	paths := map[string][]string{}
+	for route := range doc {
+		method, path, _ := strings.Cut(route, " ")
+		paths[path] = append(paths[path], method)
+	}
+	for path, methods := range paths {
+		for _, method := range []string{"GET", "POST", "PUT", "PATCH", "DELETE"} {
+			req, err := http.NewRequest(method, base+strings.ReplaceAll(path, "{id}", "1"), strings.NewReader("{}"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			documented := slices.Contains(methods, method)
+			switch {
+			case documented && (resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed):
+				t.Errorf("%s %s (in docs/openapi.yaml) = %d; want a route that exists", method, path, resp.StatusCode)
+			case !documented && resp.StatusCode != http.StatusMethodNotAllowed:
+				t.Errorf("%s %s (not in docs/openapi.yaml) = %d; want 405, or the method documented", method, path, resp.StatusCode)
+			}
+		}
+	}
+}
+
+// openAPIRoutes reads "METHOD /path" from the paths: block of an OpenAPI
+// document written with two-space indents: a path at indent 2, its
+// methods at indent 4. It needs no YAML parser.
+func openAPIRoutes(t *testing.T, name string) map[string]bool {
+	t.Helper()
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	pathRE := regexp.MustCompile(`^  (/\S*):\s*$`)
+	methodRE := regexp.MustCompile(`^    (get|put|post|delete|options|head|patch|trace):\s*$`)
+	routes := map[string]bool{}
+	in, path := false, ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if line != "" && line[0] != ' ' && line[0] != '#' {
+			in = line == "paths:"
+			continue
+		}
+		if !in {
+			continue
+		}
+		if m := pathRE.FindStringSubmatch(line); m != nil {
+			path = m[1]
+		} else if m := methodRE.FindStringSubmatch(line); m != nil && path != "" {
+			routes[strings.ToUpper(m[1])+" "+path] = true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(routes) == 0 {
+		t.Fatalf("%s: no paths and methods under paths:", name)
+	}
+	return routes
+}
+
+// contractRoutes is every "`METHOD /path`" docs/api.md names.
+func contractRoutes(t *testing.T, name string) map[string]bool {
+	t.Helper()
+	raw, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := map[string]bool{}
+	for _, m := range regexp.MustCompile("`(GET|POST|PUT|PATCH|DELETE) (/[^`\\s]*)`").FindAllStringSubmatch(string(raw), -1) {
+		routes[m[1]+" "+m[2]] = true
+	}
+	if len(routes) == 0 {
+		t.Fatalf("%s names no routes", name)
+	}
+	return routes
+}
