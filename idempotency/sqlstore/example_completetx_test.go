@@ -1,0 +1,80 @@
+package sqlstore_test
+
+import (
+	"database/sql"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/sqlstore"
+)
+
+// The middleware on the SQL store, with the key's record completed in the
+// handler's own transaction: the withdrawal row and the stored answer
+// commit together, and the business table's UNIQUE (user_id, idem_key)
+// refuses a second row even after the record has expired.
+func ExampleStore_CompleteTx() {
+	dir, _ := os.MkdirTemp("", "completetx")
+	defer os.RemoveAll(dir)
+	db, _ := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=busy_timeout(5000)")
+	defer db.Close()
+	_, _ = db.Exec(`CREATE TABLE withdrawals (user_id TEXT, idem_key TEXT, amount TEXT, UNIQUE (user_id, idem_key))`)
+	store, err := sqlstore.New(db, sqlstore.SQLite, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	withdraw := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		call, _ := idempotency.FromContext(r.Context())
+		tx, err := db.BeginTx(r.Context(), nil)
+		if err != nil {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable) // a 5xx frees the key
+			return
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(r.Context(), `INSERT INTO withdrawals VALUES (?, ?, '10.00')`, call.Scope.Principal, call.Key); err != nil {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		header := http.Header{"Content-Type": {"application/json"}}
+		body := []byte(`{"status":"succeeded"}`)
+		if err := store.CompleteTx(r.Context(), tx, call.ID, call.Lease, call.Response(http.StatusCreated, header, body)); err != nil {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable) // ErrLeaseLost: see CompleteTx
+			return
+		}
+		if err := tx.Commit(); err != nil {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		call.MarkCompleted() // the record holds the answer already
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(body)
+	})
+	h := idempotency.Middleware(idempotency.Config{
+		Store:     store,
+		Principal: func(r *http.Request) (string, error) { return "alice", nil }, // the signed-in user
+	})(withdraw)
+
+	for range 2 { // the client retried
+		r := httptest.NewRequest(http.MethodPost, "/withdrawals", strings.NewReader(`{"amount":"10.00"}`))
+		r.Header.Set("Idempotency-Key", "wd-7f3a")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Println(w.Code, w.Body.String(), "replayed="+w.Header().Get("Idempotent-Replayed"))
+	}
+	var n int
+	_ = db.QueryRow(`SELECT COUNT(*) FROM withdrawals`).Scan(&n)
+	fmt.Println(n, "withdrawal")
+	// Output:
+	// 201 {"status":"succeeded"} replayed=
+	// 201 {"status":"succeeded"} replayed=true
+	// 1 withdrawal
+}
