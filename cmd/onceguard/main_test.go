@@ -269,11 +269,11 @@ func TestRunEnvOverriddenByFlag(t *testing.T) {
 	}
 }
 
-// The README's configuration table is every command's flags: each row
+// The configuration table of docs/operations.md is every command's flags: each row
 // names a flag of its command with the variable its usage names and its
 // real default, and every flag has its row.
 func TestConfigTable(t *testing.T) {
-	raw, err := os.ReadFile("../../README.md")
+	raw, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestConfigTable(t *testing.T) {
 	for line := range strings.SplitSeq(string(raw), "\n") {
 		if strings.HasPrefix(line, "| command | flag | env | default |") {
 			if in || len(table) > 0 {
-				t.Fatal("README has two configuration tables; want one")
+				t.Fatal("docs/operations.md has two configuration tables; want one")
 			}
 			in = true
 			continue
@@ -300,17 +300,17 @@ func TestConfigTable(t *testing.T) {
 			continue
 		}
 		if len(cells) < 5 {
-			t.Errorf("README row %q: want command, flag, env, default, meaning", line)
+			t.Errorf("docs/operations.md row %q: want command, flag, env, default, meaning", line)
 			continue
 		}
 		key := strings.Trim(strings.TrimSpace(cells[0]), "`") + " " + strings.Trim(cells[1], "`")
 		if _, dup := table[key]; dup {
-			t.Errorf("README has two rows for %s", key)
+			t.Errorf("docs/operations.md has two rows for %s", key)
 		}
 		table[key] = row{env: strings.Trim(cells[2], "`"), def: cells[3]}
 	}
 	if len(table) == 0 {
-		t.Fatal("README has no configuration table (| command | flag | env | default | meaning |)")
+		t.Fatal("docs/operations.md has no configuration table (| command | flag | env | default | meaning |)")
 	}
 	none := &envVars{getenv: func(string) string { return "" }}
 	serveFS, _ := serveFlags(none, io.Discard)
@@ -329,25 +329,25 @@ func TestConfigTable(t *testing.T) {
 			}
 			r, ok := table[key]
 			if !ok {
-				t.Errorf("%s (%s, default %q) has no row in the README's configuration table", key, m[1], f.DefValue)
+				t.Errorf("%s (%s, default %q) has no row in docs/operations.md's configuration table", key, m[1], f.DefValue)
 				return
 			}
 			if r.env != m[1] {
-				t.Errorf("%s: README says %s; the flag reads %s", key, r.env, m[1])
+				t.Errorf("%s: docs/operations.md says %s; the flag reads %s", key, r.env, m[1])
 			}
 			if !sameDefault(f, r.def) {
-				t.Errorf("%s: README says the default is %s; it is %q", key, r.def, f.DefValue)
+				t.Errorf("%s: docs/operations.md says the default is %s; it is %q", key, r.def, f.DefValue)
 			}
 		})
 	}
 	for key := range table {
 		if !seen[key] {
-			t.Errorf("README's configuration table has a row for %s, which is no flag", key)
+			t.Errorf("docs/operations.md's configuration table has a row for %s, which is no flag", key)
 		}
 	}
 }
 
-// sameDefault tells whether cell, the README's default for f, is f's
+// sameDefault tells whether cell, the table's default for f, is f's
 // default: a value in backticks that reads as it (through a new value of
 // the flag's own type: "5m" is 5m0s), or words for an empty default
 // ("none", "simulated in process").
