@@ -9,7 +9,7 @@ import (
 )
 
 // A fresh service's /metrics already has every series of a metric whose
-// labels have closed sets, at 0, so that an alert on one (the README's
+// labels have closed sets, at 0, so that an alert on one (docs/metrics.md's
 // store_unavailable, lock_lost_total) has a series before the first event.
 func TestServeMetricsStartAtZero(t *testing.T) {
 	text := scrape(t, startServe(t))

@@ -9,7 +9,7 @@
 // as the Idempotency-Key; its button is disabled from the first click until
 // the answer and for a quiet moment after it, and a retry after a network
 // error reuses the same key, so no click pattern sends two keys for one
-// intent. The README's section on the web page says more.
+// intent. docs/browser.md says more.
 package web
 
 import (
