@@ -51,6 +51,41 @@ func TestOpenAPIRoutes(t *testing.T) {
 	}
 }
 
+// Every $ref of docs/openapi.yaml names a component the document defines.
+func TestOpenAPIRefs(t *testing.T) {
+	raw, err := os.ReadFile("../../docs/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sectionRE := regexp.MustCompile(`^  ([A-Za-z]+):\s*$`)
+	nameRE := regexp.MustCompile(`^    ([A-Za-z0-9_.-]+):`)
+	defined := map[string]bool{} // "#/components/schemas/Order"
+	in, section := false, ""
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if line != "" && line[0] != ' ' {
+			in = line == "components:"
+			continue
+		}
+		if !in {
+			continue
+		}
+		if m := sectionRE.FindStringSubmatch(line); m != nil {
+			section = m[1]
+		} else if m := nameRE.FindStringSubmatch(line); m != nil && section != "" {
+			defined["#/components/"+section+"/"+m[1]] = true
+		}
+	}
+	refs := regexp.MustCompile(`\$ref: *"([^"]+)"`).FindAllStringSubmatch(string(raw), -1)
+	if len(refs) == 0 {
+		t.Fatal("docs/openapi.yaml has no $ref")
+	}
+	for _, m := range refs {
+		if !defined[m[1]] {
+			t.Errorf("docs/openapi.yaml refers to %s, which it does not define", m[1])
+		}
+	}
+}
+
 // openAPIRoutes reads "METHOD /path" from the paths: block of an OpenAPI
 // document written with two-space indents: a path at indent 2, its
 // methods at indent 4. It needs no YAML parser.
