@@ -12,12 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/onceguard/onceguard/internal/leakcheck"
 
 	"github.com/onceguard/onceguard/internal/faultproxy"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // echoServer echoes every connection line by line until it is closed; a
 // client's half-close ends its connection. Its goroutines end with the
@@ -359,7 +359,7 @@ func TestTargetDown(t *testing.T) {
 }
 
 func TestClose(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	defer leakcheck.VerifyNone(t)
 	e := startEcho(t)
 	p, err := faultproxy.Start(e.addr())
 	if err != nil {
@@ -416,7 +416,7 @@ func TestClose(t *testing.T) {
 // Many clients echo while faults come and go at random; afterwards, healed,
 // every connection works again, and Close leaves no goroutine behind.
 func TestConcurrentFaults(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	defer leakcheck.VerifyNone(t)
 	e := startEcho(t)
 	p, err := faultproxy.Start(e.addr())
 	if err != nil {

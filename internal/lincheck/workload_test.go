@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/onceguard/onceguard/internal/leakcheck"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/lock"
@@ -23,14 +23,14 @@ import (
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(quiet{}) // the fallback test kills a server on purpose
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction(redistest.SpawnerFunction),
+	leakcheck.VerifyTestMain(m,
+		leakcheck.IgnoreTopFunction(redistest.SpawnerFunction),
 		// go-redis probes a dead server from a goroutine that sleeps 1s
 		// between tries and notices a closed client only after that.
-		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
+		leakcheck.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
 		// database/sql's opener exits asynchronously after Close.
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-		goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"))
+		leakcheck.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		leakcheck.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"))
 }
 
 type quiet struct{}

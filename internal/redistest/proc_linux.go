@@ -46,5 +46,5 @@ func startCmd(cmd *exec.Cmd) error {
 
 // SpawnerFunction is the top function of the goroutine that forks every
 // redis-server; it lives as long as the test binary, so leak checks ignore
-// it: goleak.IgnoreTopFunction(redistest.SpawnerFunction).
+// it: leakcheck.IgnoreTopFunction(redistest.SpawnerFunction).
 const SpawnerFunction = "github.com/onceguard/onceguard/internal/redistest.startCmd.func1.1"

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/internal/leakcheck"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 	_ "modernc.org/sqlite"
 
 	"github.com/onceguard/onceguard/internal/redistest"
@@ -27,10 +27,10 @@ import (
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(quiet{})
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction(redistest.SpawnerFunction),
-		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
-		goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"))
+	leakcheck.VerifyTestMain(m,
+		leakcheck.IgnoreTopFunction(redistest.SpawnerFunction),
+		leakcheck.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
+		leakcheck.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"))
 }
 
 type quiet struct{}
@@ -64,7 +64,7 @@ func backends(t *testing.T) (*redistest.Server, *redislock.Backend, *sqllock.Bac
 func TestConformanceRedisSQLite(t *testing.T) {
 	_, rb, sb := backends(t)
 	locktest.Run(t, func(*testing.T) lock.Backend { return fallback.NewBackend(rb, sb, nil) },
-		goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"))
+		"database/sql.(*DB).connectionOpener")
 }
 
 // Kill Redis during a stream of acquires: no acquire fails, the breaker

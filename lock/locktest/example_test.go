@@ -7,7 +7,6 @@ import (
 
 	_ "github.com/go-sql-driver/mysql" // driver "mysql"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/locktest"
@@ -67,7 +66,7 @@ func ExampleRun_leak() {
 			t.Fatal(err)
 		}
 		locktest.Run(t, func(*testing.T) lock.Backend { return b },
-			goleak.IgnoreTopFunction("github.com/go-sql-driver/mysql.(*mysqlConn).startWatcher.func1"))
+			"github.com/go-sql-driver/mysql.(*mysqlConn).startWatcher.func1")
 	}
 	_ = testConformance
 }

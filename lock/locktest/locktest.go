@@ -25,22 +25,24 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/onceguard/onceguard/internal/leakcheck"
 	"github.com/onceguard/onceguard/lock"
 )
 
 // Run runs the suite. newBackend is called once per subtest. After each
-// subtest no goroutine may be left that was not running before it; leak
-// names goroutines the backend's client legitimately starts on the way
-// (for example a SQL driver's per-connection watcher, when the pool grows).
-func Run(t *testing.T, newBackend func(t *testing.T) lock.Backend, leak ...goleak.Option) {
+// subtest no goroutine may be left that was not running before it; ignore
+// names functions of goroutines the backend's client legitimately starts on
+// the way (for example a SQL driver's per-connection watcher, when the pool grows).
+func Run(t *testing.T, newBackend func(t *testing.T) lock.Backend, ignore ...string) {
 	run := func(name string, f func(t *testing.T, b lock.Backend, key string)) {
 		t.Run(name, func(t *testing.T) {
 			b := newBackend(t)
-			opts := append([]goleak.Option{goleak.IgnoreCurrent()}, leak...)
+			opts := []leakcheck.Option{leakcheck.IgnoreCurrent()}
+			for _, f := range ignore {
+				opts = append(opts, leakcheck.IgnoreAnyFunction(f))
+			}
 			f(t, b, fmt.Sprintf("locktest/%s/%d", t.Name(), time.Now().UnixNano()))
-			goleak.VerifyNone(t, opts...)
+			leakcheck.VerifyNone(t, opts...)
 		})
 	}
 	run("MutualExclusion", testMutualExclusion)

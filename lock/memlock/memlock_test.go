@@ -6,14 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/onceguard/onceguard/internal/leakcheck"
 
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/locktest"
 	"github.com/onceguard/onceguard/lock/memlock"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
 	locktest.Run(t, func(*testing.T) lock.Backend { return &memlock.Backend{} })

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/internal/leakcheck"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/lock"
@@ -20,11 +20,11 @@ import (
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(quiet{}) // tests kill servers on purpose: no dial-failure noise
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction(redistest.SpawnerFunction),
+	leakcheck.VerifyTestMain(m,
+		leakcheck.IgnoreTopFunction(redistest.SpawnerFunction),
 		// go-redis probes a dead server from a goroutine that sleeps 1s
 		// between tries and notices a closed client only after that.
-		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+		leakcheck.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
 }
 
 type quiet struct{}

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/internal/leakcheck"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
-	"go.uber.org/goleak"
 
 	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/lock"
@@ -24,12 +24,12 @@ import (
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(quiet{})
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(redistest.SpawnerFunction),
+	leakcheck.VerifyTestMain(m, leakcheck.IgnoreTopFunction(redistest.SpawnerFunction),
 		// A Cluster client whose topology refresh replaced connections
 		// closes the old ones 5s later, in a goroutine of its own: bounded,
 		// and rueidis's, not ours. Seen when the package ends soon after
 		// the Cluster test.
-		goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"))
+		leakcheck.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"))
 }
 
 type quiet struct{}
@@ -39,10 +39,10 @@ func (quiet) Printf(context.Context, string, ...any) {}
 // clientLeaks are the goroutines a rueidis client starts for itself while
 // a subtest runs: a connection switches to pipelining goroutines once
 // calls overlap, and keeps them until the client is closed.
-var clientLeaks = []goleak.Option{
-	goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*pipe)._background"),
-	goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*pipe)._backgroundWrite"),
-	goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*pipe)._backgroundRead"),
+var clientLeaks = []string{
+	"github.com/redis/rueidis.(*pipe)._background",
+	"github.com/redis/rueidis.(*pipe)._backgroundWrite",
+	"github.com/redis/rueidis.(*pipe)._backgroundRead",
 }
 
 // shared returns a rueidis client on the Redis named by

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/onceguard/onceguard/internal/leakcheck"
 
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/lock"
@@ -18,10 +18,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	leakcheck.VerifyTestMain(m,
 		// database/sql's connection opener lives as long as its *sql.DB;
 		// tests close theirs, but the opener exits asynchronously.
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+		leakcheck.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
 }
 
 type database struct {
@@ -51,9 +51,9 @@ func TestConformance(t *testing.T) {
 			}
 			locktest.Run(t, func(*testing.T) lock.Backend { return b },
 				// Per-connection goroutines of drivers, started as the pool grows.
-				goleak.IgnoreTopFunction("github.com/go-sql-driver/mysql.(*mysqlConn).startWatcher.func1"),
-				goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1"),
-				goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"))
+				"github.com/go-sql-driver/mysql.(*mysqlConn).startWatcher.func1",
+				"github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1",
+				"database/sql.(*DB).connectionOpener")
 		})
 	}
 }
@@ -175,9 +175,9 @@ func TestConformanceXact(t *testing.T) {
 		t.Fatal(err)
 	}
 	locktest.Run(t, func(*testing.T) lock.Backend { return b },
-		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1"),
-		goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"),
-		goleak.IgnoreAnyFunction("database/sql.(*Tx).awaitDone"))
+		"github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1",
+		"database/sql.(*DB).connectionOpener",
+		"database/sql.(*Tx).awaitDone")
 }
 
 // The server enforces the TTL: a holder that goes quiet loses the lock
