@@ -166,8 +166,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return fmt.Errorf("--db-conns %d: want at least 1", c.dbConns)
 	}
 	maxAmount, err := money.Parse(c.maxAmount)
-	if err != nil || maxAmount <= 0 || maxAmount > httpapi.MaxAmountLimit {
-		return fmt.Errorf("--max-amount %q: want an amount like 1000000.00, at most %s", c.maxAmount, httpapi.MaxAmountLimit)
+	if err != nil || maxAmount <= 0 || maxAmount > app.MaxAmountLimit {
+		return fmt.Errorf("--max-amount %q: want an amount like 1000000.00, at most %s", c.maxAmount, app.MaxAmountLimit)
 	}
 	require := map[string]bool{}
 	for _, p := range strings.Split(c.requireToken, ",") {
@@ -219,10 +219,16 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}})
 	store := sqlstore.Open(db, dialect)
 	store.Observe = metrics.DBObserver()
+	store.Records = timedKeys // the key's record completes in the settlement's transaction
+	svc := app.New(app.Config{
+		Store: store, Provider: psp.Port(provider), Currency: c.currency, MaxAmount: maxAmount,
+		Locks: coord.locks, LockTTL: c.lockTTL, LockBackend: coord.backend,
+		KeyLease: c.keyLease, RequestTimeout: c.requestTimeout, SessionTTL: 24 * time.Hour,
+		Logger: log, Metrics: metrics,
+	})
 	handler := httpapi.New(httpapi.Config{
-		Store: store, Keys: timedKeys, Completer: timedKeys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
-		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, RequestTimeout: c.requestTimeout, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
-		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, LockBackend: coord.backend, Windows: coord.windows, Components: comps,
+		App: svc, Keys: timedKeys, RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, TokenTTL: c.tokenTTL,
+		Ping: db.PingContext, Web: web.Handler(), Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,
 		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, SignupLimit: c.signupLimit, ClientIPHeader: c.clientIPHeader, SecureCookies: c.secureCookies,
 	})
@@ -239,22 +245,22 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	log.Info("listening", "version", version, "addr", "http://"+ln.Addr().String(), "database", where, "coordination", coord.describe, "provider", pspWhere)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	// The reconciler settles what a provider timeout left pending.
-	tick := time.NewTicker(c.reconcileEvery)
-	defer tick.Stop()
-	reconciler := &app.Reconciler{Store: store, DB: db, Provider: provider, Limit: 100, Currency: c.currency, Metrics: metrics, Log: log}
-	for {
-		select {
-		case err := <-errc:
-			return err
-		case <-tick.C:
-			_, _ = reconciler.Pass(ctx) // it logs its failures; the next tick tries again
-		case <-ctx.Done():
-			log.Info("shutting down: finishing in-flight requests")
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			return srv.Shutdown(sctx) // finishes in-flight requests
-		}
+	// The reconciler settles what a provider timeout left pending; it stops before the database closes.
+	rctx, stopReconciler := context.WithCancel(ctx)
+	reconciled := make(chan struct{})
+	go func() {
+		defer close(reconciled)
+		(&app.Reconciler{Service: svc, Limit: 100, Metrics: metrics}).Run(rctx, c.reconcileEvery)
+	}()
+	defer func() { stopReconciler(); <-reconciled }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		log.Info("shutting down: finishing in-flight requests")
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx) // finishes in-flight requests
 	}
 }
 

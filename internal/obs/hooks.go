@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/lock"
@@ -38,18 +39,7 @@ func (m *Metrics) LockObserver(backend func() string) func(lock.Event) {
 // LockResult is an acquire's result as lock_acquires_total counts it:
 // acquired, busy (held by another), unavailable (the backend did not
 // answer) or error.
-func LockResult(err error) string {
-	switch {
-	case err == nil:
-		return "acquired"
-	case errors.Is(err, lock.ErrUnavailable):
-		return "unavailable"
-	case errors.Is(err, lock.ErrNotAcquired):
-		return "busy"
-	default:
-		return "error"
-	}
-}
+func LockResult(err error) string { return app.LockResult(err) }
 
 // FallbackObserver returns a fallback.Options.OnStateChange that keeps
 // the degraded gauge, counts switches and logs them.
@@ -107,6 +97,24 @@ func (p Provider) observe(op string, start time.Time, err error) {
 		result = "error"
 	}
 	p.Metrics.Provider.WithLabelValues(op, result).Observe(Since(start))
+}
+
+// CountMoney counts one audit line of a request (app.Config.Metrics).
+func (m *Metrics) CountMoney(kind, outcome string) { m.Money.WithLabelValues(kind, outcome).Inc() }
+
+// CountReconciled counts a reconciler pass's results (app.ReconcilerMetrics).
+func (m *Metrics) CountReconciled(succeeded, failed, stillPending int) {
+	m.ReconcilerSettle.WithLabelValues("succeeded").Add(float64(succeeded))
+	m.ReconcilerSettle.WithLabelValues("failed").Add(float64(failed))
+	m.ReconcilerSettle.WithLabelValues("still_pending").Add(float64(stillPending))
+}
+
+// ObserveBacklog times the backlog count and sets the backlog gauge when it succeeded (app.ReconcilerMetrics).
+func (m *Metrics) ObserveBacklog(n int, took time.Duration, err error) {
+	m.DB.WithLabelValues("reconciler_backlog").Observe(took.Seconds())
+	if err == nil {
+		m.ReconcilerPend.Set(float64(n))
+	}
 }
 
 // DBObserver returns a hook for the service's store that times its calls.
