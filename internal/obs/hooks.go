@@ -128,7 +128,6 @@ func (m *Metrics) DBObserver() func(op string, d time.Duration) {
 type KeyStore interface {
 	idempotency.FullStore
 	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error
-	CompleteStmt(ctx context.Context, id, lease string, resp idempotency.Response) (string, []any, error)
 }
 
 // TimeKeys returns s with every call timed into db_duration_seconds, under
@@ -157,11 +156,6 @@ func (t timedKeys) Complete(ctx context.Context, id, lease string, resp idempote
 func (t timedKeys) CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error {
 	defer t.time("key_complete_tx", time.Now())
 	return t.s.CompleteTx(ctx, tx, id, lease, resp)
-}
-
-// CompleteStmt only builds a statement: the caller's statement is timed.
-func (t timedKeys) CompleteStmt(ctx context.Context, id, lease string, resp idempotency.Response) (string, []any, error) {
-	return t.s.CompleteStmt(ctx, id, lease, resp)
 }
 
 func (t timedKeys) Abandon(ctx context.Context, id, lease string) error {
