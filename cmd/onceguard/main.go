@@ -37,6 +37,7 @@ import (
 	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/obs"
+	"github.com/onceguard/onceguard/internal/obs/backends"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/internal/web"
@@ -195,7 +196,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return err
 	}
 	metrics := obs.NewMetrics()
-	timedKeys := metrics.TimeKeys(keys) // database latency of keys, windows and tokens
+	timedKeys := backends.TimeKeys(metrics, keys) // database latency of keys, windows and tokens
 	var provider psp.Provider = &psp.Sim{}
 	pspWhere := "simulated in process"
 	if c.pspURL != "" {
@@ -205,7 +206,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	var coord *coordination
 	coord, err = newCoordination(db, dialect, c.redis, timedKeys, metrics.TimeLockBackend,
 		lock.Options{Observe: metrics.LockObserver(func() string { return coord.backend() })},
-		&fallback.Options{OnStateChange: metrics.FallbackObserver(log)})
+		&fallback.Options{OnStateChange: backends.FallbackObserver(metrics, log)})
 	if err != nil {
 		return err
 	}

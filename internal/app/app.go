@@ -15,7 +15,6 @@ import (
 
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/lock"
-	"github.com/onceguard/onceguard/lock/memlock"
 )
 
 // MaxBalance bounds an account's balance, far below where int64 minor units overflow;
@@ -32,7 +31,7 @@ type Config struct {
 	Currency string
 	// MaxAmount is the largest amount one request may move.
 	MaxAmount money.Amount
-	// Locks holds the per-user and per-order locks (nil: in process, renewed automatically).
+	// Locks holds the per-user and per-order locks, renewed while held; Withdraw and Pay need it.
 	Locks *lock.Locker
 	// LockTTL is how long a crashed holder blocks the account or order (0: 10s).
 	LockTTL time.Duration
@@ -61,9 +60,6 @@ type Service struct {
 
 // New returns a Service on cfg, its zero fields set to their defaults.
 func New(cfg Config) *Service {
-	if cfg.Locks == nil {
-		cfg.Locks = memlock.New(&lock.Options{AutoRenew: true})
-	}
 	if cfg.LockTTL <= 0 {
 		cfg.LockTTL = 10 * time.Second
 	}
@@ -94,9 +90,6 @@ func (s *Service) MaxAmount() money.Amount { return s.cfg.MaxAmount }
 
 // Currency is the accounts' currency.
 func (s *Service) Currency() string { return s.cfg.Currency }
-
-// Locks is the service's locker.
-func (s *Service) Locks() *lock.Locker { return s.cfg.Locks }
 
 func newID(prefix string) string {
 	var b [12]byte

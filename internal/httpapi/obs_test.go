@@ -30,6 +30,7 @@ import (
 	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/obs"
+	"github.com/onceguard/onceguard/internal/obs/backends"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
@@ -78,7 +79,7 @@ func (f *faultLocks) Release(ctx context.Context, key, owner string) error {
 // faultKeys is the service's key store, whose Begin can fail as a store
 // that does not answer.
 type faultKeys struct {
-	obs.KeyStore
+	backends.KeyStore
 	down atomic.Bool
 }
 
@@ -139,7 +140,7 @@ func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Co
 		t.Fatal(err)
 	}
 	o := &obsHarness{metrics: obs.NewMetrics(), locks: &faultLocks{Backend: &memlock.Backend{}}, logs: &lockedBuffer{}}
-	o.keys = &faultKeys{KeyStore: o.metrics.TimeKeys(keys)}
+	o.keys = &faultKeys{KeyStore: backends.TimeKeys(o.metrics, keys)}
 	store := sqlstore.Open(db, sqlstore.SQLite)
 	store.Observe = o.metrics.DBObserver()
 	store.Records = o.keys

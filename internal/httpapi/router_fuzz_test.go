@@ -63,6 +63,8 @@ import (
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/internal/web"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/memlock"
 )
 
 type fuzzUser struct{ id, name, token string }
@@ -116,6 +118,7 @@ func newRouterHarness(tb testing.TB, db *sql.DB, dialect sqlstore.Dialect) *rout
 	svc := app.New(app.Config{
 		Store: store, Provider: psp.Port(obs.Provider{Provider: sim, Metrics: metrics}), Currency: "CNY", MaxAmount: maxAmount,
 		KeyLease: 30 * time.Second, LockTTL: 10 * time.Second, SessionTTL: 24 * time.Hour, Metrics: metrics,
+		Locks: memlock.New(&lock.Options{AutoRenew: true}),
 	})
 	h := httpapi.New(httpapi.Config{
 		App: svc, Keys: keys,
