@@ -135,7 +135,7 @@ func TestPayOrderRace(t *testing.T) {
 			switch {
 			case err == nil && created:
 				won = append(won, p.ID)
-			case errors.Is(err, sqlstore.ErrAlreadyPaid):
+			case errors.Is(err, app.ErrAlreadyPaid):
 				errs["ErrAlreadyPaid"]++
 			default:
 				errs[fmt.Sprintf("created=%v err=%v", created, err)]++
@@ -204,7 +204,7 @@ func TestPayOrderInsufficientFunds(t *testing.T) {
 		fund(t, s, "d1", 2499, now)
 		order(t, s, "o1", 2500, now)
 		ledger := count(`SELECT COUNT(*) FROM ledger`)
-		if p, created, err := s.PayOrder(ctx, app.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: time.UnixMicro(now)}, 0); !errors.Is(err, sqlstore.ErrInsufficientFunds) || created {
+		if p, created, err := s.PayOrder(ctx, app.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: time.UnixMicro(now)}, 0); !errors.Is(err, app.ErrInsufficientFunds) || created {
 			t.Errorf("PayOrder(short) = %+v, %v, %v; want ErrInsufficientFunds", p, created, err)
 		}
 		if n := count(`SELECT COUNT(*) FROM payments`); n != 0 {
@@ -240,7 +240,7 @@ func TestPayOrderStaleFence(t *testing.T) {
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			t.Fatal(err)
 		}
-		if p, created, err := s.PayOrder(ctx, app.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k1", CreatedAt: time.UnixMicro(now)}, 6); !errors.Is(err, sqlstore.ErrStaleFence) || created {
+		if p, created, err := s.PayOrder(ctx, app.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k1", CreatedAt: time.UnixMicro(now)}, 6); !errors.Is(err, app.ErrStaleFence) || created {
 			t.Errorf("PayOrder(fence 6 < 7) = %+v, %v, %v; want ErrStaleFence", p, created, err)
 		}
 		if n := count(`SELECT COUNT(*) FROM payments`); n != 0 {
@@ -371,7 +371,7 @@ func TestShortFundsSameKeyRace(t *testing.T) {
 			others := map[string]int{}
 			race(racers, func(i int) {
 				err := op.call(i)
-				if !errors.Is(err, sqlstore.ErrInsufficientFunds) {
+				if !errors.Is(err, app.ErrInsufficientFunds) {
 					mu.Lock()
 					others[fmt.Sprint(err)]++
 					mu.Unlock()
@@ -417,7 +417,7 @@ func TestKeysCaseSensitive(t *testing.T) {
 			if _, created, err := s.PayOrder(ctx, app.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "PayKey", CreatedAt: time.UnixMicro(now)}, 0); err != nil || !created {
 				t.Fatalf("PayOrder(PayKey) = %v, %v", created, err)
 			}
-			if p, _, err := s.PayOrder(ctx, app.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "paykey", CreatedAt: time.UnixMicro(now)}, 0); !errors.Is(err, sqlstore.ErrAlreadyPaid) {
+			if p, _, err := s.PayOrder(ctx, app.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "paykey", CreatedAt: time.UnixMicro(now)}, 0); !errors.Is(err, app.ErrAlreadyPaid) {
 				t.Errorf("PayOrder(paykey) = %s, %v; want ErrAlreadyPaid", p.ID, err)
 			}
 		})

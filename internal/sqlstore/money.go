@@ -11,17 +11,15 @@ import (
 	"github.com/onceguard/onceguard/internal/money"
 )
 
-// Withdraw records a pending withdrawal and debits the balance in one
-// transaction: the row first, so that a second withdrawal under the same
-// key fails on UNIQUE(user_id, idempotency_key) before touching money
-// (then the first one is returned, with created false); then a debit that
-// only happens if the balance covers it (ErrInsufficientFunds, nothing
-// changed); then its ledger entry.
+// Withdraw records a pending withdrawal, debits it if the balance covers
+// it (app.ErrInsufficientFunds) and writes its ledger entry, in one
+// transaction; the same (user, key) returns the first one, created false.
+// The row goes first, so that a duplicate fails on UNIQUE(user_id,
+// idempotency_key) before touching money.
 //
-// fence is the fencing token of the caller's lock on the user (0: none).
-// The account keeps the last fence it accepted and refuses an older one
-// (ErrStaleFence): a holder whose lock ran out cannot write after the next
-// holder did.
+// fence is the caller's lock's fencing token (0: none); the account
+// refuses one older than it accepted (app.ErrStaleFence), so a holder
+// whose lock ran out cannot write after the next holder did.
 func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64) (got app.Movement, created bool, err error) {
 	defer s.timed("withdraw", time.Now(), &err)
 	m.Kind, m.Status = app.Withdrawal, app.Pending
@@ -55,13 +53,9 @@ func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64) (got 
 	return m, true, tx.Commit()
 }
 
-// lockRow locks the row of table whose column is v, on MySQL, before a
-// transaction inserts under a unique key that concurrent requests for the
-// same account or order share: they then queue on that row instead of on
-// the unique entry. On InnoDB, requests waiting on the unique entry of a
-// transaction that rolls back (its funds were short) deadlock among
-// themselves. PostgreSQL (whose waiters re-check once the holder ends) and
-// SQLite (one writer at a time) need no such lock.
+// lockRow locks the row of table whose column is v, on MySQL only, so that
+// concurrent requests for one account or order queue on that row: InnoDB
+// waiters on the unique entry of a transaction that rolls back deadlock.
 func (s *Store) lockRow(ctx context.Context, tx *sql.Tx, table, column, v string) error {
 	if s.d != MySQL {
 		return nil
@@ -74,11 +68,9 @@ func (s *Store) lockRow(ctx context.Context, tx *sql.Tx, table, column, v string
 	return err
 }
 
-// withdrawOne is Withdraw on PostgreSQL: the debit, the withdrawal's row
-// and its ledger entry in one statement, so one round trip and one
-// implicit transaction. The row and the entry are inserted from the
-// debit's result: no debit (funds short, or a newer fence), nothing
-// inserted; a duplicate key fails the statement, debit included.
+// withdrawOne is Withdraw on PostgreSQL in one statement (one round trip):
+// the row and the entry are inserted from the debit's result, so no debit,
+// nothing inserted, and a duplicate key fails it all.
 func (s *Store) withdrawOne(ctx context.Context, m app.Movement, fence int64) (app.Movement, bool, error) {
 	set, cond, args := ``, ``, []any{m.ID, m.UserID, m.Key, int64(m.Amount), us(m.CreatedAt)}
 	if fence != 0 { // record the fence, and refuse an older one
@@ -103,7 +95,7 @@ SELECT balance FROM acct`, args...).Scan(&after)
 		// The key's withdrawal first, as Withdraw's INSERT would find it.
 		if existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key); ferr == nil {
 			return existing, false, nil
-		} else if !errors.Is(ferr, ErrNotFound) {
+		} else if !errors.Is(ferr, app.ErrNotFound) {
 			return m, false, ferr
 		}
 		var last int64
@@ -111,9 +103,9 @@ SELECT balance FROM acct`, args...).Scan(&after)
 			return m, false, err
 		}
 		if fence != 0 && last > fence {
-			return m, false, ErrStaleFence
+			return m, false, app.ErrStaleFence
 		}
-		return m, false, ErrInsufficientFunds
+		return m, false, app.ErrInsufficientFunds
 	case err != nil:
 		return m, false, err
 	}
@@ -121,21 +113,18 @@ SELECT balance FROM acct`, args...).Scan(&after)
 }
 
 // adjust changes a balance by delta, refusing to go below zero, and
-// returns the balance after. The version column advances with every
-// change: the resource's own fence.
+// returns the balance after; the version column advances with every change.
 func (s *Store) adjust(ctx context.Context, tx *sql.Tx, userID string, delta money.Amount, now int64) (money.Amount, error) {
 	ok, after, err := s.update(ctx, tx, `UPDATE accounts SET balance = balance + ?, version = version + 1, updated_at = ? WHERE user_id = ? AND balance + ? >= 0`,
 		userID, int64(delta), now, userID, int64(delta))
 	if err == nil && !ok {
-		err = ErrInsufficientFunds
+		err = app.ErrInsufficientFunds
 	}
 	return after, err
 }
 
 // update runs a conditional UPDATE of userID's account and reports whether
-// it changed the row, and the balance after it: in the same statement
-// (RETURNING) on PostgreSQL and SQLite, by reading the row back in the
-// transaction on MySQL.
+// it changed the row, and the balance after (RETURNING, or read back on MySQL).
 func (s *Store) update(ctx context.Context, tx *sql.Tx, query, userID string, args ...any) (bool, money.Amount, error) {
 	var after int64
 	if s.d != MySQL {
@@ -173,9 +162,9 @@ WHERE user_id = ? AND balance + ? >= 0 AND fence <= ?`, userID, int64(delta), fe
 			return 0, err
 		}
 		if last > fence {
-			return 0, ErrStaleFence
+			return 0, app.ErrStaleFence
 		}
-		return 0, ErrInsufficientFunds
+		return 0, app.ErrInsufficientFunds
 	}
 	return after, nil
 }
@@ -204,13 +193,11 @@ func (s *Store) movementByKeyCreated(ctx context.Context, k app.Kind, userID, ke
 	return existing, false, err
 }
 
-// Settle moves a pending movement to outcome: a deposit's success credits
-// it, a withdrawal's failure refunds it, each with its ledger entry, in one
-// transaction that also completes rec, the request's Idempotency-Key
-// record, when it is not nil (through Records; if that fails, nothing
-// commits). A movement settled before is
-// left as it is and moved is false: the status update is conditional, and
-// the ledger's UNIQUE(kind, ref) would refuse a second entry anyway.
+// Settle moves a pending movement to outcome, crediting a deposit's
+// success or refunding a withdrawal's failure with its ledger entry, and
+// completes rec through Records, all in one transaction (rec nil: none).
+// One settled before is left as it is, moved false: the update is
+// conditional, and the ledger's UNIQUE(kind, ref) refuses a second entry.
 func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome app.Status, now time.Time, rec *app.Record) (moved bool, err error) {
 	defer s.timed("settle", time.Now(), &err)
 	var credit bool
@@ -277,14 +264,13 @@ func outcome(succeeded bool) app.Status {
 
 // settleRow moves the pending row id of table to status and reports
 // whether it did (false: settled before), with the row's user and amount;
-// ErrNotFound if there is no such row. One statement (RETURNING) on
-// PostgreSQL and SQLite; on MySQL the row is read first.
+// app.ErrNotFound if there is no such row.
 func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id string, status app.Status) (moved bool, userID string, amount int64, err error) {
 	update := `UPDATE ` + table + ` SET status = ? WHERE id = ? AND status = 'pending'`
 	read := func() error {
 		err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount FROM `+table+` WHERE id = ?`), id).Scan(&userID, &amount)
 		if errors.Is(err, sql.ErrNoRows) {
-			return ErrNotFound
+			return app.ErrNotFound
 		}
 		return err
 	}
@@ -313,143 +299,7 @@ func (s *Store) movementByKey(ctx context.Context, k app.Kind, userID, key strin
 	}
 	m, err := scanMovement(s.db.QueryRowContext(ctx, s.q(`SELECT id, user_id, idempotency_key, amount, status, created_at FROM `+t+` WHERE user_id = ? AND idempotency_key = ?`), userID, key), k)
 	if errors.Is(err, sql.ErrNoRows) {
-		return app.Movement{Kind: k, UserID: userID, Key: key}, ErrNotFound
-	}
-	return m, err
-}
-
-// Balance returns a user's balance and the sum of their ledger, which must
-// be equal.
-func (s *Store) Balance(ctx context.Context, userID string) (balance, ledgerSum money.Amount, err error) {
-	var b, l int64
-	err = s.db.QueryRowContext(ctx, s.q(`SELECT a.balance, COALESCE((SELECT SUM(amount) FROM ledger WHERE user_id = ?), 0) FROM accounts a WHERE a.user_id = ?`), userID, userID).Scan(&b, &l)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, 0, ErrNotFound
-	}
-	return money.Amount(b), money.Amount(l), err
-}
-
-// Pending returns up to limit movements of kind still pending, oldest
-// first: the reconciler's backlog.
-func (s *Store) Pending(ctx context.Context, kind app.Kind, limit int) (out []app.Movement, err error) {
-	defer s.timed("pending", time.Now(), &err)
-	t, err := table(kind)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := s.db.QueryContext(ctx, s.q(pendingQuery(t)), limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		m, err := scanMovement(rows, kind)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, m)
-	}
-	return out, rows.Err()
-}
-
-// pendingQuery is Pending's statement on table, with a ? for its limit: an
-// index scan of the table's pending index (migration 003: on PostgreSQL and
-// SQLite partial, WHERE status = 'pending', on (created_at, id); on MySQL
-// (status, created_at, id)), in its order, that stops at the limit. The
-// status stays a literal: a partial index serves only a query whose WHERE
-// implies the index's predicate when it is planned, which a parameter (a
-// generic plan, an SQLite statement prepared before binding) does not.
-func pendingQuery(table string) string {
-	return `SELECT id, user_id, idempotency_key, amount, status, created_at FROM ` + table +
-		` WHERE status = 'pending' ORDER BY created_at, id LIMIT ?`
-}
-
-// pendingCountQuery counts the pending deposits and withdrawals from the
-// pending indexes alone (see pendingQuery), not the tables, which only grow.
-const pendingCountQuery = `SELECT (SELECT COUNT(*) FROM deposits WHERE status = 'pending') + (SELECT COUNT(*) FROM withdrawals WHERE status = 'pending')`
-
-// PendingCount counts the deposits and withdrawals still pending: the
-// reconciler's whole backlog, which one pass may not reach. It reads the
-// pending indexes of migration 003, whose size is the backlog's, not the
-// tables' (each settlement removes its row's entry).
-func (s *Store) PendingCount(ctx context.Context) (n int, err error) {
-	defer classify("pending_count", &err) // timed by the reconciler
-	err = s.db.QueryRowContext(ctx, pendingCountQuery).Scan(&n)
-	return n, err
-}
-
-// Ledger returns a user's journal, newest first, at most limit entries (all when limit <= 0).
-func (s *Store) Ledger(ctx context.Context, userID string, limit int) (out []app.LedgerEntry, err error) {
-	defer s.timed("ledger", time.Now(), &err)
-	q, args := `SELECT id, kind, amount, balance_after, ref, created_at FROM ledger WHERE user_id = ? ORDER BY id DESC`, []any{userID}
-	if limit > 0 {
-		q, args = q+` LIMIT ?`, append(args, limit)
-	}
-	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var e app.LedgerEntry
-		var a, b, created int64
-		var kind string
-		if err := rows.Scan(&e.ID, &kind, &a, &b, &e.Ref, &created); err != nil {
-			return nil, err
-		}
-		e.Kind, e.Amount, e.BalanceAfter, e.CreatedAt = app.EntryKind(kind), money.Amount(a), money.Amount(b), at(created)
-		out = append(out, e)
-	}
-	return out, rows.Err()
-}
-
-// Account returns a user's balance and currency.
-func (s *Store) Account(ctx context.Context, userID string) (a app.Account, err error) {
-	defer s.timed("account", time.Now(), &err)
-	var b int64
-	a.UserID = userID
-	err = s.db.QueryRowContext(ctx, s.q(`SELECT balance, currency FROM accounts WHERE user_id = ?`), userID).Scan(&b, &a.Currency)
-	if errors.Is(err, sql.ErrNoRows) {
-		return app.Account{}, ErrNotFound
-	}
-	a.Balance = money.Amount(b)
-	return a, err
-}
-
-// Movements returns a user's movements of kind, newest first.
-func (s *Store) Movements(ctx context.Context, kind app.Kind, userID string, limit int) (out []app.Movement, err error) {
-	defer s.timed("movements", time.Now(), &err)
-	t, err := table(kind)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, user_id, idempotency_key, amount, status, created_at FROM `+t+
-		` WHERE user_id = ? ORDER BY created_at DESC, id DESC LIMIT ?`), userID, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		m, err := scanMovement(rows, kind)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, m)
-	}
-	return out, rows.Err()
-}
-
-// MovementByID returns a user's movement of kind; another user's is
-// ErrNotFound.
-func (s *Store) MovementByID(ctx context.Context, kind app.Kind, userID, id string) (m app.Movement, err error) {
-	defer s.timed("movement", time.Now(), &err)
-	t, err := table(kind)
-	if err != nil {
-		return app.Movement{}, err
-	}
-	m, err = scanMovement(s.db.QueryRowContext(ctx, s.q(`SELECT id, user_id, idempotency_key, amount, status, created_at FROM `+t+` WHERE id = ? AND user_id = ?`), id, userID), kind)
-	if errors.Is(err, sql.ErrNoRows) {
-		return app.Movement{ID: id, Kind: kind, UserID: userID}, ErrNotFound
+		return app.Movement{Kind: k, UserID: userID, Key: key}, app.ErrNotFound
 	}
 	return m, err
 }

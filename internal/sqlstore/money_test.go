@@ -50,13 +50,13 @@ func TestMoney(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			s, now := withUser(t, d)
 			ctx := context.Background()
-			if err := s.CreateUser(ctx, app.User{ID: "u2", Username: "alice", PasswordHash: "h", CreatedAt: time.UnixMicro(now)}, "CNY"); !errors.Is(err, sqlstore.ErrUsernameTaken) {
+			if err := s.CreateUser(ctx, app.User{ID: "u2", Username: "alice", PasswordHash: "h", CreatedAt: time.UnixMicro(now)}, "CNY"); !errors.Is(err, app.ErrUsernameTaken) {
 				t.Errorf("CreateUser(taken) = %v; want ErrUsernameTaken", err)
 			}
 			if u, err := s.UserByName(ctx, "alice"); err != nil || u.ID != "u1" || u.PasswordHash != "h" {
 				t.Errorf("UserByName = %+v, %v", u, err)
 			}
-			if _, err := s.UserByName(ctx, "bob"); !errors.Is(err, sqlstore.ErrNotFound) {
+			if _, err := s.UserByName(ctx, "bob"); !errors.Is(err, app.ErrNotFound) {
 				t.Errorf("UserByName(unknown) = %v; want ErrNotFound", err)
 			}
 			if err := s.CreateSession(ctx, "th", "u1", time.UnixMicro(now+1000), time.UnixMicro(now)); err != nil {
@@ -65,13 +65,13 @@ func TestMoney(t *testing.T) {
 			if u, err := s.SessionUser(ctx, "th", time.UnixMicro(now)); err != nil || u.ID != "u1" {
 				t.Errorf("SessionUser = %+v, %v", u, err)
 			}
-			if _, err := s.SessionUser(ctx, "th", time.UnixMicro(now+1000)); !errors.Is(err, sqlstore.ErrNotFound) {
+			if _, err := s.SessionUser(ctx, "th", time.UnixMicro(now+1000)); !errors.Is(err, app.ErrNotFound) {
 				t.Errorf("SessionUser(expired) = %v; want ErrNotFound", err)
 			}
 			if err := s.DeleteSession(ctx, "th"); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.SessionUser(ctx, "th", time.UnixMicro(now)); !errors.Is(err, sqlstore.ErrNotFound) {
+			if _, err := s.SessionUser(ctx, "th", time.UnixMicro(now)); !errors.Is(err, app.ErrNotFound) {
 				t.Errorf("SessionUser(after logout) = %v; want ErrNotFound", err)
 			}
 			dep, created, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: time.UnixMicro(now)})
@@ -102,7 +102,7 @@ func TestMoney(t *testing.T) {
 						mu.Lock()
 						won = i
 						mu.Unlock()
-					case errors.Is(err, sqlstore.ErrInsufficientFunds):
+					case errors.Is(err, app.ErrInsufficientFunds):
 						poor.Add(1)
 					default:
 						t.Errorf("Withdraw = %v", err)
@@ -154,13 +154,13 @@ func TestStaleFenceRefused(t *testing.T) {
 			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "k1", Amount: 1000, CreatedAt: time.UnixMicro(now)}, next.Fence()); err != nil {
 				t.Fatalf("Withdraw by the current holder = %v", err)
 			}
-			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w2", UserID: "u1", Key: "k2", Amount: 1000, CreatedAt: time.UnixMicro(now)}, slow.Fence()); !errors.Is(err, sqlstore.ErrStaleFence) {
+			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w2", UserID: "u1", Key: "k2", Amount: 1000, CreatedAt: time.UnixMicro(now)}, slow.Fence()); !errors.Is(err, app.ErrStaleFence) {
 				t.Errorf("Withdraw by the stale holder = %v; want ErrStaleFence", err)
 			}
 			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 9000 || sum != bal {
 				t.Errorf("balance %v, ledger %v; want 90.00: only the current holder's write", bal, sum)
 			}
-			if _, err := s.MovementByID(ctx, app.Withdrawal, "u1", "w2"); !errors.Is(err, sqlstore.ErrNotFound) {
+			if _, err := s.MovementByID(ctx, app.Withdrawal, "u1", "w2"); !errors.Is(err, app.ErrNotFound) {
 				t.Errorf("the refused withdrawal's row = %v; want none", err)
 			}
 			_ = next.Release(ctx)
@@ -236,7 +236,7 @@ func TestSettleRecord(t *testing.T) {
 				t.Errorf("after settling again: %s, done %d; want succeeded, 1", st, done)
 			}
 			// No such movement: ErrNotFound, and the record does not commit.
-			if _, err := settle("w9", "a3"); !errors.Is(err, sqlstore.ErrNotFound) {
+			if _, err := settle("w9", "a3"); !errors.Is(err, app.ErrNotFound) {
 				t.Errorf("SettleWithdrawal of no movement = %v; want ErrNotFound", err)
 			}
 			if _, done := state("w2", "a3"); done != 0 {

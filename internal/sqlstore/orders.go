@@ -35,12 +35,12 @@ func (s *Store) CreateOrder(ctx context.Context, o app.Order) (got app.Order, cr
 	return o, err == nil, err
 }
 
-// OrderByID returns a user's order; another user's is ErrNotFound.
+// OrderByID returns a user's order; another user's is app.ErrNotFound.
 func (s *Store) OrderByID(ctx context.Context, userID, id string) (o app.Order, err error) {
 	defer s.timed("order", time.Now(), &err)
 	o, err = scanOrder(s.db.QueryRowContext(ctx, s.q(`SELECT `+orderColumns+` FROM orders WHERE id = ? AND user_id = ?`), id, userID))
 	if errors.Is(err, sql.ErrNoRows) {
-		return app.Order{ID: id, UserID: userID}, ErrNotFound
+		return app.Order{ID: id, UserID: userID}, app.ErrNotFound
 	}
 	return o, err
 }
@@ -68,12 +68,12 @@ func (s *Store) Orders(ctx context.Context, userID string, limit int) (out []app
 // for the same order returns the first payment, created false, while the
 // same key for another order is another request, as the API scopes keys by
 // path; and paid_order_id, UNIQUE: a second successful payment of the
-// order is ErrAlreadyPaid), the debit (ErrInsufficientFunds, nothing
+// order is app.ErrAlreadyPaid), the debit (app.ErrInsufficientFunds, nothing
 // changed), the order's status, the ledger entry. Another user's order is
-// ErrNotFound.
+// app.ErrNotFound.
 //
 // fence is the fencing token of the caller's lock on the order (0: none);
-// the order refuses an older one than it accepted (ErrStaleFence).
+// the order refuses an older one than it accepted (app.ErrStaleFence).
 func (s *Store) PayOrder(ctx context.Context, p app.Payment, fence int64) (got app.Payment, created bool, err error) {
 	defer s.timed("pay_order", time.Now(), &err)
 	o, err := s.OrderByID(ctx, p.UserID, p.OrderID)
@@ -106,7 +106,7 @@ func (s *Store) PayOrder(ctx context.Context, p app.Payment, fence int64) (got a
 			existing.Amount, existing.Status, existing.CreatedAt = money.Amount(amount), app.Status(status), at(created)
 			return existing, false, nil
 		case errors.Is(qerr, sql.ErrNoRows): // another key's payment has the order
-			return p, false, ErrAlreadyPaid
+			return p, false, app.ErrAlreadyPaid
 		}
 		return p, false, qerr // not known: not said to be paid
 	}
@@ -121,7 +121,7 @@ func (s *Store) PayOrder(ctx context.Context, p app.Payment, fence int64) (got a
 	if n, err := res.RowsAffected(); err != nil {
 		return p, false, err
 	} else if n == 0 {
-		return p, false, ErrStaleFence // not 'created' any more is impossible here: paid_order_id is UNIQUE
+		return p, false, app.ErrStaleFence // not 'created' any more is impossible here: paid_order_id is UNIQUE
 	}
 	if err := s.ledger(ctx, tx, p.UserID, app.EntryPayment, -p.Amount, after, p.ID, now); err != nil {
 		return p, false, err

@@ -14,16 +14,6 @@ import (
 	"github.com/onceguard/onceguard/internal/sqldb"
 )
 
-// The errors are the domain's; an error meaning the database could not
-// answer wraps app.ErrUnavailable.
-var (
-	ErrStaleFence        = app.ErrStaleFence
-	ErrInsufficientFunds = app.ErrInsufficientFunds
-	ErrUsernameTaken     = app.ErrUsernameTaken
-	ErrNotFound          = app.ErrNotFound
-	ErrAlreadyPaid       = app.ErrAlreadyPaid
-)
-
 // Store runs the service's operations, one transaction each; it implements app.Store.
 type Store struct {
 	db *sql.DB

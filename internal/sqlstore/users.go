@@ -20,7 +20,7 @@ func (s *Store) CreateUser(ctx context.Context, u app.User, currency string) (er
 	now := us(u.CreatedAt)
 	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (id, username, password_hash, created_at) VALUES (?, ?, ?, ?)`), u.ID, u.Username, u.PasswordHash, now); err != nil {
 		if duplicate(err) {
-			return ErrUsernameTaken
+			return app.ErrUsernameTaken
 		}
 		return err
 	}
@@ -30,13 +30,13 @@ func (s *Store) CreateUser(ctx context.Context, u app.User, currency string) (er
 	return tx.Commit()
 }
 
-// UserByName returns the user with username, or ErrNotFound.
+// UserByName returns the user with username, or app.ErrNotFound.
 func (s *Store) UserByName(ctx context.Context, username string) (u app.User, err error) {
 	defer s.timed("user_by_name", time.Now(), &err)
 	u.Username = username
 	err = s.db.QueryRowContext(ctx, s.q(`SELECT id, password_hash FROM users WHERE username = ?`), username).Scan(&u.ID, &u.PasswordHash)
 	if errors.Is(err, sql.ErrNoRows) {
-		return u, ErrNotFound
+		return u, app.ErrNotFound
 	}
 	return u, err
 }
@@ -48,14 +48,14 @@ func (s *Store) CreateSession(ctx context.Context, tokenHash, userID string, exp
 	return err
 }
 
-// SessionUser returns the user of a live session, or ErrNotFound (unknown,
+// SessionUser returns the user of a live session, or app.ErrNotFound (unknown,
 // expired or deleted).
 func (s *Store) SessionUser(ctx context.Context, tokenHash string, now time.Time) (u app.User, err error) {
 	defer s.timed("session_user", time.Now(), &err)
 	err = s.db.QueryRowContext(ctx, s.q(`SELECT u.id, u.username FROM sessions s JOIN users u ON u.id = s.user_id WHERE s.token_hash = ? AND s.expires_at > ?`), tokenHash, us(now)).
 		Scan(&u.ID, &u.Username)
 	if errors.Is(err, sql.ErrNoRows) {
-		return u, ErrNotFound
+		return u, app.ErrNotFound
 	}
 	return u, err
 }
