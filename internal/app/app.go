@@ -85,12 +85,6 @@ func (s *Service) KeyLease() time.Duration { return s.cfg.KeyLease }
 // RequestTimeout is a keyed request's deadline.
 func (s *Service) RequestTimeout() time.Duration { return s.cfg.RequestTimeout }
 
-// MaxAmount is the largest amount one request may move.
-func (s *Service) MaxAmount() money.Amount { return s.cfg.MaxAmount }
-
-// Currency is the accounts' currency.
-func (s *Service) Currency() string { return s.cfg.Currency }
-
 func newID(prefix string) string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
@@ -125,13 +119,13 @@ func (s *Service) logger(ctx context.Context) *slog.Logger { return Logger(ctx, 
 
 // audit writes the one line per money request (who, what, amount, key hash, outcome);
 // by names who settled it when not the request.
-func (s *Service) audit(ctx context.Context, kind, id, userID, key string, amount money.Amount, outcome string, by string) {
+func (s *Service) audit(ctx context.Context, kind, id, userID, key string, amount money.Amount, outcome Outcome, by string) {
 	attrs := []any{"audit", true, "kind", kind, "id", id, "user_id", userID,
-		"amount", amount.String(), "currency", s.cfg.Currency, "key_hash", Hash(key), "outcome", outcome}
+		"amount", amount.String(), "currency", s.cfg.Currency, "key_hash", Hash(key), "outcome", string(outcome)}
 	if by != "" {
 		attrs = append(attrs, "by", by)
 	} else if s.cfg.Metrics != nil {
-		s.cfg.Metrics.CountMoney(kind, outcome)
+		s.cfg.Metrics.CountMoney(kind, string(outcome))
 	}
 	s.logger(ctx).Info("money", attrs...)
 }

@@ -70,10 +70,10 @@ func (s *Service) Withdraw(ctx context.Context, req MoveRequest) (Movement, erro
 	})
 	switch {
 	case errors.Is(err, errLock), errors.Is(err, ErrStaleFence):
-		s.audit(ctx, string(Withdrawal), "", req.UserID, req.Key, req.Amount, string(OutcomeBusy), "")
+		s.audit(ctx, string(Withdrawal), "", req.UserID, req.Key, req.Amount, OutcomeBusy, "")
 		return Movement{}, busy(err)
 	case errors.Is(err, ErrInsufficientFunds):
-		s.audit(ctx, string(Withdrawal), "", req.UserID, req.Key, req.Amount, string(OutcomeInsufficientFunds), "")
+		s.audit(ctx, string(Withdrawal), "", req.UserID, req.Key, req.Amount, OutcomeInsufficientFunds, "")
 		return Movement{}, &Error{Code: CodeInsufficientFunds, Message: "the balance does not cover this withdrawal; nothing changed"}
 	case err != nil:
 		return Movement{}, err
@@ -108,7 +108,7 @@ func (s *Service) pay(ctx context.Context, m Movement, rec *KeyRecord) (Movement
 			return settled, nil // moved, or settled meanwhile by the reconciler, which said so
 		}
 	}
-	s.audit(ctx, string(m.Kind), m.ID, m.UserID, m.Key, m.Amount, string(m.Status), "")
+	s.audit(ctx, string(m.Kind), m.ID, m.UserID, m.Key, m.Amount, Outcome(m.Status), "")
 	return m, nil
 }
 
@@ -131,7 +131,7 @@ func (s *Service) settle(ctx context.Context, m Movement, rec *KeyRecord, by str
 	if err != nil || !moved {
 		return false, err
 	}
-	s.audit(ctx, string(m.Kind), m.ID, m.UserID, m.Key, m.Amount, string(m.Status), by)
+	s.audit(ctx, string(m.Kind), m.ID, m.UserID, m.Key, m.Amount, Outcome(m.Status), by)
 	return true, nil
 }
 

@@ -71,22 +71,22 @@ func (s *Service) Pay(ctx context.Context, req PayRequest) (Payment, error) {
 	kind := "payment"
 	switch {
 	case errors.Is(err, lock.ErrNotAcquired):
-		s.audit(ctx, kind, "", req.UserID, req.Key, 0, string(OutcomeInProgress), "")
+		s.audit(ctx, kind, "", req.UserID, req.Key, 0, OutcomeInProgress, "")
 		return Payment{}, &Error{Code: CodePaymentInProgress, Message: "another payment of this order is being processed; retry shortly", Err: err}
 	case errors.Is(err, errLock), errors.Is(err, ErrStaleFence):
-		s.audit(ctx, kind, "", req.UserID, req.Key, p.Amount, string(OutcomeBusy), "")
+		s.audit(ctx, kind, "", req.UserID, req.Key, p.Amount, OutcomeBusy, "")
 		return Payment{}, busy(err)
 	case errors.Is(err, ErrNotFound):
 		return Payment{}, ErrNotFound
 	case errors.Is(err, ErrAlreadyPaid):
-		s.audit(ctx, kind, "", req.UserID, req.Key, p.Amount, string(OutcomeAlreadyPaid), "")
+		s.audit(ctx, kind, "", req.UserID, req.Key, p.Amount, OutcomeAlreadyPaid, "")
 		return Payment{}, ErrAlreadyPaid
 	case errors.Is(err, ErrInsufficientFunds):
-		s.audit(ctx, kind, "", req.UserID, req.Key, p.Amount, string(OutcomeInsufficientFunds), "")
+		s.audit(ctx, kind, "", req.UserID, req.Key, p.Amount, OutcomeInsufficientFunds, "")
 		return Payment{}, &Error{Code: CodeInsufficientFunds, Message: "the balance does not cover this payment; nothing changed"}
 	case err != nil:
 		return Payment{}, err
 	}
-	s.audit(ctx, kind, p.ID, req.UserID, req.Key, p.Amount, string(OutcomePaid), "")
+	s.audit(ctx, kind, p.ID, req.UserID, req.Key, p.Amount, OutcomePaid, "")
 	return p, nil
 }
