@@ -30,21 +30,12 @@ func jsonCheck(next http.Handler) http.Handler {
 	})
 }
 
-// csrfSafe tells whether a request may act on its session cookie. A
-// state-changing request that carries the cookie and no Authorization
-// header must be same-origin (Sec-Fetch-Site, and Origin's scheme and
-// host, when the browser sends them) and JSON: a cross-site HTML form
-// cannot send application/json, and a cross-site fetch that does needs a
-// CORS preflight, which this service never grants. SameSite=Strict already
-// keeps the cookie off cross-site requests; this is the second wall (for
-// same-site subdomains and old browsers). Bearer requests carry no ambient
-// credential and pass.
-//
-// Signing in sets the cookie, so a sign-in a browser sends from another
-// site is refused too, cookie or not (login CSRF); so is a sign-up, which
-// a foreign page could otherwise send from its visitors' addresses.
-// Browsers name such a request's site (Sec-Fetch-Site) or origin (Origin,
-// sent on every cross-origin POST); other clients send neither and pass.
+// csrfSafe tells whether a state-changing request may act on its session
+// cookie: only same-origin and as JSON, which a cross-site form cannot send
+// and a cross-site fetch cannot without a preflight this service never
+// grants; Bearer requests carry no ambient credential and pass. Sign-ins
+// and sign-ups must be same-origin, cookie or not (login CSRF, and sign-ups
+// sent from a foreign page's visitors).
 func csrfSafe(r *http.Request) bool {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
@@ -110,13 +101,10 @@ func bearer(r *http.Request) (string, bool) {
 	return tok, true
 }
 
-// requestScheme is the scheme the client used, when it is known: https
-// on a TLS connection, else what a TLS-terminating proxy in front says, in
-// X-Forwarded-Proto (its first value) or in RFC 7239's Forwarded (the
-// first element's proto). A proxy that says neither leaves it unknown,
-// and then only the Origin's host is compared. The headers are trusted for
-// this comparison and the cookie's Secure flag only: a cross-site page
-// cannot set them without a CORS preflight, which this service never grants.
+// requestScheme is the scheme the client used, when known: https on TLS,
+// else X-Forwarded-Proto's first value or Forwarded's first proto. The
+// headers are trusted for the origin check and the cookie only: a
+// cross-site page cannot set them without a preflight.
 func requestScheme(r *http.Request) (scheme string, known bool) {
 	if r.TLS != nil {
 		return "https", true

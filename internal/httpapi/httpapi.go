@@ -1,3 +1,6 @@
+// Package httpapi is the reference service's HTTP layer (the contract of
+// docs/api.md): it decodes a request, calls app.Service and encodes the
+// answer, or maps the error through one code table.
 package httpapi
 
 import (
@@ -26,40 +29,29 @@ type Config struct {
 	Metrics      *obs.Metrics                // served at /metrics and updated (nil: none)
 	Logger       *slog.Logger                // request lines (nil: none)
 
-	// RateLimit is the requests a second one client address may send
-	// (RateBurst at once); over it, 429 rate_limited. 0: no limit.
+	// RateLimit is the requests a second one client address may send, RateBurst at once (0: no limit).
 	RateLimit float64
 	RateBurst int
-	// LoginAttempts is how many failed sign-ins one username may have from
-	// one address in 15 minutes before it gets 429 too_many_attempts until
-	// the window ends; an address gets 4 times as many over all usernames,
-	// a username 10 times as many over all addresses, except from an
-	// address with no failure of its own or a pair that signed in before
-	// (so that no one can lock an owner out). 0: 5; negative: off.
+	// LoginAttempts is how many failed sign-ins one (username, address) may have in 15 minutes,
+	// an address 4 and a username 10 times as many; 0: 5, negative: off.
+	// The username's limit spares an address with no failure and a pair that signed in before,
+	// so that no one can lock an owner out.
 	LoginAttempts int
-	// SignupLimit is how many sign-ups one client address may make in an
-	// hour before it gets 429 too_many_signups until the hour ends. Every
-	// sign-up that reaches the password hash counts, a taken username
-	// too; malformed ones cost nothing and do not. 0: 100; negative: off.
+	// SignupLimit is how many sign-ups that reach the password hash one address may make in an
+	// hour (0: 100, negative: off).
 	SignupLimit int
-	// ClientIPHeader names a header a trusted proxy in front sets to the
-	// client's address (its last value counts), for the limits. Default:
-	// the connection's remote address.
+	// ClientIPHeader names the header a trusted proxy sets to the client's address, for the
+	// limits (its last value counts; "": the connection's address).
 	ClientIPHeader string
-	// SecureCookies marks the session cookie Secure on every sign-in.
-	// Without it the cookie is Secure when the request came over TLS, or
-	// through a proxy that says so (X-Forwarded-Proto or Forwarded:
-	// proto=https): set it when the service is reached only over TLS
-	// through a proxy that sends neither.
+	// SecureCookies marks the session cookie Secure on every sign-in, not only on requests that
+	// came over TLS or through a proxy that says so.
 	SecureCookies bool
 	Web           http.Handler // serves / and /static/... (nil: 404)
 }
 
-// A Component is one part /readyz reports besides the database. Check
-// returns its status ("ok", "not configured", the lock backend serving,
-// or what is wrong) and whether that is healthy; an unhealthy one makes
-// the service degraded, still ready: the database is the only part it
-// cannot serve without.
+// A Component is one part /readyz reports besides the database; an
+// unhealthy one makes the service degraded, still ready, as only the
+// database is needed to serve.
 type Component struct {
 	Name  string
 	Check func(context.Context) (status string, healthy bool)
