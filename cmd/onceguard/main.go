@@ -143,9 +143,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return fmt.Errorf("--key-lease %v: want at least 10ms", c.keyLease)
 	}
 	if c.requestTimeout == 0 {
-		c.requestTimeout = c.keyLease * 3 / 5
+		c.requestTimeout = app.DefaultRequestTimeout(c.keyLease)
 	}
-	if c.requestTimeout < 0 || c.requestTimeout+c.requestTimeout/4 >= c.keyLease {
+	if !app.FitsLease(c.requestTimeout, c.keyLease) {
 		return fmt.Errorf("--request-timeout %v, --key-lease %v: a keyed request (its deadline, then up to a quarter of it to record its settlement) must end inside its key's lease; want request-timeout x 1.25 < key-lease", c.requestTimeout, c.keyLease)
 	}
 	if c.lockTTL < 100*time.Millisecond {

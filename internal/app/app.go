@@ -51,6 +51,13 @@ type Config struct {
 	Metrics interface{ CountMoney(kind, outcome string) }
 }
 
+// DefaultRequestTimeout is a keyed request's deadline under a key lease of lease: 3/5 of it.
+func DefaultRequestTimeout(lease time.Duration) time.Duration { return lease * 3 / 5 }
+
+// FitsLease reports whether a keyed request's deadline rt, with a quarter of it more to record
+// its settlement, ends inside its key's lease, so that a retry never runs it a second time.
+func FitsLease(rt, lease time.Duration) bool { return rt > 0 && rt+rt/4 < lease }
+
 // Service runs the operations; it is safe for concurrent use.
 type Service struct {
 	cfg       Config
@@ -66,8 +73,8 @@ func New(cfg Config) *Service {
 	if cfg.KeyLease <= 0 {
 		cfg.KeyLease = 30 * time.Second
 	}
-	if rt := cfg.RequestTimeout; rt <= 0 || rt+rt/4 >= cfg.KeyLease {
-		cfg.RequestTimeout = cfg.KeyLease * 3 / 5
+	if !FitsLease(cfg.RequestTimeout, cfg.KeyLease) {
+		cfg.RequestTimeout = DefaultRequestTimeout(cfg.KeyLease)
 	}
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = 24 * time.Hour
