@@ -56,6 +56,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/faultproxy"
@@ -1521,7 +1522,7 @@ type chaosFailingComplete struct {
 	failures atomic.Int64
 }
 
-func (s *chaosFailingComplete) Complete(ctx context.Context, id, lease string, resp idempotency.Response, now time.Time) error {
+func (s *chaosFailingComplete) Complete(ctx context.Context, id, lease string, resp idemstore.Response, now time.Time) error {
 	if s.failures.Add(-1) >= 0 {
 		return fmt.Errorf("%w: read tcp: connection reset by peer", idempotency.ErrUnavailable)
 	}

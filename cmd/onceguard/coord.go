@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
@@ -33,7 +33,7 @@ import (
 //     still, so that it survives Redis losing its data or its first node.
 type coordination struct {
 	locks    *lock.Locker
-	windows  idempotency.WindowStore
+	windows  idemstore.WindowStore
 	breaker  *fallback.Backend // nil without --redis
 	clients  []*redis.Client
 	describe string
@@ -62,7 +62,7 @@ const redisTimeout = 500 * time.Millisecond
 // timeDB, if not nil, wraps the database lock backend (to time its calls).
 // Leases are renewed automatically (lopts.AutoRenew is set), so the TTL
 // only bounds how long a crashed holder blocks others.
-func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idempotency.WindowStore, timeDB func(lock.Backend) lock.Backend, lopts lock.Options, fopts *fallback.Options) (*coordination, error) {
+func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idemstore.WindowStore, timeDB func(lock.Backend) lock.Backend, lopts lock.Options, fopts *fallback.Options) (*coordination, error) {
 	lopts.AutoRenew = true
 	c := &coordination{windows: dbWindows, secondaryName: "memory"}
 	var secondary lock.Backend

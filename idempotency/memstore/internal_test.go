@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/token"
 )
 
@@ -30,10 +31,10 @@ func TestHeaderKept(t *testing.T) {
 	} {
 		s := &Store{}
 		id := idempotency.RecordID(idempotency.Scope{}, fmt.Sprint(i))
-		req := idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}
+		req := idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}
 		res, _ := s.Begin(ctx, req)
 		in := h.Clone()
-		if err := s.Complete(ctx, id, res.Lease, idempotency.Response{Status: 201, Header: in, Body: []byte("b")}, now); err != nil {
+		if err := s.Complete(ctx, id, res.Lease, idemstore.Response{Status: 201, Header: in, Body: []byte("b")}, now); err != nil {
 			t.Fatal(err)
 		}
 		for k := range in { // the caller's header is the caller's
@@ -44,7 +45,7 @@ func TestHeaderKept(t *testing.T) {
 		}
 		for range 2 {
 			got, err := s.Begin(ctx, req)
-			if err != nil || got.Outcome != idempotency.Replay {
+			if err != nil || got.Outcome != idemstore.Replay {
 				t.Fatalf("Begin = %+v, %v", got, err)
 			}
 			g := got.Record.Response.Header
@@ -63,13 +64,13 @@ func TestHeaderKept(t *testing.T) {
 		if a, b := got1(t, s, req).Record, got1(t, s, req).Record; a != b {
 			t.Errorf("two replays made two Records (%p, %p); want one, shared", a, b)
 		}
-		if got := got1(t, s, req).Record; got.ID != id || got.Fingerprint != "fp" || got.State != idempotency.Completed || got.Response.Status != 201 || string(got.Response.Body) != "b" {
+		if got := got1(t, s, req).Record; got.ID != id || got.Fingerprint != "fp" || got.State != idemstore.Completed || got.Response.Status != 201 || string(got.Response.Body) != "b" {
 			t.Errorf("record %+v", got)
 		}
 	}
 }
 
-func got1(t *testing.T, s *Store, req idempotency.BeginRequest) idempotency.BeginResult {
+func got1(t *testing.T, s *Store, req idemstore.BeginRequest) idemstore.BeginResult {
 	res, err := s.Begin(t.Context(), req)
 	if err != nil {
 		t.Fatal(err)
@@ -119,9 +120,9 @@ func TestPruned(t *testing.T) {
 	s, ctx, now := &Store{}, t.Context(), time.Now()
 	for i := range 100 {
 		id := idempotency.RecordID(idempotency.Scope{}, fmt.Sprint(i))
-		res, _ := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Second, TTL: time.Minute, Now: now})
+		res, _ := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Second, TTL: time.Minute, Now: now})
 		if i%2 == 0 {
-			_ = s.Complete(ctx, id, res.Lease, idempotency.Response{Status: 200}, now)
+			_ = s.Complete(ctx, id, res.Lease, idemstore.Response{Status: 200}, now)
 		}
 		_, _ = s.ClaimWindow(ctx, id, "o", time.Minute, now)
 	}
@@ -142,8 +143,8 @@ func TestSweepKeepsExtended(t *testing.T) {
 	if err := s.PutToken(ctx, token.Record{Hash: "h", Subject: "u", Purpose: "p", ExpiresAt: now.Add(5 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
-	claim := &idempotency.TokenClaim{Hash: "h", Subject: "u", Purpose: "p", Scope: "s"}
-	if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: "r", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim, Now: now}); err != nil {
+	claim := &idemstore.TokenClaim{Hash: "h", Subject: "u", Purpose: "p", Scope: "s"}
+	if _, err := s.Begin(ctx, idemstore.BeginRequest{ID: "r", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim, Now: now}); err != nil {
 		t.Fatal(err)
 	}
 	// Windows: a claimed at now for 10s; b takes it over once it expired.
@@ -158,7 +159,7 @@ func TestSweepKeepsExtended(t *testing.T) {
 	if left, _ := s.ClaimWindow(ctx, "w", "c", 10*time.Second, later); left <= 0 {
 		t.Errorf("claim inside b's window = %v left; want > 0 (b's entry swept by a's deadline?)", left)
 	}
-	if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: "x", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now.Add(10 * time.Minute)}); err != nil {
+	if _, err := s.Begin(ctx, idemstore.BeginRequest{ID: "x", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now.Add(10 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
 	if rec, err := s.GetToken(ctx, "h"); err != nil || rec.Scope != "s" {
@@ -225,17 +226,17 @@ func TestTakeOverLease(t *testing.T) {
 	var s Store
 	ctx := t.Context()
 	now := time.Unix(1_700_000_000, 0)
-	req := idempotency.BeginRequest{ID: "a", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: now}
+	req := idemstore.BeginRequest{ID: "a", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: now}
 	first, err := s.Begin(ctx, req)
-	if err != nil || first.Outcome != idempotency.Started {
+	if err != nil || first.Outcome != idemstore.Started {
 		t.Fatalf("first Begin: %+v, %v", first, err)
 	}
 	req.Now = now.Add(2 * time.Second)
 	second, err := s.Begin(ctx, req)
-	if err != nil || second.Outcome != idempotency.Started || !second.Recovered || second.Lease == first.Lease {
+	if err != nil || second.Outcome != idemstore.Started || !second.Recovered || second.Lease == first.Lease {
 		t.Fatalf("Begin after the lease: %+v, %v; want a take-over with a new lease", second, err)
 	}
-	resp := idempotency.Response{Status: 201, Body: []byte("x")}
+	resp := idemstore.Response{Status: 201, Body: []byte("x")}
 	if err := s.Complete(ctx, "a", first.Lease, resp, req.Now); err != idempotency.ErrLeaseLost {
 		t.Fatalf("Complete with the crashed holder's lease: %v; want ErrLeaseLost", err)
 	}
@@ -246,7 +247,7 @@ func TestTakeOverLease(t *testing.T) {
 		t.Fatalf("Complete again: %v; want ErrLeaseLost", err)
 	}
 	got, err := s.Begin(ctx, req)
-	if err != nil || got.Outcome != idempotency.Replay || got.Record.Lease != "" || string(got.Record.Response.Body) != "x" {
+	if err != nil || got.Outcome != idemstore.Replay || got.Record.Lease != "" || string(got.Record.Response.Body) != "x" {
 		t.Fatalf("Begin after completion: %+v, %v; want a replay of x without a lease", got, err)
 	}
 }

@@ -21,10 +21,11 @@ import (
 	"unsafe"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/token"
 )
 
-// Store implements idempotency.FullStore. A zero Store is ready to use; it
+// Store implements idemstore.FullStore. A zero Store is ready to use; it
 // must not be copied after first use. It is safe for concurrent use.
 type Store struct {
 	mu      sync.Mutex
@@ -36,7 +37,7 @@ type Store struct {
 }
 
 // entry is a key's record, with its answer once completed: the fields of
-// an idempotency.Record, in one allocation with room for its lease and a
+// an idemstore.Record, in one allocation with room for its lease and a
 // header of one value. Times are Unix nanoseconds: no pointer to a
 // time.Location per record. What few records need is in more, so that a
 // record fits a 160-byte size class.
@@ -54,7 +55,7 @@ type entry struct {
 	more   *more     // made for a take-over, a rare header or the first replay
 
 	status   int32
-	state    uint8 // an idempotency.State
+	state    uint8 // an idemstore.State
 	noHdr    bool  // the header was nil
 	one      bool  // the header's one pair is inline
 	gone     bool  // removed from the record map: its deadline is void
@@ -63,10 +64,10 @@ type entry struct {
 
 // more is what few entries need.
 type more struct {
-	lease  string              // a take-over's lease ("": leaseBuf's, see curLease)
-	pairs  []string            // the header's name, value pairs, each name's together
-	bare   []bare              // header names without values
-	replay *idempotency.Record // made on the first replay
+	lease  string            // a take-over's lease ("": leaseBuf's, see curLease)
+	pairs  []string          // the header's name, value pairs, each name's together
+	bare   []bare            // header names without values
+	replay *idemstore.Record // made on the first replay
 }
 
 func (e *entry) ensureMore() *more {
@@ -81,22 +82,22 @@ type bare struct {
 	isNil bool
 }
 
-// record returns e as an idempotency.Record. A completed entry no longer
+// record returns e as an idemstore.Record. A completed entry no longer
 // changes: its Record is made once, on its first replay, and shared by
 // every replay after it (read-only, as Store.Begin says).
-func (e *entry) record(id string) *idempotency.Record {
+func (e *entry) record(id string) *idemstore.Record {
 	if e.more != nil && e.more.replay != nil {
 		return e.more.replay
 	}
 	c := &struct {
-		rec  idempotency.Record
-		resp idempotency.Response
-	}{rec: idempotency.Record{
-		ID: id, Fingerprint: e.fp, State: idempotency.State(e.state), Lease: e.curLease(),
+		rec  idemstore.Record
+		resp idemstore.Response
+	}{rec: idemstore.Record{
+		ID: id, Fingerprint: e.fp, State: idemstore.State(e.state), Lease: e.curLease(),
 		LeaseUntil: time.Unix(0, e.leaseUntil), ExpiresAt: time.Unix(0, e.expiresAt), TokenHash: e.tokenHash,
 	}}
 	if e.state == completed {
-		c.resp = idempotency.Response{Status: int(e.status), Header: e.header(), Body: e.body}
+		c.resp = idemstore.Response{Status: int(e.status), Header: e.header(), Body: e.body}
 		c.rec.Response = &c.resp
 		e.ensureMore().replay = &c.rec
 	}
@@ -408,7 +409,7 @@ type window struct {
 	expires time.Time
 }
 
-var _ idempotency.FullStore = (*Store)(nil)
+var _ idemstore.FullStore = (*Store)(nil)
 
 func (s *Store) init(now time.Time) {
 	if s.tokens == nil {
@@ -444,10 +445,10 @@ func (s *Store) Len() (records, tokens, windows int) {
 	return s.records.n, len(s.tokens), len(s.windows)
 }
 
-// Begin implements idempotency.Store.
-func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempotency.BeginResult, error) {
+// Begin implements idemstore.Store.
+func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
 	if err := ctx.Err(); err != nil {
-		return idempotency.BeginResult{}, err
+		return idemstore.BeginResult{}, err
 	}
 	k := r.ID
 	s.mu.Lock()
@@ -463,7 +464,7 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 	case rec == nil:
 		if r.Token != nil {
 			if _, err := s.bind(r.Token.Hash, r.Token.Subject, r.Token.Purpose, r.Token.Scope, r.Now, r.Now.Add(r.TTL)); err != nil {
-				return idempotency.BeginResult{}, err
+				return idemstore.BeginResult{}, err
 			}
 		}
 		rec = &entry{id: k, fp: r.Fingerprint, state: inFlight, leaseUntil: now + int64(r.Lease), expiresAt: now + int64(r.TTL)}
@@ -473,13 +474,13 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 		}
 		s.records.put(sl, rec)
 		s.expiry.pushRecord(rec, r.Now.Add(r.TTL))
-		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, nil
+		return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease}, nil
 	case rec.fp != r.Fingerprint:
-		return idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: rec.record(r.ID)}, nil
+		return idemstore.BeginResult{Outcome: idemstore.Mismatch, Record: rec.record(r.ID)}, nil
 	case rec.state == completed:
-		return idempotency.BeginResult{Outcome: idempotency.Replay, Record: rec.record(r.ID)}, nil
+		return idemstore.BeginResult{Outcome: idemstore.Replay, Record: rec.record(r.ID)}, nil
 	case now < rec.leaseUntil:
-		return idempotency.BeginResult{Outcome: idempotency.InProgress, Record: rec.record(r.ID)}, nil
+		return idemstore.BeginResult{Outcome: idemstore.InProgress, Record: rec.record(r.ID)}, nil
 	}
 	// In flight, but its holder stopped renewing (crashed): take it over.
 	// A string of its own: the crashed holder's lease, which aliases
@@ -487,11 +488,11 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 	var buf [leaseLen]byte
 	lease := strings.Clone(s.newLease(&buf))
 	rec.ensureMore().lease, rec.leaseUntil = lease, now+int64(r.Lease)
-	return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease, Recovered: true}, nil
+	return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease, Recovered: true}, nil
 }
 
-// Complete implements idempotency.Store. It keeps a copy of resp.
-func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency.Response, now time.Time) error {
+// Complete implements idemstore.Store. It keeps a copy of resp.
+func (s *Store) Complete(ctx context.Context, id, lease string, resp idemstore.Response, now time.Time) error {
 	k := id
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -505,7 +506,7 @@ func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency
 	return nil
 }
 
-// Abandon implements idempotency.Store.
+// Abandon implements idemstore.Store.
 func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 	k := id
 	s.mu.Lock()
@@ -524,7 +525,7 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 	return nil
 }
 
-// ClaimWindow implements idempotency.WindowStore.
+// ClaimWindow implements idemstore.WindowStore.
 func (s *Store) ClaimWindow(ctx context.Context, id, owner string, d time.Duration, now time.Time) (time.Duration, error) {
 	k := id
 	s.mu.Lock()
@@ -534,7 +535,7 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, d time.Durati
 		if w.owner == owner {
 			return 0, nil
 		}
-		if idempotency.WindowRecord(w.owner) == idempotency.WindowRecord(owner) {
+		if idemstore.WindowRecord(w.owner) == idemstore.WindowRecord(owner) {
 			s.windows[k] = window{owner: owner, expires: w.expires}
 			return 0, nil
 		}
@@ -546,7 +547,7 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, d time.Durati
 	return 0, nil
 }
 
-// FreeWindow implements idempotency.WindowStore.
+// FreeWindow implements idemstore.WindowStore.
 func (s *Store) FreeWindow(ctx context.Context, id, owner string) error {
 	k := id
 	s.mu.Lock()
@@ -618,10 +619,10 @@ func (s *Store) UnbindToken(ctx context.Context, hash, scope string) error {
 	return nil
 }
 
-// The states of an entry, as idempotency.State values in a byte.
+// The states of an entry, as idemstore.State values in a byte.
 const (
-	inFlight  = uint8(idempotency.InFlight)
-	completed = uint8(idempotency.Completed)
+	inFlight  = uint8(idemstore.InFlight)
+	completed = uint8(idemstore.Completed)
 )
 
 // leaseLen is the length of a lease id: 8 random bytes in hex.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
 	"github.com/onceguard/onceguard/internal/dbtest"
@@ -47,7 +48,7 @@ func TestStore(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			storetest.Run(t, func(*testing.T) idempotency.FullStore { return s })
+			storetest.Run(t, func(*testing.T) idemstore.FullStore { return s })
 		})
 	}
 }
@@ -60,17 +61,17 @@ func TestCompleteTx(t *testing.T) {
 			s, db := d.store(t)
 			ctx, now := context.Background(), time.Now()
 			id := idempotency.RecordID(idempotency.Scope{Principal: t.Name()}, now.String())
-			res, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
-			if err != nil || res.Outcome != idempotency.Started {
+			res, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+			if err != nil || res.Outcome != idemstore.Started {
 				t.Fatalf("Begin = %+v, %v", res, err)
 			}
-			resp := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`)}
+			resp := idemstore.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`)}
 			tx, _ := db.BeginTx(ctx, nil)
 			if err := s.CompleteTx(ctx, tx, id, res.Lease, resp); err != nil {
 				t.Fatalf("CompleteTx = %v", err)
 			}
 			_ = tx.Rollback()
-			if got, _ := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}); got.Outcome != idempotency.InProgress {
+			if got, _ := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}); got.Outcome != idemstore.InProgress {
 				t.Errorf("after a rolled back CompleteTx: %v; want InProgress", got.Outcome)
 			}
 			tx, _ = db.BeginTx(ctx, nil)
@@ -80,7 +81,7 @@ func TestCompleteTx(t *testing.T) {
 			if err := tx.Commit(); err != nil {
 				t.Fatal(err)
 			}
-			if got, _ := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}); got.Outcome != idempotency.Replay {
+			if got, _ := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}); got.Outcome != idemstore.Replay {
 				t.Errorf("after a committed CompleteTx: %v; want Replay", got.Outcome)
 			}
 			tx, _ = db.BeginTx(ctx, nil)
@@ -96,7 +97,7 @@ func TestClosedDatabase(t *testing.T) {
 	db := openSQLite(t)
 	s, _ := sqlstore.New(db, sqlstore.SQLite, nil)
 	_ = db.Close()
-	_, err := s.Begin(context.Background(), idempotency.BeginRequest{ID: "x", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: time.Now()})
+	_, err := s.Begin(context.Background(), idemstore.BeginRequest{ID: "x", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: time.Now()})
 	if !errors.Is(err, idempotency.ErrUnavailable) {
 		t.Errorf("Begin on a closed DB = %v; want ErrUnavailable", err)
 	}

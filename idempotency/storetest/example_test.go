@@ -7,7 +7,7 @@ import (
 
 	_ "modernc.org/sqlite" // driver "sqlite"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
@@ -18,7 +18,7 @@ import (
 func ExampleRun() {
 	// func TestStore(t *testing.T), in the store's _test.go file:
 	testStore := func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) idempotency.FullStore { return &memstore.Store{} })
+		storetest.Run(t, func(t *testing.T) idemstore.FullStore { return &memstore.Store{} })
 	}
 	_ = testStore
 }
@@ -39,7 +39,7 @@ func ExampleRun_sharedDatabase() {
 		if err != nil {
 			t.Fatal(err)
 		}
-		storetest.Run(t, func(*testing.T) idempotency.FullStore { return s })
+		storetest.Run(t, func(*testing.T) idemstore.FullStore { return s })
 	}
 	_ = testStore
 }

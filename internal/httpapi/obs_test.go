@@ -25,6 +25,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/money"
@@ -81,9 +82,9 @@ type faultKeys struct {
 	down atomic.Bool
 }
 
-func (f *faultKeys) Begin(ctx context.Context, r idempotency.BeginRequest) (idempotency.BeginResult, error) {
+func (f *faultKeys) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
 	if f.down.Load() {
-		return idempotency.BeginResult{}, fmt.Errorf("fault: %w", idempotency.ErrUnavailable)
+		return idemstore.BeginResult{}, fmt.Errorf("fault: %w", idempotency.ErrUnavailable)
 	}
 	return f.KeyStore.Begin(ctx, r)
 }

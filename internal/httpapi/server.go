@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/auth"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/obs"
@@ -36,8 +37,8 @@ import (
 // Config wires the service's parts.
 type Config struct {
 	Store        *sqlstore.Store
-	Keys         idempotency.FullStore // Idempotency-Key records, submit tokens, repeat window
-	Completer    Completer             // completes a key's record inside a settlement's transaction (nil: Middleware stores answers)
+	Keys         idemstore.FullStore // Idempotency-Key records, submit tokens, repeat window
+	Completer    Completer           // completes a key's record inside a settlement's transaction (nil: Middleware stores answers)
 	Provider     psp.Provider
 	Currency     string
 	MaxAmount    money.Amount
@@ -57,7 +58,7 @@ type Config struct {
 	Locks          *lock.Locker                // per-user and per-order locks (nil: in process); renewed automatically
 	LockBackend    func() string               // names the lock backend serving now, for log lines (nil: not named)
 	LockTTL        time.Duration               // their TTL: how long a crashed holder blocks the account or order (0: 10s)
-	Windows        idempotency.WindowStore     // the repeat-submit window (nil: Keys)
+	Windows        idemstore.WindowStore       // the repeat-submit window (nil: Keys)
 	Components     []Component                 // more /readyz components (Redis, the provider)
 	Metrics        *obs.Metrics                // served at /metrics and updated (nil: none)
 	Logger         *slog.Logger                // request and audit lines (nil: none)
@@ -94,10 +95,10 @@ type Config struct {
 // Completer completes an Idempotency-Key record inside the caller's
 // transaction (idempotency/sqlstore.Store, on the service's database).
 type Completer interface {
-	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error
+	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idemstore.Response) error
 	// CompleteStmt is CompleteTx's statement, for a settlement that runs
 	// it in a statement of its own (see sqlstore.Also).
-	CompleteStmt(ctx context.Context, id, lease string, resp idempotency.Response) (query string, args []any, err error)
+	CompleteStmt(ctx context.Context, id, lease string, resp idemstore.Response) (query string, args []any, err error)
 }
 
 // A Component is one part /readyz reports besides the database. Check
