@@ -70,7 +70,7 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 	switch dialect {
 	case sqlstore.Postgres, sqlstore.MySQL:
 		d := map[sqlstore.Dialect]sqllock.Dialect{sqlstore.Postgres: sqllock.Postgres, sqlstore.MySQL: sqllock.MySQL}[dialect]
-		b, err := sqllock.NewBackend(db, d, nil)
+		b, err := sqllock.New(db, d, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -107,13 +107,13 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 	var primary lock.Backend
 	what := "Redis"
 	if len(c.clients) == 1 {
-		primary = redislock.NewBackend(c.clients[0], ropts)
+		primary = redislock.New(c.clients[0], ropts)
 	} else {
 		clients := make([]redis.UniversalClient, len(c.clients))
 		for i, cl := range c.clients {
 			clients[i] = cl
 		}
-		b, err := redlock.NewBackend(clients, &redlock.Options{NodeTimeout: redisTimeout, Redis: ropts})
+		b, err := redlock.New(clients, &redlock.Options{NodeTimeout: redisTimeout, Redis: ropts})
 		if err != nil {
 			c.close()
 			return nil, err
@@ -121,7 +121,7 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 		primary = b
 		what = fmt.Sprintf("a quorum of %d Redis nodes", len(c.clients))
 	}
-	c.breaker = fallback.NewBackend(primary, secondary, fopts)
+	c.breaker = fallback.New(primary, secondary, fopts)
 	// The window stays in the database (c.windows as above): an entry only
 	// in Redis is forgotten when Redis restarts empty, is not seen by an
 	// instance that fell back, and waits out a black-holed first node on

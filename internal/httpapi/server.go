@@ -134,7 +134,7 @@ type server struct {
 // 404 not_found.
 func New(cfg Config) http.Handler {
 	if cfg.Locks == nil {
-		cfg.Locks = memlock.New(&lock.Options{AutoRenew: true})
+		cfg.Locks = lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true})
 	}
 	if cfg.LockTTL <= 0 {
 		cfg.LockTTL = 10 * time.Second

@@ -45,13 +45,13 @@ const fenceRetention = 5 * time.Minute
 
 func TestRedis(t *testing.T) {
 	rdb := redistest.Shared(t)
-	l := redislock.New(rdb, &redislock.Options{Prefix: prefix(t), FenceRetention: fenceRetention, Locker: lockerOpts})
+	l := lock.New(redislock.New(rdb, &redislock.Options{Prefix: prefix(t), FenceRetention: fenceRetention}), lockerOpts)
 	exercise(t, l, workload{clients: 16, cycles: 50, keys: 3, rogue: true}, false)
 }
 
 func TestRedisClockFences(t *testing.T) {
 	rdb := redistest.Shared(t)
-	l := redislock.New(rdb, &redislock.Options{Prefix: prefix(t), FenceRetention: fenceRetention, ClockFences: true, Locker: lockerOpts})
+	l := lock.New(redislock.New(rdb, &redislock.Options{Prefix: prefix(t), FenceRetention: fenceRetention, ClockFences: true}), lockerOpts)
 	exercise(t, l, workload{clients: 16, cycles: 50, keys: 3, rogue: true}, false)
 }
 
@@ -67,10 +67,11 @@ func TestRedlock(t *testing.T) {
 	}
 	// A generous node timeout: no fault is injected here, and a node that
 	// answers late under -race must not look down.
-	l, err := redlock.New(clients, &redlock.Options{NodeTimeout: 3 * time.Second, Locker: lockerOpts})
+	backend, err := redlock.New(clients, &redlock.Options{NodeTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, lockerOpts)
 	exercise(t, l, workload{clients: 12, cycles: 40, keys: 3, rogue: true}, false)
 }
 
@@ -94,7 +95,7 @@ func TestSQL(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
 			db := d.open(t)
-			b, err := sqllock.NewBackend(db, d.dialect, &sqllock.Options{Table: "lincheck_locks"})
+			b, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: "lincheck_locks"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,9 +108,10 @@ func TestSQL(t *testing.T) {
 // connection; 12 clients on 3 keys stay well within the pool.
 func TestSQLXact(t *testing.T) {
 	db := dbtest.Postgres(t)
-	l, err := sqllock.NewXact(db, lockerOpts)
+	backend, err := sqllock.NewXact(db)
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, lockerOpts)
 	exercise(t, l, workload{clients: 12, cycles: 40, keys: 3, rogue: true}, true)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/memlock"
 )
 
@@ -142,7 +143,7 @@ func TestStaleFenceRefused(t *testing.T) {
 			if _, err := s.SettleDeposit(ctx, "d1", true, now); err != nil {
 				t.Fatal(err)
 			}
-			locks := memlock.New(nil)
+			locks := lock.New(&memlock.Backend{}, nil)
 			slow, _ := locks.TryAcquire(ctx, "user:u1", 20*time.Millisecond)
 			<-slow.Done() // paused past its TTL
 			next, err := locks.Acquire(ctx, "user:u1", time.Second)

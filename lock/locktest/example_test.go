@@ -41,7 +41,7 @@ func ExampleRun_server() {
 		}
 		rdb := redis.NewClient(opt)
 		t.Cleanup(func() { _ = rdb.Close() })
-		locktest.Run(t, func(*testing.T) lock.Backend { return redislock.NewBackend(rdb, nil) })
+		locktest.Run(t, func(*testing.T) lock.Backend { return redislock.New(rdb, nil) })
 	}
 	_ = testConformance
 }
@@ -61,7 +61,7 @@ func ExampleRun_leak() {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = db.Close() })
-		b, err := sqllock.NewBackend(db, sqllock.MySQL, nil)
+		b, err := sqllock.New(db, sqllock.MySQL, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	_ "modernc.org/sqlite"
 
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/sqllock"
 )
 
@@ -23,11 +24,12 @@ func Example() {
 	defer db.Close()
 
 	ctx := context.Background()
-	locker, err := sqllock.New(db, sqllock.SQLite, nil)
+	backend, err := sqllock.New(db, sqllock.SQLite, nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
+	locker := lock.New(backend, nil)
 	first, err := locker.TryAcquire(ctx, "account:alice", 10*time.Second)
 	fmt.Println("first:", err)
 	_, err = locker.TryAcquire(ctx, "account:alice", 10*time.Second)

@@ -83,9 +83,6 @@ type Options struct {
 	// increasing across that; correctness must not rest on the lock anyway.
 	// Default: false (unlogged).
 	Logged bool
-
-	// Locker configures the Locker that New returns.
-	Locker *lock.Options
 }
 
 // Backend implements lock.Backend on a *sql.DB. It is safe for concurrent
@@ -103,24 +100,15 @@ type Backend struct {
 
 var _ lock.Backend = (*Backend)(nil)
 
-// New returns a Locker on db. See NewBackend.
-func New(db *sql.DB, dialect Dialect, opts *Options) (*lock.Locker, error) {
-	b, err := NewBackend(db, dialect, opts)
-	if err != nil {
-		return nil, err
-	}
-	return lock.New(b, b.opts.Locker), nil
-}
-
 var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
-// NewBackend returns a Backend on db, which stays the caller's to
-// configure and close. It does no I/O: the table is created by Migrate, or
-// by the first operation that needs it. It returns an error for an unknown
-// dialect or a bad table name.
-func NewBackend(db *sql.DB, dialect Dialect, opts *Options) (*Backend, error) {
+// New returns a Backend on db, which stays the caller's to configure and
+// close; lock.New makes a Locker of it. It does no I/O: the table is
+// created by Migrate, or by the first operation that needs it. It returns
+// an error for an unknown dialect or a bad table name.
+func New(db *sql.DB, dialect Dialect, opts *Options) (*Backend, error) {
 	if db == nil {
-		return nil, errors.New("sqllock: NewBackend needs a *sql.DB")
+		return nil, errors.New("sqllock: New needs a *sql.DB")
 	}
 	var o Options
 	if opts != nil {

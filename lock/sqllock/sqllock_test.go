@@ -42,7 +42,7 @@ func TestConformance(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
 			db := d.open(t)
-			b, err := sqllock.NewBackend(db, d.dialect, &sqllock.Options{Table: "locktest_locks"})
+			b, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: "locktest_locks"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +69,7 @@ func TestMigrateConcurrently(t *testing.T) {
 			errs := make(chan error, 4)
 			for range 4 {
 				go func() {
-					b, err := sqllock.NewBackend(db, d.dialect, &sqllock.Options{Table: table})
+					b, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: table})
 					if err == nil {
 						err = b.Migrate(context.Background())
 					}
@@ -98,8 +98,8 @@ func TestBadInput(t *testing.T) {
 		{"bad table name", db, sqllock.SQLite, &sqllock.Options{Table: "locks; DROP TABLE x"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if b, err := sqllock.NewBackend(tc.db, tc.d, tc.opts); err == nil {
-				t.Errorf("NewBackend = %v, nil; want an error", b)
+			if b, err := sqllock.New(tc.db, tc.d, tc.opts); err == nil {
+				t.Errorf("New = %v, nil; want an error", b)
 			}
 		})
 	}
@@ -110,10 +110,11 @@ func TestBadInput(t *testing.T) {
 // never a lock held forever.
 func TestDatabaseGoesAway(t *testing.T) {
 	db := openSQLite(t)
-	l, err := sqllock.New(db, sqllock.SQLite, &sqllock.Options{Locker: &lock.Options{AutoRenew: true}})
+	backend, err := sqllock.New(db, sqllock.SQLite, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, &lock.Options{AutoRenew: true})
 	ctx := context.Background()
 	lease, err := l.TryAcquire(ctx, "gone", 300*time.Millisecond)
 	if err != nil {
@@ -139,10 +140,11 @@ func TestDatabaseGoesAway(t *testing.T) {
 // Rows idle past Retention are removed by later acquires.
 func TestCleanup(t *testing.T) {
 	db := openSQLite(t)
-	l, err := sqllock.New(db, sqllock.SQLite, &sqllock.Options{Retention: time.Millisecond})
+	backend, err := sqllock.New(db, sqllock.SQLite, &sqllock.Options{Retention: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, nil)
 	ctx := context.Background()
 	for i := range 600 {
 		lease, err := l.TryAcquire(ctx, "k"+strings.Repeat("x", i%50)+string(rune('a'+i%26)), time.Millisecond)
@@ -170,7 +172,7 @@ func TestCleanup(t *testing.T) {
 func TestConformanceXact(t *testing.T) {
 	db := dbtest.Postgres(t)
 	db.SetMaxOpenConns(64)
-	b, err := sqllock.NewXactBackend(db)
+	b, err := sqllock.NewXact(db)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +186,7 @@ func TestConformanceXact(t *testing.T) {
 // when PostgreSQL ends its idle session, without any client action.
 func TestXactServerTTL(t *testing.T) {
 	db := dbtest.Postgres(t)
-	b, _ := sqllock.NewXactBackend(db)
+	b, _ := sqllock.NewXact(db)
 	l := lock.New(b, nil)
 	ctx := context.Background()
 	key := "xact-ttl-" + time.Now().String()
@@ -231,10 +233,11 @@ func TestFenceAboveStored(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			db := d.open(t)
 			table := fmt.Sprintf("locktest_fence_%d", time.Now().UnixNano()%1_000_000)
-			l, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: table})
+			backend, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: table})
 			if err != nil {
 				t.Fatal(err)
 			}
+			l := lock.New(backend, nil)
 			t.Cleanup(func() { _, _ = db.Exec("DROP TABLE " + table) })
 			ctx := context.Background()
 			first, err := l.TryAcquire(ctx, "k", time.Second)
