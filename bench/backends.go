@@ -24,6 +24,7 @@ import (
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/redlock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // benchTable is the sqllock table of the backends group, in PostgreSQL,
@@ -244,7 +245,7 @@ func setupPostgres(ctx context.Context, dsn string, withLock, withXact, withBase
 			return nil, "", err
 		}
 		cl.add(func() { _ = db.Close() })
-		backend, err := sqllock.New(db, sqllock.Postgres, &sqllock.Options{Table: benchTable})
+		backend, err := sqllock.New(db, sqldialect.Postgres, &sqllock.Options{Table: benchTable})
 		if err != nil {
 			return nil, "", err
 		}
@@ -384,7 +385,7 @@ func setupMySQL(ctx context.Context, dsn string, cl *cleanups) (*library, string
 		return nil, "", err
 	}
 	cl.add(func() { _ = db.Close() })
-	backend, err := sqllock.New(db, sqllock.MySQL, &sqllock.Options{Table: benchTable})
+	backend, err := sqllock.New(db, sqldialect.MySQL, &sqllock.Options{Table: benchTable})
 	if err != nil {
 		return nil, "", err
 	}
@@ -419,7 +420,7 @@ func setupSQLite(ctx context.Context, conns int, cl *cleanups) (*library, string
 	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&version); err != nil {
 		return nil, "", err
 	}
-	backend, err := sqllock.New(db, sqllock.SQLite, &sqllock.Options{Table: benchTable})
+	backend, err := sqllock.New(db, sqldialect.SQLite, &sqllock.Options{Table: benchTable})
 	if err != nil {
 		return nil, "", err
 	}

@@ -65,6 +65,7 @@ import (
 	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // chaosConfig is what a scenario changes.
@@ -1454,10 +1455,10 @@ func TestChaosPostgresResetIsUnavailable(t *testing.T) {
 	defer db.Close()
 	db.SetMaxOpenConns(16)
 	ctx := context.Background()
-	if err := sqlstore.Migrate(ctx, db, sqlstore.Postgres); err != nil {
+	if err := sqlstore.Migrate(ctx, db, sqldialect.Postgres); err != nil {
 		t.Fatal(err)
 	}
-	store := sqlstore.Open(db, sqlstore.Postgres)
+	store := sqlstore.Open(db, sqldialect.Postgres)
 	if err := store.CreateUser(ctx, "u_reset", "reset", "x", "CNY", 1); err != nil {
 		t.Fatal(err)
 	}

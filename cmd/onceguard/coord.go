@@ -12,13 +12,13 @@ import (
 
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/httpapi"
-	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/fallback"
 	"github.com/onceguard/onceguard/lock/memlock"
 	"github.com/onceguard/onceguard/lock/redislock"
 	"github.com/onceguard/onceguard/lock/redlock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // coordination is where the service's locks and repeat-submit window live
@@ -62,15 +62,14 @@ const redisTimeout = 500 * time.Millisecond
 // timeDB, if not nil, wraps the database lock backend (to time its calls).
 // Leases are renewed automatically (lopts.AutoRenew is set), so the TTL
 // only bounds how long a crashed holder blocks others.
-func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idemstore.WindowStore, timeDB func(lock.Backend) lock.Backend, lopts lock.Options, fopts *fallback.Options) (*coordination, error) {
+func newCoordination(db *sql.DB, dialect sqldialect.Dialect, redisURLs string, dbWindows idemstore.WindowStore, timeDB func(lock.Backend) lock.Backend, lopts lock.Options, fopts *fallback.Options) (*coordination, error) {
 	lopts.AutoRenew = true
 	c := &coordination{windows: dbWindows, secondaryName: "memory"}
 	var secondary lock.Backend
 	where := "in process"
 	switch dialect {
-	case sqlstore.Postgres, sqlstore.MySQL:
-		d := map[sqlstore.Dialect]sqllock.Dialect{sqlstore.Postgres: sqllock.Postgres, sqlstore.MySQL: sqllock.MySQL}[dialect]
-		b, err := sqllock.New(db, d, nil)
+	case sqldialect.Postgres, sqldialect.MySQL:
+		b, err := sqllock.New(db, dialect, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
-	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // DoTx commits fn's effect and its record together: a delivery whose fn
@@ -116,7 +116,7 @@ func TestCompleteStmtLostLease(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if d.dialect == sqlstore.Postgres {
+				if d.dialect == sqldialect.Postgres {
 					q = sqldb.Rebind(q)
 				}
 				res, err := db.ExecContext(ctx, q, args...)

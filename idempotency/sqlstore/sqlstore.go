@@ -32,17 +32,8 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/sqldialect"
 	"github.com/onceguard/onceguard/token"
-)
-
-// Dialect names the SQL dialect of a *sql.DB.
-type Dialect int
-
-// The supported dialects.
-const (
-	Postgres Dialect = iota + 1
-	MySQL            // MySQL 8 and MariaDB 10.5+
-	SQLite           // SQLite 3.35+
 )
 
 // Options configure a Store. A nil *Options means all defaults.
@@ -68,7 +59,7 @@ type Options struct {
 // concurrent use.
 type Store struct {
 	db      *sql.DB
-	dialect Dialect
+	dialect sqldialect.Dialect
 	opts    Options
 	q       queries
 
@@ -83,7 +74,7 @@ var prefixRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,40}$`)
 
 // New returns a Store on db. It does no I/O: Migrate, or the first call,
 // creates the tables.
-func New(db *sql.DB, dialect Dialect, opts *Options) (*Store, error) {
+func New(db *sql.DB, dialect sqldialect.Dialect, opts *Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: nil *sql.DB")
 	}
@@ -102,7 +93,7 @@ func New(db *sql.DB, dialect Dialect, opts *Options) (*Store, error) {
 	if !prefixRE.MatchString(o.Prefix) {
 		return nil, fmt.Errorf("sqlstore: table prefix %q: want letters, digits and underscores", o.Prefix)
 	}
-	if dialect < Postgres || dialect > SQLite {
+	if dialect < sqldialect.Postgres || dialect > sqldialect.SQLite {
 		return nil, fmt.Errorf("sqlstore: unknown dialect %d", dialect)
 	}
 	return &Store{db: db, dialect: dialect, opts: o, q: buildQueries(dialect, o.Prefix)}, nil
@@ -450,7 +441,7 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.D
 	}
 	rec := idemstore.WindowRecord(owner)
 	args := []any{id, owner, us(now.Add(window)), us(now), rec, len(rec) + 1, rec + "/", us(now)}
-	if s.dialect != MySQL {
+	if s.dialect != sqldialect.MySQL {
 		args = []any{id, owner, us(now.Add(window)), us(now), us(now), rec, len(rec) + 1, rec + "/"}
 	}
 	if _, err := s.db.ExecContext(ctx, s.q.claimWindow, args...); err != nil {

@@ -13,11 +13,12 @@ import (
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
 	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 type database struct {
 	name    string
-	dialect sqlstore.Dialect
+	dialect sqldialect.Dialect
 	open    func(t *testing.T) *sql.DB
 }
 
@@ -35,9 +36,9 @@ func (d database) store(t *testing.T) (*sqlstore.Store, *sql.DB) {
 }
 
 var databases = []database{
-	{"postgres", sqlstore.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
-	{"mysql", sqlstore.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
-	{"sqlite", sqlstore.SQLite, openSQLite},
+	{"postgres", sqldialect.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
+	{"mysql", sqldialect.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
+	{"sqlite", sqldialect.SQLite, openSQLite},
 }
 
 func TestStore(t *testing.T) {
@@ -95,7 +96,7 @@ func TestCompleteTx(t *testing.T) {
 
 func TestClosedDatabase(t *testing.T) {
 	db := openSQLite(t)
-	s, _ := sqlstore.New(db, sqlstore.SQLite, nil)
+	s, _ := sqlstore.New(db, sqldialect.SQLite, nil)
 	_ = db.Close()
 	_, err := s.Begin(context.Background(), idemstore.BeginRequest{ID: "x", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: time.Now()})
 	if !errors.Is(err, idempotency.ErrUnavailable) {

@@ -11,6 +11,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/internal/faultproxy"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // A call on a context without a deadline (Middleware's, after the
@@ -36,7 +37,7 @@ func TestTimeoutBoundsStalledDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	s, err := sqlstore.New(db, sqlstore.Postgres, &sqlstore.Options{Prefix: "timeout_", Timeout: 300 * time.Millisecond})
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "timeout_", Timeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency/memstore"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // A store proves itself by running the suite from its own tests, here the
@@ -35,7 +36,7 @@ func ExampleRun_sharedDatabase() {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = db.Close() })
-		s, err := sqlstore.New(db, sqlstore.SQLite, nil)
+		s, err := sqlstore.New(db, sqldialect.SQLite, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

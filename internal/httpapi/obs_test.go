@@ -34,6 +34,7 @@ import (
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/memlock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // faultLocks is an in-process lock backend that can fail acquires (the
@@ -119,10 +120,10 @@ func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Co
 	t.Helper()
 	ctx := context.Background()
 	db := openSQLite(t, t.TempDir())
-	if err := sqlstore.Migrate(ctx, db, sqlstore.SQLite); err != nil {
+	if err := sqlstore.Migrate(ctx, db, sqldialect.SQLite); err != nil {
 		t.Fatal(err)
 	}
-	keys, err := idemsql.New(db, idemsql.SQLite, nil)
+	keys, err := idemsql.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Co
 	}
 	o := &obsHarness{metrics: obs.NewMetrics(), locks: &faultLocks{Backend: &memlock.Backend{}}, logs: &lockedBuffer{}}
 	o.keys = &faultKeys{KeyStore: o.metrics.TimeKeys(keys)}
-	store := sqlstore.Open(db, sqlstore.SQLite)
+	store := sqlstore.Open(db, sqldialect.SQLite)
 	store.Observe = o.metrics.DBObserver()
 	if ping == nil {
 		ping = db.PingContext

@@ -15,6 +15,7 @@ import (
 	"github.com/onceguard/onceguard/lock/redislock"
 	"github.com/onceguard/onceguard/lock/redlock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // Every backend, one history each, checked with the exclusive model: 12
@@ -79,13 +80,13 @@ func TestRedlock(t *testing.T) {
 // (MySQL commits to disk; SQLite serializes every writer).
 var databases = []struct {
 	name    string
-	dialect sqllock.Dialect
+	dialect sqldialect.Dialect
 	open    func(t *testing.T) *sql.DB
 	cycles  int
 }{
-	{"postgres", sqllock.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }, 30},
-	{"mysql", sqllock.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }, 20},
-	{"sqlite", sqllock.SQLite, func(t *testing.T) *sql.DB { return dbtest.SQLite(t) }, 20},
+	{"postgres", sqldialect.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }, 30},
+	{"mysql", sqldialect.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }, 20},
+	{"sqlite", sqldialect.SQLite, func(t *testing.T) *sql.DB { return dbtest.SQLite(t) }, 20},
 }
 
 // The lock table on each database. StrictTry holds: the table has no

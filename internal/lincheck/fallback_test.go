@@ -17,6 +17,7 @@ import (
 	"github.com/onceguard/onceguard/lock/fallback"
 	"github.com/onceguard/onceguard/lock/redislock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // fallbackRig is a fallback.Backend over redislock on a redis-server of
@@ -40,7 +41,7 @@ func newFallbackRig(t *testing.T, clockFences bool) *fallbackRig {
 	srv := redistest.StartServer(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
-	sb, err := sqllock.New(db, sqllock.Postgres, &sqllock.Options{Table: "lincheck_locks"})
+	sb, err := sqllock.New(db, sqldialect.Postgres, &sqllock.Options{Table: "lincheck_locks"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +292,7 @@ func TestFallbackFencesAcrossOutage(t *testing.T) {
 			srv := redistest.StartServer(t)
 			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 			t.Cleanup(func() { _ = rdb.Close() })
-			sb, err := sqllock.New(dbtest.SQLite(t), sqllock.SQLite, nil)
+			sb, err := sqllock.New(dbtest.SQLite(t), sqldialect.SQLite, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // Errors of the money operations.
@@ -26,7 +27,7 @@ var (
 // Store runs the service's operations, one transaction each.
 type Store struct {
 	db *sql.DB
-	d  Dialect
+	d  sqldialect.Dialect
 
 	// Observe, if set, is told how long each operation took (op is a
 	// fixed name: "withdraw", "session_user", ...). Set it before use.
@@ -40,11 +41,11 @@ func (s *Store) timed(op string, start time.Time) {
 }
 
 // Open returns a Store on db (migrated with Migrate).
-func Open(db *sql.DB, d Dialect) *Store { return &Store{db: db, d: d} }
+func Open(db *sql.DB, d sqldialect.Dialect) *Store { return &Store{db: db, d: d} }
 
 // q rewrites ? placeholders for PostgreSQL.
 func (s *Store) q(query string) string {
-	if s.d != Postgres {
+	if s.d != sqldialect.Postgres {
 		return query
 	}
 	return sqldb.Rebind(query)
@@ -103,7 +104,7 @@ type Movement struct {
 // holder did.
 func (s *Store) Withdraw(ctx context.Context, m Movement, fence int64) (got Movement, created bool, err error) {
 	defer s.timed("withdraw", time.Now())
-	if s.d == Postgres {
+	if s.d == sqldialect.Postgres {
 		return s.withdrawOne(ctx, m, fence)
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -142,7 +143,7 @@ func (s *Store) Withdraw(ctx context.Context, m Movement, fence int64) (got Move
 // themselves. PostgreSQL (whose waiters re-check once the holder ends) and
 // SQLite (one writer at a time) need no such lock.
 func (s *Store) lockRow(ctx context.Context, tx *sql.Tx, table, column, v string) error {
-	if s.d != MySQL {
+	if s.d != sqldialect.MySQL {
 		return nil
 	}
 	var one int
@@ -218,7 +219,7 @@ func (s *Store) adjust(ctx context.Context, tx *sql.Tx, userID string, delta mon
 // transaction on MySQL.
 func (s *Store) update(ctx context.Context, tx *sql.Tx, query, userID string, args ...any) (bool, money.Amount, error) {
 	var after int64
-	if s.d != MySQL {
+	if s.d != sqldialect.MySQL {
 		err := tx.QueryRowContext(ctx, s.q(query+` RETURNING balance`), args...).Scan(&after)
 		if errors.Is(err, sql.ErrNoRows) {
 			return false, 0, nil
@@ -329,7 +330,7 @@ func (s *Store) settle(ctx context.Context, table, id string, succeeded, credit 
 	if succeeded {
 		status = "succeeded"
 	}
-	if s.d == Postgres && !credit && len(also) == 1 && also[0].Stmt != "" {
+	if s.d == sqldialect.Postgres && !credit && len(also) == 1 && also[0].Stmt != "" {
 		return s.settleStmt(ctx, table, id, status, also[0])
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -398,7 +399,7 @@ func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id, status str
 		}
 		return err
 	}
-	if s.d != MySQL {
+	if s.d != sqldialect.MySQL {
 		err = tx.QueryRowContext(ctx, s.q(update+` RETURNING user_id, amount`), status, id).Scan(&userID, &amount)
 		if errors.Is(err, sql.ErrNoRows) {
 			return false, "", 0, read() // settled before, or not there

@@ -14,6 +14,7 @@ import (
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/memlock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // withUser gives a test a migrated, empty database of d with one user,
@@ -178,7 +179,7 @@ func TestSettleAlso(t *testing.T) {
 			s, db, now := withUserDB(t, d)
 			ctx := context.Background()
 			q := func(query string) string {
-				if d.dialect == sqlstore.Postgres {
+				if d.dialect == sqldialect.Postgres {
 					return sqldb.Rebind(query)
 				}
 				return query

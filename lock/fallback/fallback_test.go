@@ -23,6 +23,7 @@ import (
 	"github.com/onceguard/onceguard/lock/memlock"
 	"github.com/onceguard/onceguard/lock/redislock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 func TestMain(m *testing.M) {
@@ -54,7 +55,7 @@ func backends(t *testing.T) (*redistest.Server, *redislock.Backend, *sqllock.Bac
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	sb, err := sqllock.New(db, sqllock.SQLite, nil)
+	sb, err := sqllock.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/onceguard/onceguard/lock/memlock"
 	"github.com/onceguard/onceguard/lock/redislock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // A backend proves itself by running the suite from its own tests, here
@@ -61,7 +62,7 @@ func ExampleRun_leak() {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = db.Close() })
-		b, err := sqllock.New(db, sqllock.MySQL, nil)
+		b, err := sqllock.New(db, sqldialect.MySQL, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

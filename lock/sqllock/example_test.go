@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // A lock in your own database (here a SQLite file; PostgreSQL and MySQL
@@ -24,7 +25,7 @@ func Example() {
 	defer db.Close()
 
 	ctx := context.Background()
-	backend, err := sqllock.New(db, sqllock.SQLite, nil)
+	backend, err := sqllock.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		fmt.Println(err)
 		return

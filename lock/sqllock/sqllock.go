@@ -41,30 +41,8 @@ import (
 
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
-
-// Dialect names the SQL dialect of a *sql.DB.
-type Dialect int
-
-// The supported dialects.
-const (
-	Postgres Dialect = iota + 1 // PostgreSQL
-	MySQL                       // MySQL 8 and MariaDB 10.5+
-	SQLite                      // SQLite 3.35+
-)
-
-// String returns the dialect's name: "postgres", "mysql" or "sqlite".
-func (d Dialect) String() string {
-	switch d {
-	case Postgres:
-		return "postgres"
-	case MySQL:
-		return "mysql"
-	case SQLite:
-		return "sqlite"
-	}
-	return fmt.Sprintf("Dialect(%d)", int(d))
-}
 
 // Options configure a Backend. A nil *Options means all defaults.
 type Options struct {
@@ -89,7 +67,7 @@ type Options struct {
 // use.
 type Backend struct {
 	db      *sql.DB
-	dialect Dialect
+	dialect sqldialect.Dialect
 	opts    Options
 	q       queries
 
@@ -106,7 +84,7 @@ var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // close; lock.New makes a Locker of it. It does no I/O: the table is
 // created by Migrate, or by the first operation that needs it. It returns
 // an error for an unknown dialect or a bad table name.
-func New(db *sql.DB, dialect Dialect, opts *Options) (*Backend, error) {
+func New(db *sql.DB, dialect sqldialect.Dialect, opts *Options) (*Backend, error) {
 	if db == nil {
 		return nil, errors.New("sqllock: New needs a *sql.DB")
 	}

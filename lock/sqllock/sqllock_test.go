@@ -15,6 +15,7 @@ import (
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/locktest"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 func TestMain(m *testing.M) {
@@ -26,16 +27,16 @@ func TestMain(m *testing.M) {
 
 type database struct {
 	name    string
-	dialect sqllock.Dialect
+	dialect sqldialect.Dialect
 	open    func(t *testing.T) *sql.DB
 }
 
 func openSQLite(t *testing.T) *sql.DB { return dbtest.SQLite(t) }
 
 var databases = []database{
-	{"postgres", sqllock.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
-	{"mysql", sqllock.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
-	{"sqlite", sqllock.SQLite, openSQLite},
+	{"postgres", sqldialect.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
+	{"mysql", sqldialect.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
+	{"sqlite", sqldialect.SQLite, openSQLite},
 }
 
 func TestConformance(t *testing.T) {
@@ -90,12 +91,12 @@ func TestBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		db   *sql.DB
-		d    sqllock.Dialect
+		d    sqldialect.Dialect
 		opts *sqllock.Options
 	}{
-		{"nil db", nil, sqllock.SQLite, nil},
-		{"unknown dialect", db, sqllock.Dialect(42), nil},
-		{"bad table name", db, sqllock.SQLite, &sqllock.Options{Table: "locks; DROP TABLE x"}},
+		{"nil db", nil, sqldialect.SQLite, nil},
+		{"unknown dialect", db, sqldialect.Dialect(42), nil},
+		{"bad table name", db, sqldialect.SQLite, &sqllock.Options{Table: "locks; DROP TABLE x"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if b, err := sqllock.New(tc.db, tc.d, tc.opts); err == nil {
@@ -110,7 +111,7 @@ func TestBadInput(t *testing.T) {
 // never a lock held forever.
 func TestDatabaseGoesAway(t *testing.T) {
 	db := openSQLite(t)
-	backend, err := sqllock.New(db, sqllock.SQLite, nil)
+	backend, err := sqllock.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func TestDatabaseGoesAway(t *testing.T) {
 // Rows idle past Retention are removed by later acquires.
 func TestCleanup(t *testing.T) {
 	db := openSQLite(t)
-	backend, err := sqllock.New(db, sqllock.SQLite, &sqllock.Options{Retention: time.Millisecond})
+	backend, err := sqllock.New(db, sqldialect.SQLite, &sqllock.Options{Retention: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +248,7 @@ func TestFenceAboveStored(t *testing.T) {
 			_ = first.Release(ctx)
 			ahead := time.Now().Add(24*time.Hour).UnixMicro() + 1_000_000 // past every clock fence for a day
 			q := "UPDATE " + table + " SET fence = ? WHERE name = ?"
-			if d.dialect == sqllock.Postgres {
+			if d.dialect == sqldialect.Postgres {
 				q = "UPDATE " + table + " SET fence = $1 WHERE name = $2"
 			}
 			if res, err := db.ExecContext(ctx, q, ahead, []byte("k")); err != nil {
