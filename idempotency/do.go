@@ -49,7 +49,7 @@ func Do(ctx context.Context, store idemstore.Store, scope Scope, key, fingerprin
 	if key == "" {
 		return nil, false, fmt.Errorf("idempotency: do: %w", ErrKeyMissing)
 	}
-	o := DoOptions{Lease: 30 * time.Second, TTL: 24 * time.Hour, Now: time.Now}
+	o := DoOptions{Lease: DefaultLease, TTL: DefaultTTL, Now: time.Now}
 	if opts != nil {
 		if opts.Lease > 0 {
 			o.Lease = opts.Lease

@@ -17,6 +17,13 @@ import (
 	"github.com/onceguard/onceguard/token"
 )
 
+// Defaults of Config and DoOptions.
+const (
+	DefaultLease   = 30 * time.Second // Config.Lease, DoOptions.Lease
+	DefaultTTL     = 24 * time.Hour   // Config.TTL, DoOptions.TTL
+	DefaultMaxBody = 64 << 10         // Config.MaxBody, in bytes
+)
+
 // Config configures Middleware. Store is required; every other field has
 // a default, written in its comment.
 type Config struct {
@@ -112,13 +119,13 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 		cfg.Windows = ws
 	}
 	if cfg.Lease <= 0 {
-		cfg.Lease = 30 * time.Second
+		cfg.Lease = DefaultLease
 	}
 	if cfg.TTL <= 0 {
-		cfg.TTL = 24 * time.Hour
+		cfg.TTL = DefaultTTL
 	}
 	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = 64 << 10
+		cfg.MaxBody = DefaultMaxBody
 	}
 	if cfg.ReplayHeaders == nil {
 		cfg.ReplayHeaders = []string{"Content-Type", "Content-Language", "Location"}
@@ -423,7 +430,7 @@ func (r *recorder) recycle() {
 		clear(r.stored)
 	}
 	r.status, r.wroteHeader = http.StatusOK, false
-	if r.body.Cap() > 64<<10 {
+	if r.body.Cap() > DefaultMaxBody {
 		r.body = bytes.Buffer{} // do not keep a huge one
 	}
 	r.body.Reset()
@@ -573,7 +580,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	limit = min(limit, math.MaxInt64-1)
 	size := int64(512)
 	if n := r.ContentLength; n >= 0 && n <= limit {
-		size = min(n, 64<<10) + 1 // + 1: room to read EOF without growing
+		size = min(n, DefaultMaxBody) + 1 // + 1: room to read EOF without growing
 	}
 	b := make([]byte, 0, size)
 	for {

@@ -586,7 +586,7 @@ func (s *Store) GetToken(ctx context.Context, hash string) (token.Record, error)
 func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope string, now time.Time) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.bind(hash, subject, purpose, scope, now, now.Add(24*time.Hour))
+	return s.bind(hash, subject, purpose, scope, now, now.Add(token.BoundTTL))
 }
 
 func (s *Store) bind(hash, subject, purpose, scope string, now, keep time.Time) (bool, error) {

@@ -292,7 +292,7 @@ func (s *Store) GetToken(ctx context.Context, hash string) (token.Record, error)
 
 // BindToken implements token.Store. A token bound on its own is kept 24h.
 func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope string, now time.Time) (bool, error) {
-	return s.bind(ctx, hash, subject, purpose, scope, now, now.Add(24*time.Hour), false)
+	return s.bind(ctx, hash, subject, purpose, scope, now, now.Add(token.BoundTTL), false)
 }
 
 func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope string, now, keep time.Time, _ bool) (bool, error) {

@@ -111,14 +111,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return nil
 	}
 	for _, stmt := range s.q.create {
-		var err error
-		for range 3 { // concurrent CREATE ... IF NOT EXISTS can collide in PostgreSQL's catalog
-			if _, err = s.db.ExecContext(ctx, stmt); err == nil || ctx.Err() != nil {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if err != nil {
+		if err := sqldb.Create(ctx, s.db, stmt); err != nil {
 			return wrap("migrate", err)
 		}
 	}
@@ -512,7 +505,7 @@ func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope str
 	if err := s.Migrate(ctx); err != nil {
 		return false, err
 	}
-	out, err := s.db.ExecContext(ctx, s.q.bindFresh, scope, us(now.Add(24*time.Hour)), hash, subject, purpose, us(now))
+	out, err := s.db.ExecContext(ctx, s.q.bindFresh, scope, us(now.Add(token.BoundTTL)), hash, subject, purpose, us(now))
 	if err != nil {
 		return false, wrap("bind token", err)
 	}

@@ -153,7 +153,7 @@ func New(cfg Config) http.Handler {
 	}
 	lease := cfg.KeyLease
 	if lease <= 0 {
-		lease = 30 * time.Second // the middleware's default
+		lease = idempotency.DefaultLease
 	}
 	if rt := cfg.RequestTimeout; rt <= 0 || rt+rt/4 >= lease {
 		cfg.RequestTimeout = lease * 3 / 5

@@ -128,7 +128,7 @@ func New(rdb redis.UniversalClient, opts *Options) *Backend {
 		o.Prefix = redisscript.DefaultPrefix
 	}
 	if o.FenceRetention <= 0 {
-		o.FenceRetention = 24 * time.Hour
+		o.FenceRetention = redisscript.DefaultFenceRetention
 	}
 	if o.MaxInflight <= 0 {
 		o.MaxInflight = 4

@@ -121,7 +121,7 @@ func New(client rueidis.Client, opts *Options) *Backend {
 		o.Prefix = redisscript.DefaultPrefix
 	}
 	if o.FenceRetention <= 0 {
-		o.FenceRetention = 24 * time.Hour
+		o.FenceRetention = redisscript.DefaultFenceRetention
 	}
 	b := &Backend{
 		client:  client,

@@ -122,14 +122,7 @@ func (b *Backend) Migrate(ctx context.Context) error {
 	if b.migrated.Load() {
 		return nil
 	}
-	var err error
-	for range 3 { // concurrent CREATE TABLE IF NOT EXISTS can collide in PostgreSQL's catalog
-		if _, err = b.db.ExecContext(ctx, b.q.create); err == nil || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err != nil {
+	if err := sqldb.Create(ctx, b.db, b.q.create); err != nil {
 		return wrap("migrate", b.opts.Table, err)
 	}
 	b.migrated.Store(true)
