@@ -2,12 +2,10 @@ package memstore
 
 import (
 	"fmt"
-	mrand "math/rand/v2"
 	"net/http"
 	"reflect"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
@@ -78,42 +76,6 @@ func got1(t *testing.T, s *Store, req idemstore.BeginRequest) idemstore.BeginRes
 	return res
 }
 
-// Deadlines come out in whole seconds, in time order, each once, and
-// only when due.
-func TestExpiry(t *testing.T) {
-	var e expiry
-	base := time.Unix(1_000_000, 0)
-	r := mrand.New(mrand.NewPCG(1, 2))
-	at := map[string]time.Time{}
-	for i := range 3000 {
-		k := fmt.Sprint(i)
-		at[k] = base.Add(time.Duration(r.IntN(5_000)) * time.Millisecond) // ~600 a second: several chunks
-		e.push(deadline{k: k, kind: 't'}, at[k])
-	}
-	if e.due(base) != nil {
-		t.Fatal("a deadline came out before its time")
-	}
-	prev := base
-	for now := base; len(at) > 0; now = now.Add(100 * time.Millisecond) {
-		for b := e.due(now); b != nil; b = e.due(now) {
-			b.keys.each(func(d deadline) {
-				when, ok := at[d.k]
-				if !ok || now.Before(when) || when.Before(prev.Add(-time.Second)) {
-					t.Fatalf("at %v: deadline %q (%v, known %v) out of order or early", now, d.k, when, ok)
-				}
-				prev = when
-				delete(at, d.k)
-			})
-		}
-		if now.Sub(base) > time.Hour {
-			t.Fatalf("%d deadlines never came out", len(at))
-		}
-	}
-	if e.n != 0 || len(e.buckets) != 0 || len(e.seconds) != 0 {
-		t.Errorf("after all: n=%d, %d buckets, %d seconds; want 0", e.n, len(e.buckets), len(e.seconds))
-	}
-}
-
 // Records, tokens and windows past their time are dropped by the next
 // write: memory stays bounded.
 func TestPruned(t *testing.T) {
@@ -130,8 +92,8 @@ func TestPruned(t *testing.T) {
 		t.Fatalf("Len = %d records, %d windows; want 100, 100", r, w)
 	}
 	_, _ = s.ClaimWindow(ctx, "x", "o", time.Minute, now.Add(2*time.Minute))
-	if r, _, w := s.Len(); r != 0 || w != 1 || s.expiry.n != 1 {
-		t.Errorf("after the TTL: %d records, %d windows, %d deadlines; want 0, 1, 1", r, w, s.expiry.n)
+	if r, _, w := s.Len(); r != 0 || w != 1 {
+		t.Errorf("after the TTL: %d records, %d windows; want 0, 1", r, w)
 	}
 }
 
@@ -164,59 +126,6 @@ func TestSweepKeepsExtended(t *testing.T) {
 	}
 	if rec, err := s.GetToken(ctx, "h"); err != nil || rec.Scope != "s" {
 		t.Errorf("bound token after its first deadline = %+v, %v; want kept, bound to s", rec, err)
-	}
-}
-
-// Two ids of one hash are both kept, found and removed: the second goes
-// to the overflow map.
-func TestRecordMapCollision(t *testing.T) {
-	var rm recordMap
-	rm.init()
-	rm.hash = func(string) uint64 { return 7 } // every id collides
-	a, b, c := &entry{id: "a"}, &entry{id: "b"}, &entry{id: "c"}
-	for _, e := range []*entry{a, b, c} {
-		h, got := rm.get(e.id)
-		if got != nil {
-			t.Fatalf("get(%q) before put = %p", e.id, got)
-		}
-		rm.put(h, e)
-	}
-	for _, e := range []*entry{a, b, c} {
-		if _, got := rm.get(e.id); got != e {
-			t.Fatalf("get(%q) = %p, want %p", e.id, got, e)
-		}
-	}
-	rm.del(a) // the one in the main map: b and c stay findable
-	if _, got := rm.get("a"); got != nil || !a.gone {
-		t.Fatalf("after del(a): get = %p, gone %v", got, a.gone)
-	}
-	for _, e := range []*entry{b, c} {
-		if _, got := rm.get(e.id); got != e {
-			t.Fatalf("after del(a): get(%q) = %p, want %p", e.id, got, e)
-		}
-	}
-	h, _ := rm.get("a") // a new a takes the free main slot
-	a2 := &entry{id: "a"}
-	rm.put(h, a2)
-	rm.del(c) // from the overflow map
-	if _, got := rm.get("c"); got != nil {
-		t.Fatalf("after del(c): get = %p", got)
-	}
-	for _, e := range []*entry{a2, b} {
-		if _, got := rm.get(e.id); got != e {
-			t.Fatalf("get(%q) = %p, want %p", e.id, got, e)
-		}
-	}
-	if rm.n != 2 {
-		t.Errorf("n = %d, want 2", rm.n)
-	}
-}
-
-// A record takes a 160-byte size class (see entry); a field added to it
-// belongs in more unless most records need it.
-func TestEntrySize(t *testing.T) {
-	if n := unsafe.Sizeof(entry{}); n > 160 {
-		t.Errorf("entry is %d bytes; want at most 160", n)
 	}
 }
 
