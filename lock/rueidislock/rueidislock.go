@@ -217,7 +217,7 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 	}
 	if err != nil || fence <= 0 {
 		// We hold the lock but have no fence: give it back.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(b.timeout, 3*time.Second))
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(b.timeout, redisscript.GiveBackTimeout))
 		defer cancel()
 		_ = b.Release(rctx, r.Key, r.Owner)
 		return lock.Grant{}, wrap("acquire", r.Key, fmt.Errorf("fence: %v (%w)", fence, err))
