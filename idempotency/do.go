@@ -15,9 +15,9 @@ type DoOptions struct {
 	// Lease protects the running fn: fn's context ends when nine tenths
 	// of it have passed, leaving the rest to store the result, since after
 	// it another delivery may take the key over and run fn again. Keep it
-	// well above what fn takes. Default: 30s.
+	// well above what fn takes. Default: DefaultLease, 30s.
 	Lease time.Duration
-	// TTL is how long the result is kept. Default: 24h.
+	// TTL is how long the result is kept. Default: DefaultTTL, 24h.
 	TTL time.Duration
 	// Now is the clock. Default: time.Now.
 	Now func() time.Time

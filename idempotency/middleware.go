@@ -64,12 +64,12 @@ type Config struct {
 
 	// Lease protects an in-flight request: a retry within it gets 409; after
 	// it (the holder crashed) a retry runs again. Keep it longer than the
-	// handler's timeout. Default: 30s.
+	// handler's timeout. Default: DefaultLease, 30s.
 	Lease time.Duration
-	// TTL is how long a key's record is kept. Default: 24h.
+	// TTL is how long a key's record is kept. Default: DefaultTTL, 24h.
 	TTL time.Duration
 	// MaxBody is the largest body accepted (413 body_too_large above).
-	// Default: 64 KiB.
+	// Default: DefaultMaxBody, 64 KiB.
 	MaxBody int64
 	// ReplayHeaders are the response headers stored and replayed; no
 	// others are (never Set-Cookie). Default: Content-Type,
