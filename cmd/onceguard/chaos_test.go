@@ -58,6 +58,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
+	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/faultproxy"
 	"github.com/onceguard/onceguard/internal/money"
@@ -1459,12 +1460,12 @@ func TestChaosPostgresResetIsUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := sqlstore.Open(db, sqldialect.Postgres)
-	if err := store.CreateUser(ctx, "u_reset", "reset", "x", "CNY", 1); err != nil {
+	if err := store.CreateUser(ctx, app.User{ID: "u_reset", Username: "reset", PasswordHash: "x", CreatedAt: time.UnixMicro(1)}, "CNY"); err != nil {
 		t.Fatal(err)
 	}
-	dep, _, err := store.CreateDeposit(ctx, sqlstore.Movement{ID: "dep_reset", UserID: "u_reset", Key: "d", Amount: 1_000_000_00, CreatedAt: 1})
+	dep, _, err := store.CreateDeposit(ctx, app.Movement{ID: "dep_reset", UserID: "u_reset", Key: "d", Amount: 1_000_000_00, CreatedAt: time.UnixMicro(1)})
 	if err == nil {
-		_, err = store.SettleDeposit(ctx, dep.ID, true, 2)
+		_, err = store.SettleDeposit(ctx, dep.ID, true, time.UnixMicro(2))
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -1488,7 +1489,7 @@ func TestChaosPostgresResetIsUnavailable(t *testing.T) {
 				default:
 				}
 				id := fmt.Sprintf("wd_reset_%d_%d", w, i)
-				_, _, err := store.Withdraw(ctx, sqlstore.Movement{ID: id, UserID: "u_reset", Key: id, Amount: 1, CreatedAt: time.Now().UnixMicro()}, 0)
+				_, _, err := store.Withdraw(ctx, app.Movement{ID: id, UserID: "u_reset", Key: id, Amount: 1, CreatedAt: time.Now()}, 0)
 				calls.Add(1)
 				if err != nil && !sqldb.Unavailable(err) {
 					mu.Lock()

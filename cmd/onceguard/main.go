@@ -10,8 +10,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,15 +18,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/debug"
-	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // driver "pgx"
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // driver "sqlite"
@@ -39,12 +33,12 @@ import (
 	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/obs"
+	"github.com/onceguard/onceguard/internal/obs/backends"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/internal/web"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/fallback"
-	"github.com/onceguard/onceguard/sqldialect"
 	"github.com/onceguard/onceguard/token"
 )
 
@@ -167,9 +161,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return fmt.Errorf("--key-lease %v: want at least 10ms", c.keyLease)
 	}
 	if c.requestTimeout == 0 {
-		c.requestTimeout = c.keyLease * 3 / 5
+		c.requestTimeout = app.DefaultRequestTimeout(c.keyLease)
 	}
-	if c.requestTimeout < 0 || c.requestTimeout+c.requestTimeout/4 >= c.keyLease {
+	if !app.FitsLease(c.requestTimeout, c.keyLease) {
 		return fmt.Errorf("--request-timeout %v, --key-lease %v: a keyed request (its deadline, then up to a quarter of it to record its settlement) must end inside its key's lease; want request-timeout x 1.25 < key-lease", c.requestTimeout, c.keyLease)
 	}
 	if c.lockTTL < 100*time.Millisecond {
@@ -185,8 +179,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return fmt.Errorf("--db-conns %d: want at least 1", c.dbConns)
 	}
 	maxAmount, err := money.Parse(c.maxAmount)
-	if err != nil || maxAmount <= 0 || maxAmount > httpapi.MaxAmountLimit {
-		return fmt.Errorf("--max-amount %q: want an amount like 1000000.00, at most %s", c.maxAmount, httpapi.MaxAmountLimit)
+	if err != nil || maxAmount <= 0 || maxAmount > app.MaxAmountLimit {
+		return fmt.Errorf("--max-amount %q: want an amount like 1000000.00, at most %s", c.maxAmount, app.MaxAmountLimit)
 	}
 	require := map[string]bool{}
 	for _, p := range strings.Split(c.requireToken, ",") {
@@ -214,7 +208,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return err
 	}
 	metrics := obs.NewMetrics()
-	timedKeys := metrics.TimeKeys(keys) // database latency of keys, windows and tokens
+	timedKeys := backends.TimeKeys(metrics, keys) // database latency of keys, windows and tokens
 	var provider psp.Provider = &psp.Sim{}
 	pspWhere := "simulated in process"
 	if c.pspURL != "" {
@@ -224,7 +218,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	var coord *coordination
 	coord, err = newCoordination(db, dialect, c.redis, timedKeys, metrics.TimeLockBackend,
 		lock.Options{Observe: metrics.LockObserver(func() string { return coord.backend() })},
-		&fallback.Options{OnStateChange: metrics.FallbackObserver(log)})
+		&fallback.Options{OnStateChange: backends.FallbackObserver(metrics, log)})
 	if err != nil {
 		return err
 	}
@@ -238,10 +232,16 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}})
 	store := sqlstore.Open(db, dialect)
 	store.Observe = metrics.DBObserver()
+	store.Records = timedKeys // the key's record completes in the settlement's transaction
+	svc := app.New(app.Config{
+		Store: store, Provider: psp.Port(provider), Currency: c.currency, MaxAmount: maxAmount,
+		Locks: coord.locks, LockTTL: c.lockTTL, LockBackend: coord.backend,
+		KeyLease: c.keyLease, RequestTimeout: c.requestTimeout, SessionTTL: 24 * time.Hour,
+		Logger: log, Metrics: metrics,
+	})
 	handler := httpapi.New(httpapi.Config{
-		Store: store, Keys: timedKeys, Completer: timedKeys, Provider: provider, Currency: c.currency, MaxAmount: maxAmount,
-		RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, KeyLease: c.keyLease, RequestTimeout: c.requestTimeout, LockTTL: c.lockTTL, TokenTTL: c.tokenTTL, SessionTTL: 24 * time.Hour,
-		Ping: db.PingContext, Web: web.Handler(), Locks: coord.locks, LockBackend: coord.backend, Windows: coord.windows, Components: comps,
+		App: svc, Keys: timedKeys, RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, TokenTTL: c.tokenTTL,
+		Ping: db.PingContext, Web: web.Handler(), Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,
 		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, SignupLimit: c.signupLimit, ClientIPHeader: c.clientIPHeader, SecureCookies: c.secureCookies,
 	})
@@ -258,161 +258,23 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	log.Info("listening", "version", version, "addr", "http://"+ln.Addr().String(), "database", where, "coordination", coord.describe, "provider", pspWhere)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	// The reconciler settles what a provider timeout left pending.
-	tick := time.NewTicker(c.reconcileEvery)
-	defer tick.Stop()
-	reconciler := &app.Reconciler{Store: store, DB: db, Provider: provider, Limit: 100, Currency: c.currency, Metrics: metrics, Log: log}
-	for {
-		select {
-		case err := <-errc:
-			return err
-		case <-tick.C:
-			_, _ = reconciler.Pass(ctx) // it logs its failures; the next tick tries again
-		case <-ctx.Done():
-			log.Info("shutting down: finishing in-flight requests")
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			return srv.Shutdown(sctx) // finishes in-flight requests
-		}
+	// The reconciler settles what a provider timeout left pending; it stops before the database closes.
+	rctx, stopReconciler := context.WithCancel(ctx)
+	reconciled := make(chan struct{})
+	go func() {
+		defer close(reconciled)
+		(&app.Reconciler{Service: svc, Limit: 100, Metrics: metrics}).Run(rctx, c.reconcileEvery)
+	}()
+	defer func() { stopReconciler(); <-reconciled }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		log.Info("shutting down: finishing in-flight requests")
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx) // finishes in-flight requests
 	}
-}
-
-// openDB opens --db (default: SQLite under --data-dir, created if missing).
-func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
-	u := c.db
-	var (
-		driver, dsn string
-		dialect     sqldialect.Dialect
-	)
-	sqlite := func(path string) {
-		driver, dialect = "sqlite", sqldialect.SQLite
-		dsn = "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
-	}
-	switch {
-	case u == "":
-		if err := os.MkdirAll(c.dataDir, 0o750); err != nil {
-			return nil, 0, "", err
-		}
-		u = filepath.Join(c.dataDir, "onceguard.db")
-		sqlite(u)
-	case strings.HasPrefix(u, "sqlite://"):
-		sqlite(strings.TrimPrefix(u, "sqlite://")) // sqlite:///abs/path or sqlite://rel/path
-	case strings.HasPrefix(u, "postgres://"), strings.HasPrefix(u, "postgresql://"):
-		driver, dsn, dialect = "pgx", boundTx(u, map[string]string{
-			"lock_timeout":                        strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
-			"idle_in_transaction_session_timeout": strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
-		}), sqldialect.Postgres
-	case strings.HasPrefix(u, "mysql://"):
-		secs := strconv.FormatInt(int64((c.lockTTL+time.Second-1)/time.Second), 10) // whole seconds, rounded up
-		driver, dsn, dialect = "mysql", boundTx(strings.TrimPrefix(u, "mysql://"), map[string]string{
-			"innodb_lock_wait_timeout": secs,
-		}), sqldialect.MySQL
-	default:
-		return nil, 0, "", fmt.Errorf("--db %q: want sqlite:///path, postgres://... or mysql://...", u)
-	}
-	var (
-		db  *sql.DB
-		err error
-	)
-	if dialect == sqldialect.MySQL {
-		db, err = openMySQL(dsn, c.lockTTL)
-	} else {
-		db, err = sql.Open(driver, dsn)
-	}
-	if err != nil {
-		return nil, 0, "", err
-	}
-	if dialect != sqldialect.SQLite {
-		// A storm must queue for connections here, not exhaust the server's
-		// (PostgreSQL's default max_connections is 100, for every instance).
-		db.SetMaxOpenConns(c.dbConns)
-		db.SetMaxIdleConns(c.dbConns)
-		db.SetConnMaxIdleTime(time.Minute)
-	}
-	return db, dialect, dialect.String() + " (" + redactURL(u) + ")", nil
-}
-
-// boundTx adds to a database URL or DSN the session settings in set that
-// it does not name already: they bound how long a transaction waits on a
-// row lock and how long an idle one (its holder paused) keeps its locks,
-// both to the lock TTL, so a paused holder costs the others no more than
-// an expired lock does.
-func boundTx(dsn string, set map[string]string) string {
-	names := make([]string, 0, len(set))
-	for k := range set {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
-		if strings.Contains(dsn, k+"=") {
-			continue
-		}
-		sep := "&"
-		if !strings.Contains(dsn, "?") {
-			sep = "?"
-		}
-		dsn += sep + k + "=" + set[k]
-	}
-	return dsn
-}
-
-// openMySQL opens dsn with each new connection's idle transactions bounded
-// by ttl where the server can (MariaDB's idle_transaction_timeout, which
-// ends a paused holder's transaction); MySQL has no such variable, and
-// naming it in the DSN would fail every connection there.
-func openMySQL(dsn string, ttl time.Duration) (*sql.DB, error) {
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return nil, err
-	}
-	connector, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, err
-	}
-	if ttl <= 0 || strings.Contains(dsn, "idle_transaction_timeout=") {
-		return sql.OpenDB(connector), nil // no bound asked, or the operator's own
-	}
-	secs := int64((ttl + time.Second - 1) / time.Second)
-	return sql.OpenDB(idleBound{connector, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d", secs)}), nil
-}
-
-// idleBound runs stmt on every new connection, ignoring only the error of a
-// server that does not know the variable.
-type idleBound struct {
-	driver.Connector
-	stmt string
-}
-
-func (c idleBound) Connect(ctx context.Context) (driver.Conn, error) {
-	conn, err := c.Connector.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	ex, ok := conn.(driver.ExecerContext)
-	if !ok {
-		return conn, nil
-	}
-	if _, err := ex.ExecContext(ctx, c.stmt, nil); err != nil {
-		var me *mysql.MySQLError
-		if !errors.As(err, &me) || me.Number != 1193 { // 1193: unknown system variable (MySQL)
-			conn.Close()
-			return nil, err
-		}
-	}
-	return conn, nil
-}
-
-// redactURL hides a password in a database URL before it is logged.
-func redactURL(u string) string {
-	if at := strings.LastIndex(u, "@"); at > 0 {
-		if i := strings.Index(u, "://"); i >= 0 && i+3 < at {
-			cred := u[i+3 : at]
-			if c := strings.Index(cred, ":"); c >= 0 {
-				return u[:i+3] + cred[:c] + ":***" + u[at:]
-			}
-		}
-	}
-	return u
 }
 
 // pspFlags defines psp's flags.
@@ -449,98 +311,4 @@ func servePSP(ctx context.Context, args []string, getenv func(string) string, st
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return srv.Shutdown(sctx)
-}
-
-// envVars gives flags their defaults from the environment: a variable
-// that is set (not empty) overrides the built-in default, and one whose
-// value does not parse is an error naming it (env.err), never silently
-// the default; unless its flag is given on the command line, which wins
-// (flag > environment > built-in default). A flag's variable is the one
-// its usage names in brackets at its end ([ONCEGUARD_...]; flagEnv).
-type envVars struct {
-	getenv func(string) string
-	errs   []envError
-}
-
-// envError is a variable that did not parse.
-type envError struct {
-	name string
-	err  error
-}
-
-func (e *envVars) bad(name, v, want string) {
-	e.errs = append(e.errs, envError{name, fmt.Errorf("environment variable %s=%q: want %s", name, v, want)})
-}
-
-// err is every variable that did not parse and whose flag was not given
-// on fs's command line, or nil. Call it after fs.Parse: a flag given
-// replaces its variable's value, so a malformed one does not matter then.
-func (e *envVars) err(fs *flag.FlagSet) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) {
-		if name := flagEnv(f); name != "" {
-			given[name] = true
-		}
-	})
-	var errs []error
-	for _, b := range e.errs {
-		if !given[b.name] {
-			errs = append(errs, b.err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// flagEnv is the environment variable f takes its default from: the one
-// its usage names in brackets at its end ("... [ONCEGUARD_LOCK_TTL]"),
-// or "" (TestConfigTable checks that every flag names one).
-func flagEnv(f *flag.Flag) string {
-	u, ok := strings.CutSuffix(f.Usage, "]")
-	if !ok {
-		return ""
-	}
-	i := strings.LastIndex(u, "[")
-	if i < 0 || !strings.HasPrefix(u[i+1:], "ONCEGUARD_") {
-		return ""
-	}
-	return u[i+1:]
-}
-
-func (e *envVars) str(name, def string) string {
-	if v := e.getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func (e *envVars) dur(name string, def time.Duration) time.Duration {
-	return envParse(e, name, def, time.ParseDuration, "a duration with its unit, like "+def.String())
-}
-
-func (e *envVars) int(name string, def int) int {
-	return envParse(e, name, def, strconv.Atoi, "a whole number")
-}
-
-func (e *envVars) float(name string, def float64) float64 {
-	return envParse(e, name, def, func(v string) (float64, error) { return strconv.ParseFloat(v, 64) }, "a number")
-}
-
-func (e *envVars) bool(name string, def bool) bool {
-	return envParse(e, name, def, strconv.ParseBool, "true or false")
-}
-
-// envParse returns the variable name parsed, def when it is unset, and
-// def with an error recorded (want says what it should be) when it does
-// not parse.
-func envParse[T any](e *envVars, name string, def T, parse func(string) (T, error), want string) T {
-	v := e.getenv(name)
-	if v == "" {
-		return def
-	}
-	x, err := parse(v)
-	if err != nil {
-		e.bad(name, v, want)
-		return def
-	}
-	return x
 }

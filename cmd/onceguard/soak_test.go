@@ -16,6 +16,7 @@ import (
 	"time"
 
 	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/psp"
@@ -226,10 +227,13 @@ func TestSoakStoresBounded(t *testing.T) {
 	if !ok {
 		t.Fatalf("locks on %T with SQLite; want the in-process *memlock.Backend", coord.locks.Backend())
 	}
+	store := sqlstore.Open(db, dialect)
+	store.Records = keys
+	svc := app.New(app.Config{Store: store, Provider: psp.Port(&psp.Sim{}), Currency: "CNY", MaxAmount: money.Amount(100_000_000),
+		SessionTTL: time.Hour, Locks: coord.locks})
 	h := httpapi.New(httpapi.Config{
-		Store: sqlstore.Open(db, dialect), Keys: keys, Completer: keys, Provider: &psp.Sim{}, Currency: "CNY", MaxAmount: money.Amount(100_000_000),
-		RequireToken: map[string]bool{"withdrawal": true}, Window: 10 * time.Second, KeyTTL: 24 * time.Hour, TokenTTL: 5 * time.Minute, SessionTTL: time.Hour,
-		Locks: coord.locks, Windows: coord.windows, RateLimit: 2000, RateBurst: 4000, LoginAttempts: 5, ClientIPHeader: "X-Real-IP",
+		App: svc, Keys: keys, RequireToken: map[string]bool{"withdrawal": true}, Window: 10 * time.Second, KeyTTL: 24 * time.Hour, TokenTTL: 5 * time.Minute,
+		Windows: coord.windows, RateLimit: 2000, RateBurst: 4000, LoginAttempts: 5, ClientIPHeader: "X-Real-IP",
 	})
 
 	var (

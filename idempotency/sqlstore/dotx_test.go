@@ -10,8 +10,6 @@ import (
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
-	"github.com/onceguard/onceguard/internal/sqldb"
-	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // DoTx commits fn's effect and its record together: a delivery whose fn
@@ -94,10 +92,10 @@ func TestDoTx(t *testing.T) {
 	}
 }
 
-// CompleteStmt's statement changes no row once the lease is lost (a
-// take-over), so a caller that makes it part of its own statement (the
-// service's settlement CTE) commits nothing of it then.
-func TestCompleteStmtLostLease(t *testing.T) {
+// CompleteTx on a caller's transaction completes nothing once the lease
+// is lost (a take-over): ErrLeaseLost, so the caller's business change in
+// that transaction rolls back with it; the current lease completes it.
+func TestCompleteTxLostLease(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
 			s, db := d.store(t)
@@ -111,20 +109,22 @@ func TestCompleteStmtLostLease(t *testing.T) {
 			if err != nil || !second.Recovered {
 				t.Fatalf("take-over = %+v, %v", second, err)
 			}
-			for lease, want := range map[string]int64{first.Lease: 0, second.Lease: 1} {
-				q, args, err := s.CompleteStmt(ctx, id, lease, idemstore.Response{Status: 201, Body: []byte("x")})
+			for _, c := range []struct {
+				name, lease string
+				want        error
+			}{{"lost", first.Lease, idempotency.ErrLeaseLost}, {"current", second.Lease, nil}} {
+				tx, err := db.BeginTx(ctx, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if d.dialect == sqldialect.Postgres {
-					q = sqldb.Rebind(q)
+				err = s.CompleteTx(ctx, tx, id, c.lease, idemstore.Response{Status: 201, Body: []byte("x")})
+				if !errors.Is(err, c.want) || (c.want == nil && err != nil) {
+					t.Errorf("CompleteTx with the %s lease = %v; want %v", c.name, err, c.want)
 				}
-				res, err := db.ExecContext(ctx, q, args...)
 				if err != nil {
+					_ = tx.Rollback()
+				} else if err := tx.Commit(); err != nil {
 					t.Fatal(err)
-				}
-				if n, _ := res.RowsAffected(); n != want {
-					t.Errorf("CompleteStmt with the %s lease changed %d rows; want %d", map[bool]string{true: "lost", false: "current"}[want == 0], n, want)
 				}
 			}
 		})

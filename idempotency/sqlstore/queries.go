@@ -10,7 +10,6 @@ import (
 type queries struct {
 	create                                                       []string
 	insertRecord, selectRecord, deleteRecord, takeOver, complete string
-	completeRaw                                                  string // complete with ? placeholders (see CompleteStmt)
 	insertFresh                                                  string // "" where the dialect has no INSERT ... RETURNING
 	selectLease, bindToken, bindFresh, unbind, unbindAny         string
 	putToken, getToken, claimWindow, selectWindow, freeWindow    string
@@ -109,7 +108,6 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 		}
 		return s
 	}
-	q.completeRaw = strings.ReplaceAll(q.complete, "{p}", p)
 	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete,
 		&q.selectLease, &q.bindToken, &q.bindFresh, &q.unbind, &q.unbindAny, &q.putToken, &q.getToken,
 		&q.claimWindow, &q.selectWindow, &q.freeWindow} {

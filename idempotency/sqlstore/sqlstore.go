@@ -342,20 +342,6 @@ func (s *Store) DoTx(ctx context.Context, scope idempotency.Scope, key, fingerpr
 	})
 }
 
-// CompleteStmt returns the statement CompleteTx runs, for a caller that
-// makes it part of a statement of its own (a PostgreSQL data-modifying
-// CTE, which commits with the rest of that statement in one round trip):
-// an UPDATE with ? placeholders and its arguments, which changes the
-// record's row when the lease still holds it and no row when it does not
-// (then nothing of the caller's statement may commit).
-func (s *Store) CompleteStmt(ctx context.Context, id, lease string, resp idemstore.Response) (query string, args []any, err error) {
-	if err := s.Migrate(ctx); err != nil {
-		return "", nil, err
-	}
-	args, err = completeArgs(id, lease, resp)
-	return s.q.completeRaw, args, err
-}
-
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }

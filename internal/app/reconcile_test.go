@@ -33,14 +33,14 @@ func TestReconcile(t *testing.T) {
 	sim := &psp.Sim{}
 	// Fund the account through a deposit whose charge timed out after the
 	// money moved.
-	if _, _, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 3000, CreatedAt: now}); err != nil {
+	if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 3000, CreatedAt: time.UnixMicro(now)}); err != nil {
 		t.Fatal(err)
 	}
 	sim.Inject(psp.TimeoutAfterCommit)
 	if _, err := sim.Do(ctx, psp.Charge, "d1", 3000); !errors.Is(err, psp.ErrUnknownOutcome) {
 		t.Fatal(err)
 	}
-	if res, err := app.Reconcile(ctx, s, sim, 100); err != nil || res.Succeeded != 1 {
+	if res, err := reconcile(ctx, s, sim, 100); err != nil || res.Succeeded != 1 {
 		t.Fatalf("Reconcile of the deposit = %+v, %v; want it settled", res, err)
 	}
 	if n, _ := sim.Moved(psp.Charge); n != 1 {
@@ -50,23 +50,23 @@ func TestReconcile(t *testing.T) {
 	// time out before paying, and are declined.
 	sim.Inject(psp.TimeoutAfterCommit, psp.TimeoutBeforeCommit, psp.Decline)
 	for _, id := range []string{"w1", "w2", "w3"} {
-		if _, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: now}, 0); err != nil {
+		if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0); err != nil {
 			t.Fatal(err)
 		}
 		if op, err := sim.Do(ctx, psp.Payout, id, 1000); err == nil && op.Status == psp.Failed {
-			if _, err := s.SettleWithdrawal(ctx, id, false, now); err != nil { // a definite failure settles at once
+			if _, err := s.SettleWithdrawal(ctx, id, false, time.UnixMicro(now)); err != nil { // a definite failure settles at once
 				t.Fatal(err)
 			}
 		}
 	}
-	res, err := app.Reconcile(ctx, s, sim, 100)
+	res, err := reconcile(ctx, s, sim, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res.Checked != 2 || res.Succeeded != 2 || res.StillPending != 0 {
 		t.Errorf("Reconcile = %+v; want w1 and w2 settled succeeded", res)
 	}
-	if again, _ := app.Reconcile(ctx, s, sim, 100); again.Checked != 0 {
+	if again, _ := reconcile(ctx, s, sim, 100); again.Checked != 0 {
 		t.Errorf("second pass checked %d; want nothing left pending", again.Checked)
 	}
 	if n, total := sim.Moved(psp.Payout); n != 2 || total != 2000 {
@@ -101,26 +101,27 @@ func (unknown) Lookup(context.Context, string) (psp.Operation, error) {
 // the reconciler), counts its results, and sets the backlog gauge from
 // the pending rows, not from what one pass (capped by Limit) looked at.
 func TestReconcilerPass(t *testing.T) {
-	s, db, now := withAlice(t)
+	s, _, now := withAlice(t)
 	ctx := context.Background()
 	// Three pending deposits and one pending withdrawal (funded by a
 	// settled deposit).
 	for i, amt := range []money.Amount{100, 200, 300, 5000} {
 		id := fmt.Sprintf("d%d", i)
-		if _, _, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: id, UserID: "u1", Key: "key-" + id, Amount: amt, CreatedAt: now + int64(i)}); err != nil {
+		if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: id, UserID: "u1", Key: "key-" + id, Amount: amt, CreatedAt: time.UnixMicro(now + int64(i))}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.SettleDeposit(ctx, "d3", true, now); err != nil {
+	if _, err := s.SettleDeposit(ctx, "d3", true, time.UnixMicro(now)); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: "w0", UserID: "u1", Key: "key-w0", Amount: 400, CreatedAt: now}, 0); err != nil {
+	if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w0", UserID: "u1", Key: "key-w0", Amount: 400, CreatedAt: time.UnixMicro(now)}, 0); err != nil {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
 	m := obs.NewMetrics()
-	rc := &app.Reconciler{Store: s, DB: db, Provider: unknown{}, Limit: 2, Currency: "CNY", Metrics: m,
-		Log: slog.New(slog.NewJSONHandler(&logs, nil))}
+	prov := &switchable{Provider: unknown{}}
+	svc := app.New(app.Config{Store: s, Provider: psp.Port(prov), Currency: "CNY", Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	rc := &app.Reconciler{Service: svc, Limit: 2, Metrics: m}
 	gauge := func() float64 {
 		var d dto.Metric
 		if err := m.ReconcilerPend.Write(&d); err != nil {
@@ -172,7 +173,7 @@ func TestReconcilerPass(t *testing.T) {
 		}
 	}
 	sim.Inject(psp.Decline)
-	rc.Provider = sim
+	prov.Provider = sim
 	res, err = rc.Pass(ctx)
 	if err != nil || res.Succeeded != 2 || res.Failed != 1 || res.StillPending != 0 {
 		t.Fatalf("Pass = %+v, %v; want d0, d1 succeeded, w0 failed (declined)", res, err)
@@ -228,7 +229,7 @@ func (p settlingFirst) Lookup(ctx context.Context, key string) (psp.Operation, e
 func TestReconcileSettledMeanwhile(t *testing.T) {
 	s, _, now := withAlice(t)
 	ctx := context.Background()
-	if _, _, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 500, CreatedAt: now}); err != nil {
+	if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 500, CreatedAt: time.UnixMicro(now)}); err != nil {
 		t.Fatal(err)
 	}
 	sim := &psp.Sim{}
@@ -236,11 +237,11 @@ func TestReconcileSettledMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := settlingFirst{Provider: sim, settle: func(id string) {
-		if moved, err := s.SettleDeposit(ctx, id, true, now); err != nil || !moved {
+		if moved, err := s.SettleDeposit(ctx, id, true, time.UnixMicro(now)); err != nil || !moved {
 			t.Errorf("the request's SettleDeposit = %v, %v; want it to move the deposit", moved, err)
 		}
 	}}
-	res, err := app.Reconcile(ctx, s, p, 100)
+	res, err := reconcile(ctx, s, p, 100)
 	if err != nil || res.Checked != 1 || res.Succeeded != 0 || res.Failed != 0 || len(res.Settled) != 0 {
 		t.Errorf("Reconcile = %+v, %v; want 1 checked and nothing settled by it", res, err)
 	}
@@ -260,7 +261,7 @@ func withAlice(t *testing.T) (*sqlstore.Store, *sql.DB, int64) {
 	}
 	s := sqlstore.Open(db, sqldialect.SQLite)
 	now := time.Now().UnixMicro()
-	if err := s.CreateUser(ctx, "u1", "alice", "h", "CNY", now); err != nil {
+	if err := s.CreateUser(ctx, app.User{ID: "u1", Username: "alice", PasswordHash: "h", CreatedAt: time.UnixMicro(now)}, "CNY"); err != nil {
 		t.Fatal(err)
 	}
 	return s, db, now
@@ -272,32 +273,32 @@ func withAlice(t *testing.T) (*sqlstore.Store, *sql.DB, int64) {
 func TestReconcileGoesOnPastAFailedSettlement(t *testing.T) {
 	s, db, now := withAlice(t)
 	ctx := context.Background()
-	if err := s.CreateUser(ctx, "u2", "bob", "h", "CNY", now); err != nil {
+	if err := s.CreateUser(ctx, app.User{ID: "u2", Username: "bob", PasswordHash: "h", CreatedAt: time.UnixMicro(now)}, "CNY"); err != nil {
 		t.Fatal(err)
 	}
 	settled := func(id, user string, amount money.Amount) {
 		t.Helper()
-		if _, _, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: id, UserID: user, Key: "k" + id, Amount: amount, CreatedAt: now}); err != nil {
+		if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: id, UserID: user, Key: "k" + id, Amount: amount, CreatedAt: time.UnixMicro(now)}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.SettleDeposit(ctx, id, true, now); err != nil {
+		if _, err := s.SettleDeposit(ctx, id, true, time.UnixMicro(now)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	settled("full", "u1", money.Amount(math.MaxInt64-100))
 	settled("d2", "u2", 5000)
 	sim := &psp.Sim{}
-	if _, _, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "over", UserID: "u1", Key: "kover", Amount: 1000, CreatedAt: now}); err != nil {
+	if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "over", UserID: "u1", Key: "kover", Amount: 1000, CreatedAt: time.UnixMicro(now)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: "w9", UserID: "u2", Key: "kw9", Amount: 1000, CreatedAt: now}, 0); err != nil {
+	if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w9", UserID: "u2", Key: "kw9", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0); err != nil {
 		t.Fatal(err)
 	}
 	sim.Inject(psp.TimeoutAfterCommit, psp.TimeoutAfterCommit)
 	_, _ = sim.Do(ctx, psp.Charge, "over", 1000)
 	_, _ = sim.Do(ctx, psp.Payout, "w9", 1000)
 
-	res, err := app.Reconcile(ctx, s, sim, 100)
+	res, err := reconcile(ctx, s, sim, 100)
 	if err == nil || res.Succeeded != 1 || res.StillPending != 1 {
 		t.Errorf("Reconcile = %+v, %v; want w9 settled, the overflowing deposit still pending, and its error", res, err)
 	}
@@ -309,3 +310,11 @@ func TestReconcileGoesOnPastAFailedSettlement(t *testing.T) {
 		t.Errorf("u1: balance %v, ledger %v, %v; want the balance before the overflowing deposit, unchanged", bal, sum, err)
 	}
 }
+
+// reconcile runs one Reconcile of a service on s and p.
+func reconcile(ctx context.Context, s *sqlstore.Store, p psp.Provider, limit int) (app.ReconcileResult, error) {
+	return app.New(app.Config{Store: s, Provider: psp.Port(p), Currency: "CNY"}).Reconcile(ctx, limit)
+}
+
+// switchable is a provider that can be replaced between passes.
+type switchable struct{ psp.Provider }

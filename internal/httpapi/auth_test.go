@@ -145,7 +145,7 @@ func TestSignupCountedOnceHashed(t *testing.T) {
 		h.ServeHTTP(w, r)
 		return w.Code
 	}
-	limit2 := func(c *httpapi.Config) { c.SignupLimit = 2 }
+	limit2 := func(c *harnessConfig) { c.SignupLimit = 2 }
 
 	t.Run("hung up during the hash", func(t *testing.T) {
 		o := newObsHarness(t, nil, nil, limit2)
@@ -221,7 +221,7 @@ func TestAPINoSniff(t *testing.T) {
 // every sign-in with SecureCookies, for a TLS proxy that says nothing.
 func TestSecureCookies(t *testing.T) {
 	for _, force := range []bool{false, true} {
-		o := newObsHarness(t, nil, nil, func(c *httpapi.Config) { c.SecureCookies = force })
+		o := newObsHarness(t, nil, nil, func(c *harnessConfig) { c.SecureCookies = force })
 		for _, proto := range []string{"", "https"} {
 			r := httptest.NewRequest("POST", "/api/v1/sessions", strings.NewReader(`{"username":"alice","password":"correct horse"}`))
 			r.Header.Set("Content-Type", "application/json")

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/internal/psp"
@@ -64,8 +63,8 @@ func TestRequestEndsInsideKeyLease(t *testing.T) {
 func requestEndsInsideKeyLease(t *testing.T, timeout time.Duration) {
 	prov := &stuckPayouts{}
 	const lease = time.Second
-	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) {
-		c.KeyLease, c.RequestTimeout = lease, timeout
+	o := newObsHarness(t, nil, nil, func(c *harnessConfig) {
+		c.App.KeyLease, c.App.RequestTimeout = lease, timeout
 		c.Provider = obs.Provider{Provider: prov, Metrics: c.Metrics}
 	})
 	tok := o.fundedToken(t)
@@ -105,8 +104,8 @@ func requestEndsInsideKeyLease(t *testing.T, timeout time.Duration) {
 // in fact paid. The retry replays it; one payout, one debit.
 func TestSettledAfterDeadline(t *testing.T) {
 	prov := &stuckPayouts{late: true}
-	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) {
-		c.KeyLease, c.RequestTimeout = 2*time.Second, 300*time.Millisecond
+	o := newObsHarness(t, nil, nil, func(c *harnessConfig) {
+		c.App.KeyLease, c.App.RequestTimeout = 2*time.Second, 300*time.Millisecond
 		c.Provider = obs.Provider{Provider: prov, Metrics: c.Metrics}
 	})
 	tok := o.fundedToken(t)

@@ -1,6 +1,3 @@
-// Package httpapi is the reference service's HTTP layer: the contract of
-// docs/api.md. This file holds the request-body rules every endpoint
-// shares.
 package httpapi
 
 import (

@@ -48,13 +48,5 @@ func HoldHashSlots(h http.Handler) (release func(), ok bool) {
 	if !ok {
 		return nil, false
 	}
-	n := cap(s.hashSlots)
-	for range n {
-		s.hashSlots <- struct{}{}
-	}
-	return func() {
-		for range n {
-			<-s.hashSlots
-		}
-	}, true
+	return s.app.HoldHashSlots(), true
 }

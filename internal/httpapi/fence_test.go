@@ -3,8 +3,9 @@ package httpapi_test
 import (
 	"context"
 	"testing"
+	"time"
 
-	"github.com/onceguard/onceguard/internal/httpapi"
+	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
 )
@@ -19,7 +20,7 @@ import (
 // not check) would have written under the lease it had lost.
 func TestWithdrawalCarriesItsFence(t *testing.T) {
 	var store *sqlstore.Store
-	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) { store = c.Store })
+	o := newObsHarness(t, nil, nil, func(c *harnessConfig) { store = c.Store })
 	tok := o.fundedToken(t)
 	_, acct, _ := o.call("GET", "/api/v1/account", "", "")
 	user := acct["user_id"].(string)
@@ -31,7 +32,7 @@ func TestWithdrawalCarriesItsFence(t *testing.T) {
 		if grants++; grants > 1 {
 			return
 		}
-		_, _, err := store.Withdraw(context.Background(), sqlstore.Movement{ID: "wd_other", UserID: user, Key: "other-holder", Amount: 100, CreatedAt: 1}, g.Fence+1)
+		_, _, err := store.Withdraw(context.Background(), app.Movement{ID: "wd_other", UserID: user, Key: "other-holder", Amount: 100, CreatedAt: time.UnixMicro(1)}, g.Fence+1)
 		if err != nil {
 			t.Errorf("the other holder's withdrawal: %v", err)
 		}

@@ -1,12 +1,12 @@
 package httpapi
 
 import (
-	"context"
 	"fmt"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/onceguard/onceguard/internal/app"
 )
 
 // The limiters keep at most maxLimiterEntries keys, however many clients
@@ -52,40 +52,6 @@ func TestLimitersBounded(t *testing.T) {
 	}
 }
 
-// At most cap(hashSlots) password hashes run at once (each holds 19 MiB);
-// the next waits for a slot, and one whose request ends while it waits is
-// answered 503 busy without hashing.
-func TestHashingBounded(t *testing.T) {
-	s := &server{hashSlots: make(chan struct{}, 2)}
-	release := make(chan struct{})
-	var running sync.WaitGroup
-	running.Add(2)
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.hashing(httptest.NewRecorder(), httptest.NewRequest("POST", "/", nil), func() { running.Done(); <-release })
-		}()
-	}
-	running.Wait() // both slots taken
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	w := httptest.NewRecorder()
-	ran := false
-	if s.hashing(w, httptest.NewRequest("POST", "/", nil).WithContext(ctx), func() { ran = true }) || ran {
-		t.Error("a third hash ran while two held both slots")
-	}
-	if w.Code != 503 || w.Header().Get("Retry-After") != "1" {
-		t.Errorf("third, its request ended while waiting = %d (Retry-After %q); want 503 busy, Retry-After 1", w.Code, w.Header().Get("Retry-After"))
-	}
-	close(release)
-	wg.Wait()
-	if !s.hashing(httptest.NewRecorder(), httptest.NewRequest("POST", "/", nil), func() { ran = true }) || !ran {
-		t.Error("with the slots free again, a hash did not run")
-	}
-}
-
 // reserveAll takes an attempt on every limiter or on none: when a later
 // one refuses, the earlier ones get theirs back.
 func TestReserveAllOrNone(t *testing.T) {
@@ -107,5 +73,16 @@ func TestReserveAllOrNone(t *testing.T) {
 	}
 	if d := reserveAll(now, attempt{pair, "alice|10.0.0.1"}); d <= 0 {
 		t.Error("pair's 6th attempt let through; want its limit of 5")
+	}
+}
+
+// A busy answer (the hashing slots full, a lock not had) is 503 with
+// Retry-After 1.
+func TestBusyAnswer(t *testing.T) {
+	w := httptest.NewRecorder()
+	s := &server{}
+	s.fail(w, httptest.NewRequest("POST", "/", nil), app.ErrHashBusy)
+	if w.Code != 503 || w.Header().Get("Retry-After") != "1" {
+		t.Errorf("busy = %d (Retry-After %q); want 503 busy, Retry-After 1", w.Code, w.Header().Get("Retry-After"))
 	}
 }

@@ -27,9 +27,11 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/obs"
+	"github.com/onceguard/onceguard/internal/obs/backends"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
@@ -79,7 +81,7 @@ func (f *faultLocks) Release(ctx context.Context, key, owner string) error {
 // faultKeys is the service's key store, whose Begin can fail as a store
 // that does not answer.
 type faultKeys struct {
-	obs.KeyStore
+	backends.KeyStore
 	down atomic.Bool
 }
 
@@ -116,7 +118,16 @@ type obsHarness struct {
 	token   string // alice's session
 }
 
-func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Context) error, opts ...func(*httpapi.Config)) *obsHarness {
+// harnessConfig is what a harness's options may change: the HTTP layer's
+// config, the service's, its provider and (to read) its store.
+type harnessConfig struct {
+	httpapi.Config
+	App      app.Config
+	Provider psp.Provider
+	Store    *sqlstore.Store
+}
+
+func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Context) error, opts ...func(*harnessConfig)) *obsHarness {
 	t.Helper()
 	ctx := context.Background()
 	db := openSQLite(t, t.TempDir())
@@ -131,24 +142,35 @@ func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Co
 		t.Fatal(err)
 	}
 	o := &obsHarness{metrics: obs.NewMetrics(), locks: &faultLocks{Backend: &memlock.Backend{}}, logs: &lockedBuffer{}}
-	o.keys = &faultKeys{KeyStore: o.metrics.TimeKeys(keys)}
+	o.keys = &faultKeys{KeyStore: backends.TimeKeys(o.metrics, keys)}
 	store := sqlstore.Open(db, sqldialect.SQLite)
 	store.Observe = o.metrics.DBObserver()
+	store.Records = o.keys
 	if ping == nil {
 		ping = db.PingContext
 	}
-	cfg := httpapi.Config{
-		Store: store, Keys: o.keys, Completer: o.keys, Provider: obs.Provider{Provider: &psp.Sim{}, Metrics: o.metrics}, Currency: "CNY",
-		MaxAmount: money.Amount(1_000_000_00), RequireToken: map[string]bool{"withdrawal": true}, Window: 10 * time.Second,
-		KeyTTL: time.Hour, TokenTTL: time.Minute, SessionTTL: time.Hour, LockTTL: 10 * time.Second, Ping: ping, Components: comps,
-		Locks:       lock.New(o.locks, &lock.Options{AutoRenew: true, Observe: o.metrics.LockObserver(func() string { return "memory" })}),
-		LockBackend: func() string { return "memory" },
-		Metrics:     o.metrics, Logger: slog.New(slog.NewJSONHandler(o.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	logger := slog.New(slog.NewJSONHandler(o.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg := harnessConfig{
+		Config: httpapi.Config{
+			Keys: o.keys, RequireToken: map[string]bool{"withdrawal": true}, Window: 10 * time.Second,
+			KeyTTL: time.Hour, TokenTTL: time.Minute, Ping: ping, Components: comps,
+			Metrics: o.metrics, Logger: logger,
+		},
+		App: app.Config{
+			Currency: "CNY", MaxAmount: money.Amount(1_000_000_00), SessionTTL: time.Hour, LockTTL: 10 * time.Second,
+			Locks:       lock.New(o.locks, &lock.Options{AutoRenew: true, Observe: o.metrics.LockObserver(func() string { return "memory" })}),
+			LockBackend: func() string { return "memory" },
+			Logger:      logger, Metrics: o.metrics,
+		},
+		Provider: obs.Provider{Provider: &psp.Sim{}, Metrics: o.metrics},
+		Store:    store,
 	}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	o.h = httpapi.New(cfg)
+	cfg.App.Store, cfg.App.Provider = cfg.Store, psp.Port(cfg.Provider)
+	cfg.Config.App = app.New(cfg.App)
+	o.h = httpapi.New(cfg.Config)
 	if code, _, _ := o.call("POST", "/api/v1/users", "", `{"username":"alice","password":"correct horse"}`); code != 201 {
 		t.Fatalf("sign up = %d", code)
 	}
@@ -418,7 +440,7 @@ type reconcilerFirst struct {
 func (p reconcilerFirst) Do(ctx context.Context, kind psp.Kind, key string, amount money.Amount) (psp.Operation, error) {
 	op, err := p.Provider.Do(ctx, kind, key, amount)
 	if err == nil && kind == psp.Charge {
-		_, err = p.store.SettleDeposit(ctx, key, op.Status == psp.Succeeded, time.Now().UnixMicro())
+		_, err = p.store.SettleDeposit(ctx, key, op.Status == psp.Succeeded, time.Now())
 	}
 	return op, err
 }
@@ -427,7 +449,7 @@ func (p reconcilerFirst) Do(ctx context.Context, kind psp.Kind, key string, amou
 // while its request waited on the provider gets the reconciler's line,
 // not a second one from the request, which still answers 201 succeeded.
 func TestAuditOncePerMovement(t *testing.T) {
-	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) {
+	o := newObsHarness(t, nil, nil, func(c *harnessConfig) {
 		c.Provider = reconcilerFirst{Provider: c.Provider, store: c.Store}
 	})
 	code, out, _ := o.call("POST", "/api/v1/deposits", "dep-1", `{"amount":"5.00"}`)

@@ -27,6 +27,7 @@ func TestPanicAfterStatusAborts(t *testing.T) {
 				_, _ = w.Write([]byte("part of it"))
 				panic(tc.value)
 			}))
+			s.compose()
 			defer func() {
 				if v := recover(); v != http.ErrAbortHandler {
 					t.Errorf("ServeHTTP panicked with %v; want http.ErrAbortHandler", v)

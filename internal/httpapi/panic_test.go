@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/psp"
 )
@@ -30,7 +29,7 @@ func (p *panicky) Do(ctx context.Context, kind psp.Kind, key string, amount mone
 // the money moves once.
 func TestPanicAnswers500(t *testing.T) {
 	p := &panicky{}
-	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) { p.Provider = c.Provider; c.Provider = p })
+	o := newObsHarness(t, nil, nil, func(c *harnessConfig) { p.Provider = c.Provider; c.Provider = p })
 	p.on.Store(true)
 	w := serveJSON(o.h, o.token, "POST", "/api/v1/deposits", "dep-1", `{"amount":"7.00"}`)
 	if w.Code != 500 || w.Header().Get("Content-Type") != "application/problem+json" || !strings.Contains(w.Body.String(), `"code":"internal"`) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceguard/onceguard/internal/httpapi"
+	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 )
 
@@ -16,7 +16,7 @@ import (
 // not a 201 showing the first movement as if it were this request's. With
 // the same body it is that movement again (a retry). Nothing moves twice.
 func TestKeyReusedAfterItsRecord(t *testing.T) {
-	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) {
+	o := newObsHarness(t, nil, nil, func(c *harnessConfig) {
 		c.KeyTTL = time.Millisecond
 		c.RequireToken = nil
 		c.Window = 0
@@ -67,14 +67,14 @@ func TestKeyReusedAfterItsRecord(t *testing.T) {
 // settled after the charge. The balance is unchanged.
 func TestDepositPastBalanceLimit(t *testing.T) {
 	var store *sqlstore.Store
-	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) { store = c.Store })
+	o := newObsHarness(t, nil, nil, func(c *harnessConfig) { store = c.Store })
 	_, acct, _ := o.call("GET", "/api/v1/account", "", "")
 	user := acct["user_id"].(string)
 	ctx := context.Background()
-	if _, _, err := store.CreateDeposit(ctx, sqlstore.Movement{ID: "dep_full", UserID: user, Key: "full", Amount: httpapi.MaxBalance - 50, CreatedAt: 1}); err != nil {
+	if _, _, err := store.CreateDeposit(ctx, app.Movement{ID: "dep_full", UserID: user, Key: "full", Amount: app.MaxBalance - 50, CreatedAt: time.UnixMicro(1)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.SettleDeposit(ctx, "dep_full", true, 1); err != nil {
+	if _, err := store.SettleDeposit(ctx, "dep_full", true, time.UnixMicro(1)); err != nil {
 		t.Fatal(err)
 	}
 	_, before, _ := o.call("GET", "/api/v1/account", "", "")
@@ -94,16 +94,16 @@ func TestDepositPastBalanceLimit(t *testing.T) {
 // (docs/api.md), however long it is; the other lists are the newest 1000.
 func TestLedgerWhole(t *testing.T) {
 	var store *sqlstore.Store
-	o := newObsHarness(t, nil, nil, func(c *httpapi.Config) { store = c.Store })
+	o := newObsHarness(t, nil, nil, func(c *harnessConfig) { store = c.Store })
 	_, acct, _ := o.call("GET", "/api/v1/account", "", "")
 	user := acct["user_id"].(string)
 	ctx := context.Background()
 	for i := range 1010 {
 		id := "dep_" + strconv.Itoa(i)
-		if _, _, err := store.CreateDeposit(ctx, sqlstore.Movement{ID: id, UserID: user, Key: id, Amount: 1, CreatedAt: int64(i)}); err != nil {
+		if _, _, err := store.CreateDeposit(ctx, app.Movement{ID: id, UserID: user, Key: id, Amount: 1, CreatedAt: time.UnixMicro(int64(i))}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := store.SettleDeposit(ctx, id, true, int64(i)); err != nil {
+		if _, err := store.SettleDeposit(ctx, id, true, time.UnixMicro(int64(i))); err != nil {
 			t.Fatal(err)
 		}
 	}

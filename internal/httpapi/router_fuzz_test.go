@@ -54,6 +54,7 @@ import (
 	"unicode/utf8"
 
 	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/auth"
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/httpapi"
@@ -62,6 +63,8 @@ import (
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/internal/web"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/memlock"
 	"github.com/onceguard/onceguard/sqldialect"
 )
 
@@ -100,7 +103,7 @@ func newRouterHarness(tb testing.TB, db *sql.DB, dialect sqldialect.Dialect) *ro
 	if err := sqlstore.Migrate(ctx, db, dialect); err != nil {
 		tb.Fatal(err)
 	}
-	keys, err := idemsql.New(db, map[sqldialect.Dialect]sqldialect.Dialect{sqldialect.Postgres: sqldialect.Postgres, sqldialect.MySQL: sqldialect.MySQL, sqldialect.SQLite: sqldialect.SQLite}[dialect], nil)
+	keys, err := idemsql.New(db, dialect, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -111,11 +114,17 @@ func newRouterHarness(tb testing.TB, db *sql.DB, dialect sqldialect.Dialect) *ro
 	metrics := obs.NewMetrics()
 	store := sqlstore.Open(db, dialect)
 	store.Observe = metrics.DBObserver()
+	store.Records = keys
 	maxAmount, _ := money.Parse("1000000.00")
+	svc := app.New(app.Config{
+		Store: store, Provider: psp.Port(obs.Provider{Provider: sim, Metrics: metrics}), Currency: "CNY", MaxAmount: maxAmount,
+		KeyLease: 30 * time.Second, LockTTL: 10 * time.Second, SessionTTL: 24 * time.Hour, Metrics: metrics,
+		Locks: lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true}),
+	})
 	h := httpapi.New(httpapi.Config{
-		Store: store, Keys: keys, Completer: keys, Provider: obs.Provider{Provider: sim, Metrics: metrics}, Currency: "CNY", MaxAmount: maxAmount,
-		RequireToken: map[string]bool{"withdrawal": true}, Window: 10 * time.Second, KeyTTL: 24 * time.Hour, KeyLease: 30 * time.Second,
-		LockTTL: 10 * time.Second, TokenTTL: 5 * time.Minute, SessionTTL: 24 * time.Hour, Ping: db.PingContext, Web: web.Handler(),
+		App: svc, Keys: keys,
+		RequireToken: map[string]bool{"withdrawal": true}, Window: 10 * time.Second, KeyTTL: 24 * time.Hour,
+		TokenTTL: 5 * time.Minute, Ping: db.PingContext, Web: web.Handler(),
 		Metrics: metrics, Logger: slog.New(slog.DiscardHandler),
 	})
 	hs := &routerHarness{h: h, db: db, store: store, sim: sim, dialect: dialect, ids: map[string]string{}}
@@ -173,7 +182,7 @@ func (hs *routerHarness) newSession(tb testing.TB, u fuzzUser) fuzzUser {
 	tb.Helper()
 	tok, hash := auth.NewSessionToken()
 	now := time.Now()
-	if err := hs.store.CreateSession(context.Background(), hash, u.id, now.Add(24*time.Hour).UnixMicro(), now.UnixMicro()); err != nil {
+	if err := hs.store.CreateSession(context.Background(), hash, u.id, now.Add(24*time.Hour), now); err != nil {
 		tb.Fatalf("new session for %s: %v", u.name, err)
 	}
 	u.token = tok

@@ -3,7 +3,6 @@ package obs
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -11,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"strings"
+
+	"github.com/onceguard/onceguard/internal/app"
 )
 
 // NewLogger returns the service's logger on w: JSON, or text when format
@@ -48,13 +49,7 @@ func isTerminal(w io.Writer) bool {
 // Hash is how secrets appear in logs: the first 12 hex digits of their
 // SHA-256, enough to match lines of one key or token, useless to replay
 // it. "" stays "".
-func Hash(secret string) string {
-	if secret == "" {
-		return ""
-	}
-	sum := sha256.Sum256([]byte(secret))
-	return hex.EncodeToString(sum[:6])
-}
+func Hash(secret string) string { return app.Hash(secret) }
 
 // RequestID returns the request's X-Request-Id when it is a safe token
 // (1 to 64 of letters, digits, '-', '_', '.'), else a new random one.
@@ -67,17 +62,8 @@ func RequestID(r *http.Request) string {
 	return hex.EncodeToString(b[:])
 }
 
-type loggerKey struct{}
-
-// WithLogger returns ctx carrying l.
-func WithLogger(ctx context.Context, l *slog.Logger) context.Context {
-	return context.WithValue(ctx, loggerKey{}, l)
-}
+// WithLogger returns ctx carrying l (app.WithLogger: the domain's lines use it too).
+func WithLogger(ctx context.Context, l *slog.Logger) context.Context { return app.WithLogger(ctx, l) }
 
 // Logger returns the logger ctx carries (with its request id), or def.
-func Logger(ctx context.Context, def *slog.Logger) *slog.Logger {
-	if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok {
-		return l
-	}
-	return def
-}
+func Logger(ctx context.Context, def *slog.Logger) *slog.Logger { return app.Logger(ctx, def) }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
@@ -64,10 +66,10 @@ func sameKeyRace(create func(i int) (id string, created bool, err error)) (news 
 func fund(t *testing.T, s *sqlstore.Store, id string, amount money.Amount, now int64) {
 	t.Helper()
 	ctx := context.Background()
-	if _, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: id, UserID: "u1", Key: "fund-" + id, Amount: amount, CreatedAt: now}); err != nil || !created {
+	if _, created, err := s.CreateDeposit(ctx, app.Movement{ID: id, UserID: "u1", Key: "fund-" + id, Amount: amount, CreatedAt: time.UnixMicro(now)}); err != nil || !created {
 		t.Fatalf("CreateDeposit(%s) = %v, %v", id, created, err)
 	}
-	if moved, err := s.SettleDeposit(ctx, id, true, now); err != nil || !moved {
+	if moved, err := s.SettleDeposit(ctx, id, true, time.UnixMicro(now)); err != nil || !moved {
 		t.Fatalf("SettleDeposit(%s) = %v, %v", id, moved, err)
 	}
 }
@@ -110,7 +112,7 @@ func wantBalance(t *testing.T, s *sqlstore.Store, want money.Amount) {
 // order creates u1's order id of amount.
 func order(t *testing.T, s *sqlstore.Store, id string, amount money.Amount, now int64) {
 	t.Helper()
-	if _, created, err := s.CreateOrder(context.Background(), sqlstore.Order{ID: id, OrderNo: "N-" + id, UserID: "u1", Key: "ok-" + id, Amount: amount, CreatedAt: now}); err != nil || !created {
+	if _, created, err := s.CreateOrder(context.Background(), app.Order{ID: id, OrderNo: "N-" + id, UserID: "u1", Key: "ok-" + id, Amount: amount, CreatedAt: time.UnixMicro(now)}); err != nil || !created {
 		t.Fatalf("CreateOrder(%s) = %v, %v", id, created, err)
 	}
 }
@@ -128,13 +130,13 @@ func TestPayOrderRace(t *testing.T) {
 		var won []string
 		errs := map[string]int{}
 		race(racers, func(i int) {
-			p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("p%d", i), OrderID: "o1", UserID: "u1", Key: fmt.Sprintf("k%d", i), CreatedAt: now}, 0)
+			p, created, err := s.PayOrder(ctx, app.Payment{ID: fmt.Sprintf("p%d", i), OrderID: "o1", UserID: "u1", Key: fmt.Sprintf("k%d", i), CreatedAt: time.UnixMicro(now)}, 0)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
 			case err == nil && created:
 				won = append(won, p.ID)
-			case errors.Is(err, sqlstore.ErrAlreadyPaid):
+			case errors.Is(err, app.ErrAlreadyPaid):
 				errs["ErrAlreadyPaid"]++
 			default:
 				errs[fmt.Sprintf("created=%v err=%v", created, err)]++
@@ -169,11 +171,11 @@ func TestPayOrderSameKey(t *testing.T) {
 		ctx := context.Background()
 		fund(t, s, "d1", 10000, now)
 		order(t, s, "o1", 2500, now)
-		first, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0)
+		first, created, err := s.PayOrder(ctx, app.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: time.UnixMicro(now)}, 0)
 		if err != nil || !created || first.ID != "p1" {
 			t.Fatalf("PayOrder = %+v, %v, %v; want p1 created", first, created, err)
 		}
-		again, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0)
+		again, created, err := s.PayOrder(ctx, app.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: time.UnixMicro(now)}, 0)
 		if err != nil || created || again.ID != "p1" || again.Amount != 2500 || again.Status != "succeeded" {
 			t.Errorf("PayOrder(same key) = %+v, %v, %v; want p1 back, not created", again, created, err)
 		}
@@ -181,7 +183,7 @@ func TestPayOrderSameKey(t *testing.T) {
 
 		order(t, s, "o2", 1000, now)
 		news, ids, bad := sameKeyRace(func(i int) (string, bool, error) {
-			p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("q%d", i), OrderID: "o2", UserID: "u1", Key: "k2", CreatedAt: now}, 0)
+			p, created, err := s.PayOrder(ctx, app.Payment{ID: fmt.Sprintf("q%d", i), OrderID: "o2", UserID: "u1", Key: "k2", CreatedAt: time.UnixMicro(now)}, 0)
 			return p.ID, created, err
 		})
 		if len(bad) != 0 || news != 1 || len(ids) != 1 {
@@ -203,7 +205,7 @@ func TestPayOrderInsufficientFunds(t *testing.T) {
 		fund(t, s, "d1", 2499, now)
 		order(t, s, "o1", 2500, now)
 		ledger := count(`SELECT COUNT(*) FROM ledger`)
-		if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0); !errors.Is(err, sqlstore.ErrInsufficientFunds) || created {
+		if p, created, err := s.PayOrder(ctx, app.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: time.UnixMicro(now)}, 0); !errors.Is(err, app.ErrInsufficientFunds) || created {
 			t.Errorf("PayOrder(short) = %+v, %v, %v; want ErrInsufficientFunds", p, created, err)
 		}
 		if n := count(`SELECT COUNT(*) FROM payments`); n != 0 {
@@ -218,7 +220,7 @@ func TestPayOrderInsufficientFunds(t *testing.T) {
 		wantBalance(t, s, 2499)
 
 		fund(t, s, "d2", 1, now)
-		if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0); err != nil || !created || p.ID != "p2" {
+		if p, created, err := s.PayOrder(ctx, app.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: time.UnixMicro(now)}, 0); err != nil || !created || p.ID != "p2" {
 			t.Errorf("PayOrder(funded, same key) = %+v, %v, %v; want p2 created", p, created, err)
 		}
 		wantBalance(t, s, 0)
@@ -239,7 +241,7 @@ func TestPayOrderStaleFence(t *testing.T) {
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			t.Fatal(err)
 		}
-		if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k1", CreatedAt: now}, 6); !errors.Is(err, sqlstore.ErrStaleFence) || created {
+		if p, created, err := s.PayOrder(ctx, app.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "k1", CreatedAt: time.UnixMicro(now)}, 6); !errors.Is(err, app.ErrStaleFence) || created {
 			t.Errorf("PayOrder(fence 6 < 7) = %+v, %v, %v; want ErrStaleFence", p, created, err)
 		}
 		if n := count(`SELECT COUNT(*) FROM payments`); n != 0 {
@@ -253,7 +255,7 @@ func TestPayOrderStaleFence(t *testing.T) {
 		}
 		wantBalance(t, s, 10000)
 
-		if p, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k2", CreatedAt: now}, 7); err != nil || !created {
+		if p, created, err := s.PayOrder(ctx, app.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "k2", CreatedAt: time.UnixMicro(now)}, 7); err != nil || !created {
 			t.Errorf("PayOrder(current fence 7) = %+v, %v, %v; want created", p, created, err)
 		}
 		wantBalance(t, s, 7500)
@@ -275,7 +277,7 @@ func TestWithdrawSameKeyRace(t *testing.T) {
 				count := counter(t, db, d)
 				fund(t, s, "d1", funds, now)
 				news, ids, bad := sameKeyRace(func(i int) (string, bool, error) {
-					m, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: now}, 0)
+					m, created, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0)
 					return m.ID, created, err
 				})
 				if len(bad) != 0 || news != 1 || len(ids) != 1 {
@@ -300,7 +302,7 @@ func TestCreateDepositSameKeyRace(t *testing.T) {
 	onEachDatabase(t, func(t *testing.T, s *sqlstore.Store, db *sql.DB, count func(string, ...any) int, now int64) {
 		ctx := context.Background()
 		news, ids, bad := sameKeyRace(func(i int) (string, bool, error) {
-			m, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: fmt.Sprintf("d%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: now})
+			m, created, err := s.CreateDeposit(ctx, app.Movement{ID: fmt.Sprintf("d%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: time.UnixMicro(now)})
 			return m.ID, created, err
 		})
 		if len(bad) != 0 || news != 1 || len(ids) != 1 {
@@ -320,7 +322,7 @@ func TestCreateDepositSameKeyRace(t *testing.T) {
 			moves int
 		)
 		race(racers, func(int) {
-			moved, err := s.SettleDeposit(ctx, id, true, now)
+			moved, err := s.SettleDeposit(ctx, id, true, time.UnixMicro(now))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -354,15 +356,15 @@ func TestShortFundsSameKeyRace(t *testing.T) {
 			call func(i int) error
 		}{
 			{"Withdraw(one key)", func(i int) error {
-				_, _, err := s.Withdraw(ctx, sqlstore.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: now}, 0)
+				_, _, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0)
 				return err
 			}},
 			{"PayOrder(one key)", func(i int) error {
-				_, _, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("p%d", i), OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: now}, 0)
+				_, _, err := s.PayOrder(ctx, app.Payment{ID: fmt.Sprintf("p%d", i), OrderID: "o1", UserID: "u1", Key: "k", CreatedAt: time.UnixMicro(now)}, 0)
 				return err
 			}},
 			{"PayOrder(own keys)", func(i int) error {
-				_, _, err := s.PayOrder(ctx, sqlstore.Payment{ID: fmt.Sprintf("q%d", i), OrderID: "o1", UserID: "u1", Key: fmt.Sprintf("k%d", i), CreatedAt: now}, 0)
+				_, _, err := s.PayOrder(ctx, app.Payment{ID: fmt.Sprintf("q%d", i), OrderID: "o1", UserID: "u1", Key: fmt.Sprintf("k%d", i), CreatedAt: time.UnixMicro(now)}, 0)
 				return err
 			}},
 		} {
@@ -370,7 +372,7 @@ func TestShortFundsSameKeyRace(t *testing.T) {
 			others := map[string]int{}
 			race(racers, func(i int) {
 				err := op.call(i)
-				if !errors.Is(err, sqlstore.ErrInsufficientFunds) {
+				if !errors.Is(err, app.ErrInsufficientFunds) {
 					mu.Lock()
 					others[fmt.Sprint(err)]++
 					mu.Unlock()
@@ -400,23 +402,23 @@ func TestKeysCaseSensitive(t *testing.T) {
 			order(t, s, "o1", 100, now)
 			for i, key := range []string{"CaseKey", "casekey", "CASEKEY"} {
 				n := fmt.Sprint(i)
-				if m, created, err := s.CreateDeposit(ctx, sqlstore.Movement{ID: "dk" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: now}); err != nil || !created || m.ID != "dk"+n {
+				if m, created, err := s.CreateDeposit(ctx, app.Movement{ID: "dk" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: time.UnixMicro(now)}); err != nil || !created || m.ID != "dk"+n {
 					t.Errorf("CreateDeposit(%q) = %s, %v, %v; want a new deposit dk%s", key, m.ID, created, err, n)
 				}
-				if m, created, err := s.Withdraw(ctx, sqlstore.Movement{ID: "w" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: now}, 0); err != nil || !created || m.ID != "w"+n {
+				if m, created, err := s.Withdraw(ctx, app.Movement{ID: "w" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: time.UnixMicro(now)}, 0); err != nil || !created || m.ID != "w"+n {
 					t.Errorf("Withdraw(%q) = %s, %v, %v; want a new withdrawal w%s", key, m.ID, created, err, n)
 				}
-				if o, created, err := s.CreateOrder(ctx, sqlstore.Order{ID: "o-" + n, OrderNo: "N" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: now}); err != nil || !created || o.ID != "o-"+n {
+				if o, created, err := s.CreateOrder(ctx, app.Order{ID: "o-" + n, OrderNo: "N" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: time.UnixMicro(now)}); err != nil || !created || o.ID != "o-"+n {
 					t.Errorf("CreateOrder(%q) = %s, %v, %v; want a new order o-%s", key, o.ID, created, err, n)
 				}
 			}
 			// Payment keys are scoped to the order: o1 paid under one key, a
 			// key of another case is another payment attempt, refused as
 			// already paid (not the first payment replayed).
-			if _, created, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "PayKey", CreatedAt: now}, 0); err != nil || !created {
+			if _, created, err := s.PayOrder(ctx, app.Payment{ID: "p1", OrderID: "o1", UserID: "u1", Key: "PayKey", CreatedAt: time.UnixMicro(now)}, 0); err != nil || !created {
 				t.Fatalf("PayOrder(PayKey) = %v, %v", created, err)
 			}
-			if p, _, err := s.PayOrder(ctx, sqlstore.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "paykey", CreatedAt: now}, 0); !errors.Is(err, sqlstore.ErrAlreadyPaid) {
+			if p, _, err := s.PayOrder(ctx, app.Payment{ID: "p2", OrderID: "o1", UserID: "u1", Key: "paykey", CreatedAt: time.UnixMicro(now)}, 0); !errors.Is(err, app.ErrAlreadyPaid) {
 				t.Errorf("PayOrder(paykey) = %s, %v; want ErrAlreadyPaid", p.ID, err)
 			}
 		})

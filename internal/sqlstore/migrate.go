@@ -1,6 +1,6 @@
 // Package sqlstore is the reference service's database: the schema (one
-// embedded migration set per dialect) and, later, one transaction per
-// operation. Correctness lives here: UNIQUE(user_id, idempotency_key) on
+// embedded migration set per dialect) and Store, which implements
+// app.Store with one transaction per operation. Correctness lives here: UNIQUE(user_id, idempotency_key) on
 // deposits, withdrawals and orders, and UNIQUE(user_id, order_id,
 // idempotency_key) on payments (the API scopes a key to its path, which
 // names the order), one successful payment per order (payments.paid_order_id

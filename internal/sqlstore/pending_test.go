@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/sqldialect"
@@ -48,11 +49,11 @@ func TestPendingIndexes(t *testing.T) {
 				}
 				analyze(t, db, d.dialect)
 
-				if got, err := sqlstore.PendingCount(ctx, db); err != nil || got != 10 {
+				if got, err := sqlstore.Open(db, d.dialect).PendingCount(ctx); err != nil || got != 10 {
 					t.Errorf("PendingCount = %d, %v; want 10", got, err)
 				}
 				s := sqlstore.Open(db, d.dialect)
-				got, err := s.Pending(ctx, "withdrawals", 3)
+				got, err := s.Pending(ctx, app.Withdrawal, 3)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/onceguard/onceguard/sqldialect"
+)
+
+// openDB opens --db (default: SQLite under --data-dir, created if missing).
+func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
+	u := c.db
+	var (
+		driver, dsn string
+		dialect     sqldialect.Dialect
+	)
+	sqlite := func(path string) {
+		driver, dialect = "sqlite", sqldialect.SQLite
+		dsn = "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	}
+	switch {
+	case u == "":
+		if err := os.MkdirAll(c.dataDir, 0o750); err != nil {
+			return nil, 0, "", err
+		}
+		u = filepath.Join(c.dataDir, "onceguard.db")
+		sqlite(u)
+	case strings.HasPrefix(u, "sqlite://"):
+		sqlite(strings.TrimPrefix(u, "sqlite://")) // sqlite:///abs/path or sqlite://rel/path
+	case strings.HasPrefix(u, "postgres://"), strings.HasPrefix(u, "postgresql://"):
+		driver, dsn, dialect = "pgx", boundTx(u, map[string]string{
+			"lock_timeout":                        strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
+			"idle_in_transaction_session_timeout": strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
+		}), sqldialect.Postgres
+	case strings.HasPrefix(u, "mysql://"):
+		secs := strconv.FormatInt(int64((c.lockTTL+time.Second-1)/time.Second), 10) // whole seconds, rounded up
+		driver, dsn, dialect = "mysql", boundTx(strings.TrimPrefix(u, "mysql://"), map[string]string{
+			"innodb_lock_wait_timeout": secs,
+		}), sqldialect.MySQL
+	default:
+		return nil, 0, "", fmt.Errorf("--db %q: want sqlite:///path, postgres://... or mysql://...", u)
+	}
+	var (
+		db  *sql.DB
+		err error
+	)
+	if dialect == sqldialect.MySQL {
+		db, err = openMySQL(dsn, c.lockTTL)
+	} else {
+		db, err = sql.Open(driver, dsn)
+	}
+	if err != nil {
+		return nil, 0, "", err
+	}
+	if dialect != sqldialect.SQLite {
+		// A storm must queue for connections here, not exhaust the server's
+		// (PostgreSQL's default max_connections is 100, for every instance).
+		db.SetMaxOpenConns(c.dbConns)
+		db.SetMaxIdleConns(c.dbConns)
+		db.SetConnMaxIdleTime(time.Minute)
+	}
+	return db, dialect, dialect.String() + " (" + redactURL(u) + ")", nil
+}
+
+// boundTx adds to a database URL or DSN the session settings in set that
+// it does not name already: they bound how long a transaction waits on a
+// row lock and how long an idle one (its holder paused) keeps its locks,
+// both to the lock TTL, so a paused holder costs the others no more than
+// an expired lock does.
+func boundTx(dsn string, set map[string]string) string {
+	names := make([]string, 0, len(set))
+	for k := range set {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if strings.Contains(dsn, k+"=") {
+			continue
+		}
+		sep := "&"
+		if !strings.Contains(dsn, "?") {
+			sep = "?"
+		}
+		dsn += sep + k + "=" + set[k]
+	}
+	return dsn
+}
+
+// openMySQL opens dsn with each new connection's idle transactions bounded
+// by ttl where the server can (MariaDB's idle_transaction_timeout, which
+// ends a paused holder's transaction); MySQL has no such variable, and
+// naming it in the DSN would fail every connection there.
+func openMySQL(dsn string, ttl time.Duration) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if ttl <= 0 || strings.Contains(dsn, "idle_transaction_timeout=") {
+		return sql.OpenDB(connector), nil // no bound asked, or the operator's own
+	}
+	secs := int64((ttl + time.Second - 1) / time.Second)
+	return sql.OpenDB(idleBound{connector, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d", secs)}), nil
+}
+
+// idleBound runs stmt on every new connection, ignoring only the error of a
+// server that does not know the variable.
+type idleBound struct {
+	driver.Connector
+	stmt string
+}
+
+func (c idleBound) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ex, ok := conn.(driver.ExecerContext)
+	if !ok {
+		return conn, nil
+	}
+	if _, err := ex.ExecContext(ctx, c.stmt, nil); err != nil {
+		var me *mysql.MySQLError
+		if !errors.As(err, &me) || me.Number != 1193 { // 1193: unknown system variable (MySQL)
+			conn.Close()
+			return nil, err
+		}
+	}
+	return conn, nil
+}
+
+// redactURL hides a password in a database URL before it is logged.
+func redactURL(u string) string {
+	if at := strings.LastIndex(u, "@"); at > 0 {
+		if i := strings.Index(u, "://"); i >= 0 && i+3 < at {
+			cred := u[i+3 : at]
+			if c := strings.Index(cred, ":"); c >= 0 {
+				return u[:i+3] + cred[:c] + ":***" + u[at:]
+			}
+		}
+	}
+	return u
+}
