@@ -24,6 +24,7 @@ import (
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/redlock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // benchTable is the sqllock table of the backends group, in PostgreSQL,
@@ -244,10 +245,11 @@ func setupPostgres(ctx context.Context, dsn string, withLock, withXact, withBase
 			return nil, "", err
 		}
 		cl.add(func() { _ = db.Close() })
-		l, err := sqllock.New(db, sqllock.Postgres, &sqllock.Options{Table: benchTable})
+		backend, err := sqllock.New(db, sqldialect.Postgres, &sqllock.Options{Table: benchTable})
 		if err != nil {
 			return nil, "", err
 		}
+		l := lock.New(backend, nil)
 		libs = append(libs, &library{
 			name:      libSQLPG,
 			newWorker: func(key string) worker { return &ogWorker{l: l, key: key} },
@@ -264,10 +266,11 @@ func setupPostgres(ctx context.Context, dsn string, withLock, withXact, withBase
 			return nil, "", err
 		}
 		cl.add(func() { _ = db.Close() })
-		l, err := sqllock.NewXact(db, nil)
+		backend, err := sqllock.NewXact(db)
 		if err != nil {
 			return nil, "", err
 		}
+		l := lock.New(backend, nil)
 		libs = append(libs, &library{
 			name:      libSQLPGXact,
 			newWorker: func(key string) worker { return &ogWorker{l: l, key: key} },
@@ -382,10 +385,11 @@ func setupMySQL(ctx context.Context, dsn string, cl *cleanups) (*library, string
 		return nil, "", err
 	}
 	cl.add(func() { _ = db.Close() })
-	l, err := sqllock.New(db, sqllock.MySQL, &sqllock.Options{Table: benchTable})
+	backend, err := sqllock.New(db, sqldialect.MySQL, &sqllock.Options{Table: benchTable})
 	if err != nil {
 		return nil, "", err
 	}
+	l := lock.New(backend, nil)
 	info := fmt.Sprintf("MySQL/MariaDB %s at %s, InnoDB, innodb_flush_log_at_trx_commit=%s", version, where, flush)
 	return &library{
 		name:      libSQLMySQL,
@@ -416,10 +420,11 @@ func setupSQLite(ctx context.Context, conns int, cl *cleanups) (*library, string
 	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&version); err != nil {
 		return nil, "", err
 	}
-	l, err := sqllock.New(db, sqllock.SQLite, &sqllock.Options{Table: benchTable})
+	backend, err := sqllock.New(db, sqldialect.SQLite, &sqllock.Options{Table: benchTable})
 	if err != nil {
 		return nil, "", err
 	}
+	l := lock.New(backend, nil)
 	info := fmt.Sprintf("SQLite %s (modernc.org/sqlite, in this process), a file in a temporary directory, WAL, synchronous=NORMAL, busy_timeout 10s, pool of %d connection(s)", version, conns)
 	return &library{
 		name:      libSQLSQLite,
@@ -459,7 +464,7 @@ func setupRedlock(ctx context.Context, bin string, n int, cl *cleanups) (*librar
 		admins = append(admins, a)
 		addrs = append(addrs, node.addr)
 	}
-	b, err := redlock.NewBackend(clients, nil)
+	b, err := redlock.New(clients, nil)
 	if err != nil {
 		return nil, "", err
 	}

@@ -97,7 +97,7 @@ func redisCleanup(admin *redis.Client) func(ctx context.Context, prefix string) 
 
 func newOnceguard(addr string) *library {
 	rdb := redis.NewClient(clientOptions(addr))
-	l := oglock.New(rdb, nil)
+	l := lock.New(oglock.New(rdb, nil), nil)
 	return &library{name: "onceguard", close: func() { _ = rdb.Close() }, newWorker: func(key string) worker {
 		return &ogWorker{l: l, key: key}
 	}}
@@ -115,7 +115,7 @@ func newOnceguardRueidis(addr string) *library {
 		// rueidis dials in NewClient; report it as every cycle's error.
 		return &library{name: libOGRueidis, close: func() {}, newWorker: func(string) worker { return errWorker{err} }}
 	}
-	l := ogrueidis.New(c, nil)
+	l := lock.New(ogrueidis.New(c, nil), nil)
 	return &library{name: libOGRueidis, close: c.Close, newWorker: func(key string) worker {
 		return &ogWorker{l: l, key: key}
 	}}

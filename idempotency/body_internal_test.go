@@ -3,9 +3,9 @@ package idempotency
 import (
 	"bytes"
 	"io"
+	"reflect"
 	"testing"
 	"testing/iotest"
-	"unsafe"
 )
 
 // The handler's body reads as bytes.NewReader(body) would: iotest's
@@ -32,7 +32,7 @@ func TestBodyReader(t *testing.T) {
 // A Call fits a 512-byte size class: it is the one allocation a first use
 // makes per request beyond the store's.
 func TestCallSize(t *testing.T) {
-	if n := unsafe.Sizeof(Call{}); n > 512 {
+	if n := reflect.TypeFor[Call]().Size(); n > 512 {
 		t.Errorf("Call is %d bytes; want at most 512", n)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 )
 
 // DoOptions configure Do. A nil *DoOptions means all defaults.
@@ -13,9 +15,9 @@ type DoOptions struct {
 	// Lease protects the running fn: fn's context ends when nine tenths
 	// of it have passed, leaving the rest to store the result, since after
 	// it another delivery may take the key over and run fn again. Keep it
-	// well above what fn takes. Default: 30s.
+	// well above what fn takes. Default: DefaultLease, 30s.
 	Lease time.Duration
-	// TTL is how long the result is kept. Default: 24h.
+	// TTL is how long the result is kept. Default: DefaultTTL, 24h.
 	TTL time.Duration
 	// Now is the clock. Default: time.Now.
 	Now func() time.Time
@@ -42,12 +44,12 @@ type DoOptions struct {
 // Call.MarkCompleted), so that its effect and its record commit together;
 // sqlstore.Store.DoTx does that. Call.Forget frees the key as a failure
 // would, though fn returned a result.
-func Do(ctx context.Context, store Store, scope Scope, key, fingerprint string, opts *DoOptions,
+func Do(ctx context.Context, store idemstore.Store, scope Scope, key, fingerprint string, opts *DoOptions,
 	fn func(ctx context.Context) ([]byte, error)) (result []byte, replayed bool, err error) {
 	if key == "" {
 		return nil, false, fmt.Errorf("idempotency: do: %w", ErrKeyMissing)
 	}
-	o := DoOptions{Lease: 30 * time.Second, TTL: 24 * time.Hour, Now: time.Now}
+	o := DoOptions{Lease: DefaultLease, TTL: DefaultTTL, Now: time.Now}
 	if opts != nil {
 		if opts.Lease > 0 {
 			o.Lease = opts.Lease
@@ -60,16 +62,16 @@ func Do(ctx context.Context, store Store, scope Scope, key, fingerprint string, 
 		}
 	}
 	id := RecordID(scope, key)
-	res, err := store.Begin(ctx, BeginRequest{ID: id, Fingerprint: fingerprint, Lease: o.Lease, TTL: o.TTL, Now: o.Now()})
+	res, err := store.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: fingerprint, Lease: o.Lease, TTL: o.TTL, Now: o.Now()})
 	if err != nil {
 		return nil, false, fmt.Errorf("idempotency: do: %w", err)
 	}
 	switch res.Outcome {
-	case Replay:
+	case idemstore.Replay:
 		return bytes.Clone(res.Record.Response.Body), true, nil // the store's is read-only
-	case InProgress:
+	case idemstore.InProgress:
 		return nil, false, ErrInProgress
-	case Mismatch:
+	case idemstore.Mismatch:
 		return nil, false, ErrMismatch
 	}
 	detached := context.WithoutCancel(ctx)
@@ -96,7 +98,7 @@ func Do(ctx context.Context, store Store, scope Scope, key, fingerprint string, 
 	if call.completed.Load() {
 		return result, false, nil
 	}
-	if err := store.Complete(detached, id, res.Lease, Response{Status: 200, Body: result}, o.Now()); err != nil {
+	if err := store.Complete(detached, id, res.Lease, idemstore.Response{Status: 200, Body: result}, o.Now()); err != nil {
 		return result, false, fmt.Errorf("idempotency: do: storing the result: %w", err)
 	}
 	return result, false, nil

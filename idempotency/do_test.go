@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
@@ -139,7 +140,7 @@ func TestDoCall(t *testing.T) {
 	}
 	self := func(ctx context.Context) ([]byte, error) {
 		call, _ := idempotency.FromContext(ctx)
-		if err := store.Complete(ctx, call.ID, call.Lease, idempotency.Response{Status: 200, Body: []byte("mine")}, time.Now()); err != nil {
+		if err := store.Complete(ctx, call.ID, call.Lease, idemstore.Response{Status: 200, Body: []byte("mine")}, time.Now()); err != nil {
 			return nil, err
 		}
 		call.MarkCompleted()

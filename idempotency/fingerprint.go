@@ -20,19 +20,9 @@ var ErrBody = errors.New("idempotency: body is not valid JSON")
 // in the application but are written differently ("7" and "7.00") need the
 // application to canonicalise them first (see Config.Fingerprint).
 func Fingerprint(body []byte) (string, error) {
-	sum, err := fingerprintSum(body)
-	if err != nil {
-		return "", err
-	}
-	var hx [2 * sha256.Size]byte
-	hex.Encode(hx[:], sum[:])
-	return string(hx[:]), nil // the one allocation
-}
-
-// fingerprintSum is Fingerprint's SHA-256, before hex.
-func fingerprintSum(body []byte) (sum [sha256.Size]byte, err error) {
 	buf := canonBufs.Get().(*[]byte)
 	out, err := appendCanonical((*buf)[:0], body)
+	var sum [sha256.Size]byte
 	if err == nil {
 		sum = sha256.Sum256(out)
 	}
@@ -40,7 +30,12 @@ func fingerprintSum(body []byte) (sum [sha256.Size]byte, err error) {
 		*buf = out[:0]
 		canonBufs.Put(buf)
 	}
-	return sum, err
+	if err != nil {
+		return "", err
+	}
+	var hx [2 * sha256.Size]byte
+	hex.Encode(hx[:], sum[:])
+	return string(hx[:]), nil // the one allocation
 }
 
 // appendCanonical appends the canonical form of body to dst.

@@ -126,9 +126,9 @@ func TestHandlerContext(t *testing.T) {
 // The speed target of issue 4, in allocations (exact, unlike time): on
 // the memory store the middleware adds fewer than 10 allocations per
 // request to a trivial handler, on first use and on replay. The bounds
-// below are what it adds today (6 and 1: the first answer's Cache-Control
-// value is one of the 6), plus one for amortised growth of the store's
-// tables, so that a regression shows.
+// below are what it adds today (7 and 2: the fingerprint and the record
+// id are one each, the first answer's Cache-Control value is one of the
+// 7); the store's amortised growth rounds away.
 func TestMiddlewareAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates, and sync.Pool drops items at random under it")

@@ -13,18 +13,26 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/token"
+)
+
+// Defaults of Config and DoOptions.
+const (
+	DefaultLease   = 30 * time.Second // Config.Lease, DoOptions.Lease
+	DefaultTTL     = 24 * time.Hour   // Config.TTL, DoOptions.TTL
+	DefaultMaxBody = 64 << 10         // Config.MaxBody, in bytes
 )
 
 // Config configures Middleware. Store is required; every other field has
 // a default, written in its comment.
 type Config struct {
 	// Store keeps the key records. Required.
-	Store Store
+	Store idemstore.Store
 
 	// Tokens, when set, treats keys starting with "st_" as submit tokens
 	// of Purpose and binds each, on first use, atomically with creating its
-	// record (the store must keep both, see FullStore). Default: nil, keys
+	// record (the store must keep both, see idemstore.FullStore). Default: nil, keys
 	// are only keys.
 	Tokens *token.Tokens
 	// Purpose is the submit-token purpose of the routes this middleware
@@ -38,8 +46,8 @@ type Config struct {
 	// principal sending a request with the same fingerprint to the same
 	// route under another key within Window gets 429 duplicate_submission.
 	// Default: off. A Window without Windows uses Store, if it is a
-	// WindowStore (every store here is); else Middleware panics.
-	Windows WindowStore
+	// idemstore.WindowStore (every store here is); else Middleware panics.
+	Windows idemstore.WindowStore
 	Window  time.Duration
 
 	// Principal returns who is asking; keys are scoped to it. An error
@@ -56,12 +64,12 @@ type Config struct {
 
 	// Lease protects an in-flight request: a retry within it gets 409; after
 	// it (the holder crashed) a retry runs again. Keep it longer than the
-	// handler's timeout. Default: 30s.
+	// handler's timeout. Default: DefaultLease, 30s.
 	Lease time.Duration
-	// TTL is how long a key's record is kept. Default: 24h.
+	// TTL is how long a key's record is kept. Default: DefaultTTL, 24h.
 	TTL time.Duration
 	// MaxBody is the largest body accepted (413 body_too_large above).
-	// Default: 64 KiB.
+	// Default: DefaultMaxBody, 64 KiB.
 	MaxBody int64
 	// ReplayHeaders are the response headers stored and replayed; no
 	// others are (never Set-Cookie). Default: Content-Type,
@@ -104,20 +112,20 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 		panic("idempotency: Middleware needs a Store")
 	}
 	if cfg.Window > 0 && cfg.Windows == nil {
-		ws, ok := cfg.Store.(WindowStore)
+		ws, ok := cfg.Store.(idemstore.WindowStore)
 		if !ok {
 			panic("idempotency: Config.Window needs Windows, a WindowStore (Store is not one)")
 		}
 		cfg.Windows = ws
 	}
 	if cfg.Lease <= 0 {
-		cfg.Lease = 30 * time.Second
+		cfg.Lease = DefaultLease
 	}
 	if cfg.TTL <= 0 {
-		cfg.TTL = 24 * time.Hour
+		cfg.TTL = DefaultTTL
 	}
 	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = 64 << 10
+		cfg.MaxBody = DefaultMaxBody
 	}
 	if cfg.ReplayHeaders == nil {
 		cfg.ReplayHeaders = []string{"Content-Type", "Content-Language", "Location"}
@@ -128,8 +136,7 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 	if cfg.WriteProblem == nil {
 		cfg.WriteProblem = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
 	}
-	ownFingerprint := cfg.Fingerprint == nil
-	if ownFingerprint {
+	if cfg.Fingerprint == nil {
 		cfg.Fingerprint = func(_ *http.Request, body []byte) (string, error) { return Fingerprint(body) }
 	}
 	replay := make([]string, len(cfg.ReplayHeaders))
@@ -137,7 +144,7 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 		replay[i] = http.CanonicalHeaderKey(h)
 	}
 	return func(next http.Handler) http.Handler {
-		return &middleware{cfg: cfg, next: next, replayHeaders: replay, ownFingerprint: ownFingerprint}
+		return &middleware{cfg: cfg, next: next, replayHeaders: replay}
 	}
 }
 
@@ -145,9 +152,6 @@ type middleware struct {
 	cfg           Config
 	next          http.Handler
 	replayHeaders []string // cfg.ReplayHeaders, canonical
-	// ownFingerprint: cfg.Fingerprint is Fingerprint, so the fingerprint
-	// and the record id can be made in one allocation (see ids).
-	ownFingerprint bool
 }
 
 func (m *middleware) event(r *http.Request, ev string) {
@@ -201,15 +205,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 3. The body.
-	var (
-		fp    string
-		fpSum [32]byte
-	)
-	if m.ownFingerprint {
-		fpSum, err = fingerprintSum(body) // in hex below, with the record id
-	} else {
-		fp, err = cfg.Fingerprint(r, body)
-	}
+	fp, err := cfg.Fingerprint(r, body)
 	if err != nil {
 		var p *Problem
 		if !errors.As(err, &p) {
@@ -224,38 +220,32 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// 5's answers, and without a round trip of their own: a record for this
 	// key exists only if the token was bound to this very request.
 	scope := Scope{Principal: principal, Method: r.Method, Path: r.URL.Path}
-	var claim *TokenClaim
+	var claim *idemstore.TokenClaim
 	switch {
 	case cfg.Tokens != nil && token.IsToken(key):
-		claim = &TokenClaim{Hash: token.Hash(key), Subject: principal, Purpose: cfg.Purpose, Scope: scope.String()}
+		claim = &idemstore.TokenClaim{Hash: token.Hash(key), Subject: principal, Purpose: cfg.Purpose, Scope: scope.String()}
 	case cfg.RequireToken:
 		m.fail(w, r, "token_required", probTokenRequired)
 		return
 	}
 
 	// 5. The key's record.
-	var id string
-	if m.ownFingerprint {
-		idSum := digestSum(scope.Principal, scope.Method, scope.Path, key) // RecordID's
-		fp, id = hexPair(&fpSum, &idSum)
-	} else {
-		id = RecordID(scope, key)
-	}
+	id := RecordID(scope, key)
 	now := cfg.Now()
-	res, err := cfg.Store.Begin(ctx, BeginRequest{ID: id, Fingerprint: fp, Lease: cfg.Lease, TTL: cfg.TTL, Token: claim, Now: now})
+	res, err := cfg.Store.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: fp, Lease: cfg.Lease, TTL: cfg.TTL, Token: claim, Now: now})
 	if err != nil {
 		m.tokenError(w, r, err)
 		return
 	}
 	switch res.Outcome {
-	case Replay:
+	case idemstore.Replay:
 		m.event(r, "replayed")
 		replay(w, res.Record.Response)
 		return
-	case InProgress:
+	case idemstore.InProgress:
 		m.fail(w, r, "in_progress", probInProgress)
 		return
-	case Mismatch:
+	case idemstore.Mismatch:
 		m.fail(w, r, "mismatch", probReused)
 		return
 	}
@@ -272,7 +262,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Owned by this attempt at the key's record: a retry of the same
 		// key (after a crashed holder) is not a duplicate of itself, and a
 		// stale attempt frees only its own claim.
-		left, err := cfg.Windows.ClaimWindow(ctx, windowID, WindowOwner(id, res.Lease), cfg.Window, now)
+		left, err := cfg.Windows.ClaimWindow(ctx, windowID, idemstore.WindowOwner(id, res.Lease), cfg.Window, now)
 		if err != nil || left > 0 {
 			_ = cfg.Store.Abandon(detached, id, res.Lease) // not recorded: key and token stay usable
 			if err != nil {
@@ -310,7 +300,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else if !call.completed.Load() {
 		// The stored header is the recorder's too: a Store copies what it
 		// keeps (as it does the body, which is the recorder's buffer).
-		resp := Response{Status: rec.status, Header: m.storedHeader(rec), Body: rec.body.Bytes()}
+		resp := idemstore.Response{Status: rec.status, Header: m.storedHeader(rec), Body: rec.body.Bytes()}
 		// A success happened: send it even if storing it fails; the
 		// business tables' unique constraints refuse a second effect and
 		// pin its outcome. A refusal (4xx) pins nothing: sent unstored,
@@ -376,7 +366,7 @@ func (m *middleware) serve(rec *recorder, r *http.Request, body []byte, call *Ca
 func (m *middleware) release(r *http.Request, ctx context.Context, id, lease, windowID string) {
 	_ = m.cfg.Store.Abandon(ctx, id, lease)
 	if windowID != "" {
-		_ = m.cfg.Windows.FreeWindow(ctx, windowID, WindowOwner(id, lease))
+		_ = m.cfg.Windows.FreeWindow(ctx, windowID, idemstore.WindowOwner(id, lease))
 	}
 	m.event(r, "released")
 }
@@ -409,7 +399,7 @@ func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, err err
 // replay writes a stored answer. The stored header is the store's and
 // read-only: its values are copied, so that whatever wraps w may change
 // what it gets; one allocation holds them and the two headers added.
-func replay(w http.ResponseWriter, resp *Response) {
+func replay(w http.ResponseWriter, resp *idemstore.Response) {
 	n := 2
 	for _, v := range resp.Header {
 		n += len(v)
@@ -440,7 +430,7 @@ func (r *recorder) recycle() {
 		clear(r.stored)
 	}
 	r.status, r.wroteHeader = http.StatusOK, false
-	if r.body.Cap() > 64<<10 {
+	if r.body.Cap() > DefaultMaxBody {
 		r.body = bytes.Buffer{} // do not keep a huge one
 	}
 	r.body.Reset()
@@ -496,8 +486,8 @@ type Call struct {
 // Config.ReplayHeaders. A handler that completes the record itself
 // (CompleteTx) stores this and writes the same status, header and body,
 // so that a replay is byte for byte the first answer.
-func (c *Call) Response(status int, header http.Header, body []byte) Response {
-	resp := Response{Status: status, Header: make(http.Header), Body: body}
+func (c *Call) Response(status int, header http.Header, body []byte) idemstore.Response {
+	resp := idemstore.Response{Status: status, Header: make(http.Header), Body: body}
 	for _, h := range *c.replayHeaders {
 		if v := header.Values(h); len(v) > 0 {
 			resp.Header[http.CanonicalHeaderKey(h)] = v
@@ -590,7 +580,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	limit = min(limit, math.MaxInt64-1)
 	size := int64(512)
 	if n := r.ContentLength; n >= 0 && n <= limit {
-		size = min(n, 64<<10) + 1 // + 1: room to read EOF without growing
+		size = min(n, DefaultMaxBody) + 1 // + 1: room to read EOF without growing
 	}
 	b := make([]byte, 0, size)
 	for {

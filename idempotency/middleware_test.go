@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 	"github.com/onceguard/onceguard/token"
 )
@@ -242,8 +243,8 @@ func TestReplayWithholdsSecretHeaders(t *testing.T) {
 			// Nor is any secret at rest in the stored record.
 			fp, _ := idempotency.Fingerprint([]byte(`{"amount":"1"}`))
 			id := idempotency.RecordID(idempotency.Scope{Principal: "alice", Method: http.MethodPost, Path: "/withdrawals"}, "k")
-			res, err := store.Begin(context.Background(), idempotency.BeginRequest{ID: id, Fingerprint: fp, Lease: time.Minute, TTL: time.Hour, Now: time.Now()})
-			if err != nil || res.Outcome != idempotency.Replay || res.Record == nil || res.Record.Response == nil {
+			res, err := store.Begin(context.Background(), idemstore.BeginRequest{ID: id, Fingerprint: fp, Lease: time.Minute, TTL: time.Hour, Now: time.Now()})
+			if err != nil || res.Outcome != idemstore.Replay || res.Record == nil || res.Record.Response == nil {
 				t.Fatalf("Begin of the stored key = %+v, %v; want Replay", res, err)
 			}
 			for k, v := range res.Record.Response.Header {
@@ -422,7 +423,7 @@ func TestRepeatWindowFreedOnFailure(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			var cfg idempotency.Config
 			e := newEnv(t, func(c *idempotency.Config) {
-				c.Windows, c.Window = c.Store.(idempotency.WindowStore), 10*time.Second
+				c.Windows, c.Window = c.Store.(idemstore.WindowStore), 10*time.Second
 				cfg = *c
 			})
 			var failNext atomic.Bool
@@ -540,10 +541,10 @@ func TestCrashedHolderRecovered(t *testing.T) {
 	scope := idempotency.Scope{Principal: "alice", Method: http.MethodPost, Path: "/withdrawals"}
 	fp, _ := idempotency.Fingerprint([]byte(`{"amount":"1"}`))
 	// The crashed process: it began, applied its effect, and never completed.
-	res, err := e.store.Begin(context.Background(), idempotency.BeginRequest{
+	res, err := e.store.Begin(context.Background(), idemstore.BeginRequest{
 		ID: idempotency.RecordID(scope, "crash"), Fingerprint: fp, Lease: 30 * time.Second, TTL: time.Hour, Now: now,
 	})
-	if err != nil || res.Outcome != idempotency.Started {
+	if err != nil || res.Outcome != idemstore.Started {
 		t.Fatalf("Begin = %+v, %v", res, err)
 	}
 	e.bank.effects = map[string]int{"alice\x00crash": 1}
@@ -559,16 +560,16 @@ func TestCrashedHolderRecovered(t *testing.T) {
 	if e.count("recovered") != 1 || e.bank.effects["alice\x00crash"] != 1 {
 		t.Errorf("recovered %d, effects %d; want 1, 1", e.count("recovered"), e.bank.effects["alice\x00crash"])
 	}
-	if err := e.store.Complete(context.Background(), idempotency.RecordID(scope, "crash"), res.Lease, idempotency.Response{Status: 201}, now); !errors.Is(err, idempotency.ErrLeaseLost) {
+	if err := e.store.Complete(context.Background(), idempotency.RecordID(scope, "crash"), res.Lease, idemstore.Response{Status: 201}, now); !errors.Is(err, idempotency.ErrLeaseLost) {
 		t.Errorf("the crashed holder's late Complete = %v; want ErrLeaseLost", err)
 	}
 }
 
 // failing is a store that cannot be reached.
-type failing struct{ idempotency.FullStore }
+type failing struct{ idemstore.FullStore }
 
-func (failing) Begin(context.Context, idempotency.BeginRequest) (idempotency.BeginResult, error) {
-	return idempotency.BeginResult{}, fmt.Errorf("dial: %w", idempotency.ErrUnavailable)
+func (failing) Begin(context.Context, idemstore.BeginRequest) (idemstore.BeginResult, error) {
+	return idemstore.BeginResult{}, fmt.Errorf("dial: %w", idempotency.ErrUnavailable)
 }
 
 func TestStoreUnavailable(t *testing.T) {
@@ -585,11 +586,11 @@ func TestStoreUnavailable(t *testing.T) {
 
 // gone is a store that gives up with the caller's context, as database
 // drivers and Redis clients do when the client of an HTTP request hangs up.
-type gone struct{ idempotency.FullStore }
+type gone struct{ idemstore.FullStore }
 
-func (gone) Begin(ctx context.Context, _ idempotency.BeginRequest) (idempotency.BeginResult, error) {
+func (gone) Begin(ctx context.Context, _ idemstore.BeginRequest) (idemstore.BeginResult, error) {
 	<-ctx.Done()
-	return idempotency.BeginResult{}, fmt.Errorf("query: %w", ctx.Err())
+	return idemstore.BeginResult{}, fmt.Errorf("query: %w", ctx.Err())
 }
 
 // A request whose client went away while the store worked is not a store
@@ -838,7 +839,7 @@ func TestWindowDefaultsToStore(t *testing.T) {
 			t.Error("a Window with a Store that keeps no window: no panic")
 		}
 	}()
-	idempotency.Middleware(idempotency.Config{Store: struct{ idempotency.Store }{&memstore.Store{}}, Window: time.Second})
+	idempotency.Middleware(idempotency.Config{Store: struct{ idemstore.Store }{&memstore.Store{}}, Window: time.Second})
 }
 
 // Every answer the middleware writes tells caches not to keep it: a

@@ -2,16 +2,8 @@
 // once and answer every retry with the first answer, as the IETF draft
 // "The Idempotency-Key HTTP Header Field" describes.
 //
-// A key's record moves through a small state machine, atomically in its
-// Store:
-//
-//	(none) --Begin--> in flight (with a lease) --Complete--> completed
-//	                      |                                   (status,
-//	                      +--Abandon (5xx, error)--> (none)    headers,
-//	                      +--lease expires: the next Begin     body)
-//	                         takes it over (a crashed holder)
-//
-// A retry of a completed key gets the stored answer; a retry while the
+// A key's record lives in a store (package memstore, sqlstore or
+// redisstore; package idemstore is what a store implements). A retry of a completed key gets the stored answer; a retry while the
 // first is in flight gets "in progress"; the same key with a different
 // request (fingerprint) gets "mismatch". Records are scoped to
 // (principal, method, path, key), so one user's key never answers another
@@ -32,19 +24,14 @@
 package idempotency
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"net/http"
-	"strings"
-	"time"
-	"unsafe"
 
-	"github.com/onceguard/onceguard/token"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 )
 
-// Errors returned by stores and by Do.
+// Errors returned by Do and, for the last two, by stores.
 var (
 	// ErrInProgress: the key's first request is still running.
 	ErrInProgress = errors.New("idempotency: request in progress")
@@ -52,134 +39,10 @@ var (
 	ErrMismatch = errors.New("idempotency: key reused with a different request")
 	// ErrLeaseLost: the in-flight lease ran out and another request took
 	// the key over, or the record is gone; this request must not complete it.
-	ErrLeaseLost = errors.New("idempotency: lease lost")
+	ErrLeaseLost = idemstore.ErrLeaseLost
 	// ErrUnavailable: the store could not be reached. Fail closed.
-	ErrUnavailable = errors.New("idempotency: store unavailable")
+	ErrUnavailable = idemstore.ErrUnavailable
 )
-
-// State is a record's state.
-type State int
-
-// Record states.
-const (
-	InFlight State = iota + 1
-	Completed
-)
-
-// Response is a stored answer.
-type Response struct {
-	Status int         // the HTTP status
-	Header http.Header // only the allow-listed headers
-	Body   []byte      // byte for byte as sent
-}
-
-// Record is a key's record as a Store keeps it.
-type Record struct {
-	ID          string    // RecordID of scope and key
-	Fingerprint string    // of the request that created it
-	State       State     // in flight or completed
-	Lease       string    // random id of the in-flight holder
-	LeaseUntil  time.Time // in flight: when another request may take over
-	ExpiresAt   time.Time // when the record may be pruned
-	TokenHash   string    // the submit token bound with it, if any
-	Response    *Response // completed: the answer
-}
-
-// Outcome is what Begin decided.
-type Outcome int
-
-// Begin outcomes.
-const (
-	Started    Outcome = iota + 1 // this request runs; it holds the lease
-	Replay                        // completed: answer with Record.Response
-	InProgress                    // another request holds a live lease
-	Mismatch                      // the key names a different request
-)
-
-// TokenClaim asks Begin to bind a submit token atomically with creating the
-// record (see package token).
-type TokenClaim struct {
-	Hash    string // token.Hash of the token sent
-	Subject string // who sends it: it must have been issued to them
-	Purpose string // the route's purpose: it must have been issued for it
-	Scope   string // Scope.String() of the request: where it gets bound
-}
-
-// BeginRequest is one attempt to start a keyed request.
-type BeginRequest struct {
-	ID          string        // RecordID(scope, key)
-	Fingerprint string        // the request's fingerprint
-	Lease       time.Duration // how long the in-flight state is protected
-	TTL         time.Duration // how long the record is kept
-	Token       *TokenClaim   // bind this token when creating the record
-	Now         time.Time     // the request's time, for leases and expiry
-}
-
-// BeginResult is Begin's answer.
-type BeginResult struct {
-	Outcome   Outcome // what the store decided
-	Lease     string  // Started: the lease to Complete or Abandon with
-	Recovered bool    // Started: took over a crashed holder's expired lease
-	Record    *Record // Replay, InProgress, Mismatch: the existing record
-}
-
-// Store keeps key records. Every method is atomic and safe for concurrent
-// use. Errors that mean the store could not answer match ErrUnavailable;
-// token refusals match token.ErrInvalid.
-type Store interface {
-	// Begin creates an in-flight record when none is live (binding
-	// r.Token in the same atomic step, or failing with the token's reason
-	// and creating nothing), takes over one whose lease expired, or reports
-	// the existing record. The Record returned, with its Response's
-	// header and body, may be shared with the store and with other
-	// callers: it is read-only.
-	Begin(ctx context.Context, r BeginRequest) (BeginResult, error)
-	// Complete stores resp for the record if lease still holds it, else
-	// returns ErrLeaseLost. It copies what it keeps: resp's header and
-	// body are the caller's, who may reuse them once Complete returns
-	// (Middleware does).
-	Complete(ctx context.Context, id, lease string, resp Response, now time.Time) error
-	// Abandon deletes the record if lease still holds it and unbinds its
-	// token, so that a retry runs again.
-	Abandon(ctx context.Context, id, lease string) error
-}
-
-// WindowStore keeps the repeat-submit window: short-lived entries that turn
-// away the same request sent again under a new key.
-type WindowStore interface {
-	// ClaimWindow records id for window, owned by owner, unless a live
-	// entry of another request exists; then it returns the time that entry
-	// has left. An owner is "record/attempt" (see WindowOwner), or a bare
-	// record: a live entry of the same record is a success (0) and passes
-	// to owner, keeping its expiry, as a retry takes a key over.
-	ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (left time.Duration, err error)
-	// FreeWindow deletes id's entry if owner, attempt and all, owns it: a
-	// stale attempt never frees the entry its key's successor claimed.
-	FreeWindow(ctx context.Context, id, owner string) error
-}
-
-// WindowOwner returns the window owner of one attempt (its lease) at a
-// key's record.
-func WindowOwner(record, attempt string) string {
-	return record + "/" + attempt
-}
-
-// WindowRecord returns the record part of a window owner (up to its first
-// "/"): what ClaimWindow compares to tell a retry of a key from a duplicate.
-func WindowRecord(owner string) string {
-	if i := strings.IndexByte(owner, '/'); i >= 0 {
-		return owner[:i]
-	}
-	return owner
-}
-
-// FullStore is a store that keeps records, tokens and windows together,
-// which lets Begin bind a token atomically with creating a record.
-type FullStore interface {
-	Store
-	WindowStore
-	token.Store
-}
 
 // Scope is what a key is scoped to: one principal's one request target.
 type Scope struct {
@@ -203,30 +66,14 @@ func RecordID(scope Scope, key string) string {
 // digest hashes parts, each followed by a NUL (parts never hold one:
 // principals, methods, paths and keys are printable), into hex.
 func digest(parts ...string) string {
-	sum := digestSum(parts...)
-	var out [64]byte
-	hex.Encode(out[:], sum[:])
-	return string(out[:])
-}
-
-// digestSum is digest's SHA-256, before hex.
-func digestSum(parts ...string) [sha256.Size]byte {
 	var stack [512]byte
 	b := stack[:0]
 	for _, p := range parts {
 		b = append(b, p...)
 		b = append(b, 0)
 	}
-	return sha256.Sum256(b)
-}
-
-// hexPair returns a and b in hex, as Fingerprint and RecordID would, in
-// one allocation: encoded straight into it (a string over a buffer nothing
-// writes again), not on the stack and then copied.
-func hexPair(a, b *[sha256.Size]byte) (string, string) {
-	out := make([]byte, 4*sha256.Size)
-	hex.Encode(out[:2*sha256.Size], a[:])
-	hex.Encode(out[2*sha256.Size:], b[:])
-	both := unsafe.String(&out[0], len(out))
-	return both[:2*sha256.Size], both[2*sha256.Size:]
+	sum := sha256.Sum256(b)
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], sum[:])
+	return string(out[:])
 }

@@ -6,7 +6,7 @@
 // go-redis client), and the database and quorum backends of the sibling
 // packages. The core package uses only the standard library.
 //
-//	locker := redislock.New(rdb, nil)
+//	locker := lock.New(redislock.New(rdb, nil), nil)
 //	lease, err := locker.Acquire(ctx, "user:42", 10*time.Second)
 //	if err != nil {
 //		return err // errors.Is(err, lock.ErrNotAcquired) when the wait ended

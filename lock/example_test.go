@@ -14,7 +14,7 @@ import (
 // is lost while it runs.
 func ExampleLocker_Do() {
 	ctx := context.Background()
-	locker := memlock.New(&lock.Options{AutoRenew: true})
+	locker := lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true})
 	err := locker.Do(ctx, "payout:1001", 5*time.Second, func(ctx context.Context, lease *lock.Lease) error {
 		fmt.Println("working under fence > 0:", lease.Fence() > 0)
 		return nil
@@ -28,7 +28,7 @@ func ExampleLocker_Do() {
 // A blocking Acquire bounded by its context returns an error that matches
 // both ErrNotAcquired and the context's error.
 func ExampleLocker_Acquire() {
-	locker := memlock.New(nil)
+	locker := lock.New(&memlock.Backend{}, nil)
 	held, _ := locker.TryAcquire(context.Background(), "report", time.Minute)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)

@@ -21,7 +21,7 @@ func TestObserve(t *testing.T) {
 		mu     sync.Mutex
 		events []lock.Event
 	)
-	l := memlock.New(&lock.Options{Observe: func(e lock.Event) {
+	l := lock.New(&memlock.Backend{}, &lock.Options{Observe: func(e lock.Event) {
 		mu.Lock()
 		events = append(events, e)
 		mu.Unlock()

@@ -96,9 +96,18 @@ type Store interface {
 	UnbindToken(ctx context.Context, hash, scope string) error
 }
 
+// Defaults of Options and of the stores.
+const (
+	// DefaultTTL is how long an unused token lives unless Options.TTL says.
+	DefaultTTL = 5 * time.Minute
+	// BoundTTL is how long a store keeps a token that BindToken bound
+	// (one bound with a key's record is kept as long as the record).
+	BoundTTL = 24 * time.Hour
+)
+
 // Options configure Tokens. A nil *Options means all defaults.
 type Options struct {
-	// TTL is how long an unused token lives. Default: 5m.
+	// TTL is how long an unused token lives. Default: DefaultTTL, 5m.
 	TTL time.Duration
 	// Now is the clock. Default: time.Now.
 	Now func() time.Time
@@ -113,7 +122,7 @@ type Tokens struct {
 
 // New returns Tokens on store.
 func New(store Store, opts *Options) *Tokens {
-	t := &Tokens{store: store, ttl: 5 * time.Minute, now: time.Now}
+	t := &Tokens{store: store, ttl: DefaultTTL, now: time.Now}
 	if opts != nil {
 		if opts.TTL > 0 {
 			t.ttl = opts.TTL

@@ -56,6 +56,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/dbtest"
@@ -65,6 +66,7 @@ import (
 	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // chaosConfig is what a scenario changes.
@@ -1454,10 +1456,10 @@ func TestChaosPostgresResetIsUnavailable(t *testing.T) {
 	defer db.Close()
 	db.SetMaxOpenConns(16)
 	ctx := context.Background()
-	if err := sqlstore.Migrate(ctx, db, sqlstore.Postgres); err != nil {
+	if err := sqlstore.Migrate(ctx, db, sqldialect.Postgres); err != nil {
 		t.Fatal(err)
 	}
-	store := sqlstore.Open(db, sqlstore.Postgres)
+	store := sqlstore.Open(db, sqldialect.Postgres)
 	if err := store.CreateUser(ctx, app.User{ID: "u_reset", Username: "reset", PasswordHash: "x", CreatedAt: time.UnixMicro(1)}, "CNY"); err != nil {
 		t.Fatal(err)
 	}
@@ -1522,7 +1524,7 @@ type chaosFailingComplete struct {
 	failures atomic.Int64
 }
 
-func (s *chaosFailingComplete) Complete(ctx context.Context, id, lease string, resp idempotency.Response, now time.Time) error {
+func (s *chaosFailingComplete) Complete(ctx context.Context, id, lease string, resp idemstore.Response, now time.Time) error {
 	if s.failures.Add(-1) >= 0 {
 		return fmt.Errorf("%w: read tcp: connection reset by peer", idempotency.ErrUnavailable)
 	}

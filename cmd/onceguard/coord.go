@@ -10,15 +10,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/httpapi"
-	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/fallback"
 	"github.com/onceguard/onceguard/lock/memlock"
 	"github.com/onceguard/onceguard/lock/redislock"
 	"github.com/onceguard/onceguard/lock/redlock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // coordination is where the service's locks and repeat-submit window live
@@ -33,7 +33,7 @@ import (
 //     still, so that it survives Redis losing its data or its first node.
 type coordination struct {
 	locks    *lock.Locker
-	windows  idempotency.WindowStore
+	windows  idemstore.WindowStore
 	breaker  *fallback.Backend // nil without --redis
 	clients  []*redis.Client
 	describe string
@@ -62,15 +62,14 @@ const redisTimeout = 500 * time.Millisecond
 // timeDB, if not nil, wraps the database lock backend (to time its calls).
 // Leases are renewed automatically (lopts.AutoRenew is set), so the TTL
 // only bounds how long a crashed holder blocks others.
-func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbWindows idempotency.WindowStore, timeDB func(lock.Backend) lock.Backend, lopts lock.Options, fopts *fallback.Options) (*coordination, error) {
+func newCoordination(db *sql.DB, dialect sqldialect.Dialect, redisURLs string, dbWindows idemstore.WindowStore, timeDB func(lock.Backend) lock.Backend, lopts lock.Options, fopts *fallback.Options) (*coordination, error) {
 	lopts.AutoRenew = true
 	c := &coordination{windows: dbWindows, secondaryName: "memory"}
 	var secondary lock.Backend
 	where := "in process"
 	switch dialect {
-	case sqlstore.Postgres, sqlstore.MySQL:
-		d := map[sqlstore.Dialect]sqllock.Dialect{sqlstore.Postgres: sqllock.Postgres, sqlstore.MySQL: sqllock.MySQL}[dialect]
-		b, err := sqllock.NewBackend(db, d, nil)
+	case sqldialect.Postgres, sqldialect.MySQL:
+		b, err := sqllock.New(db, dialect, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -107,13 +106,13 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 	var primary lock.Backend
 	what := "Redis"
 	if len(c.clients) == 1 {
-		primary = redislock.NewBackend(c.clients[0], ropts)
+		primary = redislock.New(c.clients[0], ropts)
 	} else {
 		clients := make([]redis.UniversalClient, len(c.clients))
 		for i, cl := range c.clients {
 			clients[i] = cl
 		}
-		b, err := redlock.NewBackend(clients, &redlock.Options{NodeTimeout: redisTimeout, Redis: ropts})
+		b, err := redlock.New(clients, &redlock.Options{NodeTimeout: redisTimeout, Redis: ropts})
 		if err != nil {
 			c.close()
 			return nil, err
@@ -121,7 +120,7 @@ func newCoordination(db *sql.DB, dialect sqlstore.Dialect, redisURLs string, dbW
 		primary = b
 		what = fmt.Sprintf("a quorum of %d Redis nodes", len(c.clients))
 	}
-	c.breaker = fallback.NewBackend(primary, secondary, fopts)
+	c.breaker = fallback.New(primary, secondary, fopts)
 	// The window stays in the database (c.windows as above): an entry only
 	// in Redis is forgotten when Redis restarts empty, is not seen by an
 	// instance that fell back, and waits out a black-holed first node on

@@ -15,24 +15,24 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // openDB opens --db (default: SQLite under --data-dir, created if missing).
-func openDB(c serveConfig) (*sql.DB, sqlstore.Dialect, string, error) {
+func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 	u := c.db
 	var (
 		driver, dsn string
-		dialect     sqlstore.Dialect
+		dialect     sqldialect.Dialect
 	)
 	sqlite := func(path string) {
-		driver, dialect = "sqlite", sqlstore.SQLite
+		driver, dialect = "sqlite", sqldialect.SQLite
 		dsn = "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
 	}
 	switch {
 	case u == "":
 		if err := os.MkdirAll(c.dataDir, 0o750); err != nil {
-			return nil, "", "", err
+			return nil, 0, "", err
 		}
 		u = filepath.Join(c.dataDir, "onceguard.db")
 		sqlite(u)
@@ -42,35 +42,35 @@ func openDB(c serveConfig) (*sql.DB, sqlstore.Dialect, string, error) {
 		driver, dsn, dialect = "pgx", boundTx(u, map[string]string{
 			"lock_timeout":                        strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
 			"idle_in_transaction_session_timeout": strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
-		}), sqlstore.Postgres
+		}), sqldialect.Postgres
 	case strings.HasPrefix(u, "mysql://"):
 		secs := strconv.FormatInt(int64((c.lockTTL+time.Second-1)/time.Second), 10) // whole seconds, rounded up
 		driver, dsn, dialect = "mysql", boundTx(strings.TrimPrefix(u, "mysql://"), map[string]string{
 			"innodb_lock_wait_timeout": secs,
-		}), sqlstore.MySQL
+		}), sqldialect.MySQL
 	default:
-		return nil, "", "", fmt.Errorf("--db %q: want sqlite:///path, postgres://... or mysql://...", u)
+		return nil, 0, "", fmt.Errorf("--db %q: want sqlite:///path, postgres://... or mysql://...", u)
 	}
 	var (
 		db  *sql.DB
 		err error
 	)
-	if dialect == sqlstore.MySQL {
+	if dialect == sqldialect.MySQL {
 		db, err = openMySQL(dsn, c.lockTTL)
 	} else {
 		db, err = sql.Open(driver, dsn)
 	}
 	if err != nil {
-		return nil, "", "", err
+		return nil, 0, "", err
 	}
-	if dialect != sqlstore.SQLite {
+	if dialect != sqldialect.SQLite {
 		// A storm must queue for connections here, not exhaust the server's
 		// (PostgreSQL's default max_connections is 100, for every instance).
 		db.SetMaxOpenConns(c.dbConns)
 		db.SetMaxIdleConns(c.dbConns)
 		db.SetConnMaxIdleTime(time.Minute)
 	}
-	return db, dialect, string(dialect) + " (" + redactURL(u) + ")", nil
+	return db, dialect, dialect.String() + " (" + redactURL(u) + ")", nil
 }
 
 // boundTx adds to a database URL or DSN the session settings in set that

@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // driver "sqlite"
 
+	"github.com/onceguard/onceguard/idempotency"
 	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/httpapi"
@@ -38,6 +39,7 @@ import (
 	"github.com/onceguard/onceguard/internal/web"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/fallback"
+	"github.com/onceguard/onceguard/token"
 )
 
 // modulePath and version name the main module of this binary: a release
@@ -120,9 +122,9 @@ func serveFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *serveConfig) {
 	fs.StringVar(&c.dataDir, "data-dir", env.str("ONCEGUARD_DATA_DIR", "./data"), "data directory [ONCEGUARD_DATA_DIR]")
 	fs.StringVar(&c.redis, "redis", env.str("ONCEGUARD_REDIS", ""), "Redis URL (redis://host:port/0) for locks and the repeat window, or several comma-separated independent nodes (a quorum); the database is the fallback [ONCEGUARD_REDIS]")
 	fs.StringVar(&c.pspURL, "psp", env.str("ONCEGUARD_PSP", ""), "external payment provider URL (default: simulated in process) [ONCEGUARD_PSP]")
-	fs.DurationVar(&c.tokenTTL, "token-ttl", env.dur("ONCEGUARD_TOKEN_TTL", 5*time.Minute), "submit token lifetime [ONCEGUARD_TOKEN_TTL]")
-	fs.DurationVar(&c.keyTTL, "key-ttl", env.dur("ONCEGUARD_KEY_TTL", 24*time.Hour), "Idempotency-Key retention [ONCEGUARD_KEY_TTL]")
-	fs.DurationVar(&c.keyLease, "key-lease", env.dur("ONCEGUARD_KEY_LEASE", 30*time.Second), "how long a key whose request is in flight answers 409; a crashed instance's keys run again after it [ONCEGUARD_KEY_LEASE]")
+	fs.DurationVar(&c.tokenTTL, "token-ttl", env.dur("ONCEGUARD_TOKEN_TTL", token.DefaultTTL), "submit token lifetime [ONCEGUARD_TOKEN_TTL]")
+	fs.DurationVar(&c.keyTTL, "key-ttl", env.dur("ONCEGUARD_KEY_TTL", idempotency.DefaultTTL), "Idempotency-Key retention [ONCEGUARD_KEY_TTL]")
+	fs.DurationVar(&c.keyLease, "key-lease", env.dur("ONCEGUARD_KEY_LEASE", idempotency.DefaultLease), "how long a key whose request is in flight answers 409; a crashed instance's keys run again after it [ONCEGUARD_KEY_LEASE]")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", env.dur("ONCEGUARD_REQUEST_TIMEOUT", 0), "deadline of a deposit, withdrawal, order or payment request; with a quarter of it more to record a settlement, it must end inside --key-lease, so a slow request never runs twice; 0: 3/5 of --key-lease [ONCEGUARD_REQUEST_TIMEOUT]")
 	fs.DurationVar(&c.lockTTL, "lock-ttl", env.dur("ONCEGUARD_LOCK_TTL", 10*time.Second), "TTL of the per-user and per-order locks, renewed while held: how long a crashed holder blocks others; also bounds how long a database transaction waits on a row lock or stays idle [ONCEGUARD_LOCK_TTL]")
 	fs.DurationVar(&c.repeatWindow, "repeat-window", env.dur("ONCEGUARD_REPEAT_WINDOW", 10*time.Second), "repeat-submit window, 0 off [ONCEGUARD_REPEAT_WINDOW]")
@@ -198,7 +200,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err := sqlstore.Migrate(ctx, db, dialect); err != nil {
 		return err
 	}
-	keys, err := idemsql.New(db, map[sqlstore.Dialect]idemsql.Dialect{sqlstore.Postgres: idemsql.Postgres, sqlstore.MySQL: idemsql.MySQL, sqlstore.SQLite: idemsql.SQLite}[dialect], nil)
+	keys, err := idemsql.New(db, dialect, nil)
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/memlock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 var soakFor = flag.Duration("soak", 8*time.Second, "how long TestSoak keeps its steady load (e.g. -soak 10m)")
@@ -210,7 +211,7 @@ func TestSoakStoresBounded(t *testing.T) {
 	if err := sqlstore.Migrate(ctx, db, dialect); err != nil {
 		t.Fatal(err)
 	}
-	keys, err := idemsql.New(db, idemsql.SQLite, nil)
+	keys, err := idemsql.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

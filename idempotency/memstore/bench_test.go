@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
@@ -18,12 +19,12 @@ func BenchmarkBeginComplete(b *testing.B) {
 	for i := range ids {
 		ids[i] = idempotency.RecordID(idempotency.Scope{Method: "POST", Path: "/withdrawals"}, "key-"+string(rune('a'+i%26))+time.Duration(i).String())
 	}
-	resp := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"1"}`)}
+	resp := idemstore.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"1"}`)}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		res, err := s.Begin(ctx, idempotency.BeginRequest{ID: ids[i], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
-		if err != nil || res.Outcome != idempotency.Started {
+		res, err := s.Begin(ctx, idemstore.BeginRequest{ID: ids[i], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+		if err != nil || res.Outcome != idemstore.Started {
 			b.Fatal(res, err)
 		}
 		if err := s.Complete(ctx, ids[i], res.Lease, resp, now); err != nil {
@@ -35,12 +36,12 @@ func BenchmarkBeginComplete(b *testing.B) {
 func BenchmarkReplay(b *testing.B) {
 	s, ctx, now := &memstore.Store{}, context.Background(), time.Now()
 	id := idempotency.RecordID(idempotency.Scope{Method: "POST", Path: "/withdrawals"}, "same")
-	req := idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}
+	req := idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}
 	res, _ := s.Begin(ctx, req)
-	_ = s.Complete(ctx, id, res.Lease, idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"1"}`)}, now)
+	_ = s.Complete(ctx, id, res.Lease, idemstore.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"1"}`)}, now)
 	b.ReportAllocs()
 	for b.Loop() {
-		if res, err := s.Begin(ctx, req); err != nil || res.Outcome != idempotency.Replay {
+		if res, err := s.Begin(ctx, req); err != nil || res.Outcome != idemstore.Replay {
 			b.Fatal(res, err)
 		}
 	}

@@ -2,14 +2,13 @@ package memstore
 
 import (
 	"fmt"
-	mrand "math/rand/v2"
 	"net/http"
 	"reflect"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/token"
 )
 
@@ -30,10 +29,10 @@ func TestHeaderKept(t *testing.T) {
 	} {
 		s := &Store{}
 		id := idempotency.RecordID(idempotency.Scope{}, fmt.Sprint(i))
-		req := idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}
+		req := idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}
 		res, _ := s.Begin(ctx, req)
 		in := h.Clone()
-		if err := s.Complete(ctx, id, res.Lease, idempotency.Response{Status: 201, Header: in, Body: []byte("b")}, now); err != nil {
+		if err := s.Complete(ctx, id, res.Lease, idemstore.Response{Status: 201, Header: in, Body: []byte("b")}, now); err != nil {
 			t.Fatal(err)
 		}
 		for k := range in { // the caller's header is the caller's
@@ -44,7 +43,7 @@ func TestHeaderKept(t *testing.T) {
 		}
 		for range 2 {
 			got, err := s.Begin(ctx, req)
-			if err != nil || got.Outcome != idempotency.Replay {
+			if err != nil || got.Outcome != idemstore.Replay {
 				t.Fatalf("Begin = %+v, %v", got, err)
 			}
 			g := got.Record.Response.Header
@@ -63,54 +62,18 @@ func TestHeaderKept(t *testing.T) {
 		if a, b := got1(t, s, req).Record, got1(t, s, req).Record; a != b {
 			t.Errorf("two replays made two Records (%p, %p); want one, shared", a, b)
 		}
-		if got := got1(t, s, req).Record; got.ID != id || got.Fingerprint != "fp" || got.State != idempotency.Completed || got.Response.Status != 201 || string(got.Response.Body) != "b" {
+		if got := got1(t, s, req).Record; got.ID != id || got.Fingerprint != "fp" || got.State != idemstore.Completed || got.Response.Status != 201 || string(got.Response.Body) != "b" {
 			t.Errorf("record %+v", got)
 		}
 	}
 }
 
-func got1(t *testing.T, s *Store, req idempotency.BeginRequest) idempotency.BeginResult {
+func got1(t *testing.T, s *Store, req idemstore.BeginRequest) idemstore.BeginResult {
 	res, err := s.Begin(t.Context(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return res
-}
-
-// Deadlines come out in whole seconds, in time order, each once, and
-// only when due.
-func TestExpiry(t *testing.T) {
-	var e expiry
-	base := time.Unix(1_000_000, 0)
-	r := mrand.New(mrand.NewPCG(1, 2))
-	at := map[string]time.Time{}
-	for i := range 3000 {
-		k := fmt.Sprint(i)
-		at[k] = base.Add(time.Duration(r.IntN(5_000)) * time.Millisecond) // ~600 a second: several chunks
-		e.push(deadline{k: k, kind: 't'}, at[k])
-	}
-	if e.due(base) != nil {
-		t.Fatal("a deadline came out before its time")
-	}
-	prev := base
-	for now := base; len(at) > 0; now = now.Add(100 * time.Millisecond) {
-		for b := e.due(now); b != nil; b = e.due(now) {
-			b.keys.each(func(d deadline) {
-				when, ok := at[d.k]
-				if !ok || now.Before(when) || when.Before(prev.Add(-time.Second)) {
-					t.Fatalf("at %v: deadline %q (%v, known %v) out of order or early", now, d.k, when, ok)
-				}
-				prev = when
-				delete(at, d.k)
-			})
-		}
-		if now.Sub(base) > time.Hour {
-			t.Fatalf("%d deadlines never came out", len(at))
-		}
-	}
-	if e.n != 0 || len(e.buckets) != 0 || len(e.seconds) != 0 {
-		t.Errorf("after all: n=%d, %d buckets, %d seconds; want 0", e.n, len(e.buckets), len(e.seconds))
-	}
 }
 
 // Records, tokens and windows past their time are dropped by the next
@@ -119,9 +82,9 @@ func TestPruned(t *testing.T) {
 	s, ctx, now := &Store{}, t.Context(), time.Now()
 	for i := range 100 {
 		id := idempotency.RecordID(idempotency.Scope{}, fmt.Sprint(i))
-		res, _ := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Second, TTL: time.Minute, Now: now})
+		res, _ := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Second, TTL: time.Minute, Now: now})
 		if i%2 == 0 {
-			_ = s.Complete(ctx, id, res.Lease, idempotency.Response{Status: 200}, now)
+			_ = s.Complete(ctx, id, res.Lease, idemstore.Response{Status: 200}, now)
 		}
 		_, _ = s.ClaimWindow(ctx, id, "o", time.Minute, now)
 	}
@@ -129,8 +92,8 @@ func TestPruned(t *testing.T) {
 		t.Fatalf("Len = %d records, %d windows; want 100, 100", r, w)
 	}
 	_, _ = s.ClaimWindow(ctx, "x", "o", time.Minute, now.Add(2*time.Minute))
-	if r, _, w := s.Len(); r != 0 || w != 1 || s.expiry.n != 1 {
-		t.Errorf("after the TTL: %d records, %d windows, %d deadlines; want 0, 1, 1", r, w, s.expiry.n)
+	if r, _, w := s.Len(); r != 0 || w != 1 {
+		t.Errorf("after the TTL: %d records, %d windows; want 0, 1", r, w)
 	}
 }
 
@@ -142,8 +105,8 @@ func TestSweepKeepsExtended(t *testing.T) {
 	if err := s.PutToken(ctx, token.Record{Hash: "h", Subject: "u", Purpose: "p", ExpiresAt: now.Add(5 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
-	claim := &idempotency.TokenClaim{Hash: "h", Subject: "u", Purpose: "p", Scope: "s"}
-	if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: "r", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim, Now: now}); err != nil {
+	claim := &idemstore.TokenClaim{Hash: "h", Subject: "u", Purpose: "p", Scope: "s"}
+	if _, err := s.Begin(ctx, idemstore.BeginRequest{ID: "r", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim, Now: now}); err != nil {
 		t.Fatal(err)
 	}
 	// Windows: a claimed at now for 10s; b takes it over once it expired.
@@ -158,64 +121,11 @@ func TestSweepKeepsExtended(t *testing.T) {
 	if left, _ := s.ClaimWindow(ctx, "w", "c", 10*time.Second, later); left <= 0 {
 		t.Errorf("claim inside b's window = %v left; want > 0 (b's entry swept by a's deadline?)", left)
 	}
-	if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: "x", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now.Add(10 * time.Minute)}); err != nil {
+	if _, err := s.Begin(ctx, idemstore.BeginRequest{ID: "x", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now.Add(10 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
 	if rec, err := s.GetToken(ctx, "h"); err != nil || rec.Scope != "s" {
 		t.Errorf("bound token after its first deadline = %+v, %v; want kept, bound to s", rec, err)
-	}
-}
-
-// Two ids of one hash are both kept, found and removed: the second goes
-// to the overflow map.
-func TestRecordMapCollision(t *testing.T) {
-	var rm recordMap
-	rm.init()
-	rm.hash = func(string) uint64 { return 7 } // every id collides
-	a, b, c := &entry{id: "a"}, &entry{id: "b"}, &entry{id: "c"}
-	for _, e := range []*entry{a, b, c} {
-		h, got := rm.get(e.id)
-		if got != nil {
-			t.Fatalf("get(%q) before put = %p", e.id, got)
-		}
-		rm.put(h, e)
-	}
-	for _, e := range []*entry{a, b, c} {
-		if _, got := rm.get(e.id); got != e {
-			t.Fatalf("get(%q) = %p, want %p", e.id, got, e)
-		}
-	}
-	rm.del(a) // the one in the main map: b and c stay findable
-	if _, got := rm.get("a"); got != nil || !a.gone {
-		t.Fatalf("after del(a): get = %p, gone %v", got, a.gone)
-	}
-	for _, e := range []*entry{b, c} {
-		if _, got := rm.get(e.id); got != e {
-			t.Fatalf("after del(a): get(%q) = %p, want %p", e.id, got, e)
-		}
-	}
-	h, _ := rm.get("a") // a new a takes the free main slot
-	a2 := &entry{id: "a"}
-	rm.put(h, a2)
-	rm.del(c) // from the overflow map
-	if _, got := rm.get("c"); got != nil {
-		t.Fatalf("after del(c): get = %p", got)
-	}
-	for _, e := range []*entry{a2, b} {
-		if _, got := rm.get(e.id); got != e {
-			t.Fatalf("get(%q) = %p, want %p", e.id, got, e)
-		}
-	}
-	if rm.n != 2 {
-		t.Errorf("n = %d, want 2", rm.n)
-	}
-}
-
-// A record takes a 160-byte size class (see entry); a field added to it
-// belongs in more unless most records need it.
-func TestEntrySize(t *testing.T) {
-	if n := unsafe.Sizeof(entry{}); n > 160 {
-		t.Errorf("entry is %d bytes; want at most 160", n)
 	}
 }
 
@@ -225,17 +135,17 @@ func TestTakeOverLease(t *testing.T) {
 	var s Store
 	ctx := t.Context()
 	now := time.Unix(1_700_000_000, 0)
-	req := idempotency.BeginRequest{ID: "a", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: now}
+	req := idemstore.BeginRequest{ID: "a", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: now}
 	first, err := s.Begin(ctx, req)
-	if err != nil || first.Outcome != idempotency.Started {
+	if err != nil || first.Outcome != idemstore.Started {
 		t.Fatalf("first Begin: %+v, %v", first, err)
 	}
 	req.Now = now.Add(2 * time.Second)
 	second, err := s.Begin(ctx, req)
-	if err != nil || second.Outcome != idempotency.Started || !second.Recovered || second.Lease == first.Lease {
+	if err != nil || second.Outcome != idemstore.Started || !second.Recovered || second.Lease == first.Lease {
 		t.Fatalf("Begin after the lease: %+v, %v; want a take-over with a new lease", second, err)
 	}
-	resp := idempotency.Response{Status: 201, Body: []byte("x")}
+	resp := idemstore.Response{Status: 201, Body: []byte("x")}
 	if err := s.Complete(ctx, "a", first.Lease, resp, req.Now); err != idempotency.ErrLeaseLost {
 		t.Fatalf("Complete with the crashed holder's lease: %v; want ErrLeaseLost", err)
 	}
@@ -246,7 +156,7 @@ func TestTakeOverLease(t *testing.T) {
 		t.Fatalf("Complete again: %v; want ErrLeaseLost", err)
 	}
 	got, err := s.Begin(ctx, req)
-	if err != nil || got.Outcome != idempotency.Replay || got.Record.Lease != "" || string(got.Record.Response.Body) != "x" {
+	if err != nil || got.Outcome != idemstore.Replay || got.Record.Lease != "" || string(got.Record.Response.Body) != "x" {
 		t.Fatalf("Begin after completion: %+v, %v; want a replay of x without a lease", got, err)
 	}
 }

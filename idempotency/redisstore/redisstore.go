@@ -37,6 +37,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/token"
 )
 
@@ -46,14 +47,14 @@ type Options struct {
 	Prefix string
 }
 
-// Store implements idempotency.FullStore on Redis. It is safe for
+// Store implements idemstore.FullStore on Redis. It is safe for
 // concurrent use.
 type Store struct {
 	rdb    redis.UniversalClient
 	prefix string
 }
 
-var _ idempotency.FullStore = (*Store)(nil)
+var _ idemstore.FullStore = (*Store)(nil)
 
 // New returns a Store on rdb. It does not dial.
 func New(rdb redis.UniversalClient, opts *Options) *Store {
@@ -163,14 +164,14 @@ return 0
 `)
 )
 
-// Begin implements idempotency.Store.
-func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempotency.BeginResult, error) {
+// Begin implements idemstore.Store.
+func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
 	tokenHash := ""
 	if t := r.Token; t != nil {
 		// Bind first (see the package doc); a record that exists already
 		// was created with this token in this scope, so binding succeeds.
 		if _, err := s.bind(ctx, t.Hash, t.Subject, t.Purpose, t.Scope, r.Now, r.Now.Add(r.TTL), false); err != nil {
-			return idempotency.BeginResult{}, err
+			return idemstore.BeginResult{}, err
 		}
 		tokenHash = t.Hash
 	}
@@ -178,39 +179,39 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 	res, err := beginLua.Run(ctx, s.rdb, []string{s.recKey(r.ID)},
 		r.Fingerprint, lease, ms(r.Now.Add(r.Lease)), ms(r.Now), max(r.TTL.Milliseconds(), 1), tokenHash).Slice()
 	if err != nil {
-		return idempotency.BeginResult{}, wrap("begin", err)
+		return idemstore.BeginResult{}, wrap("begin", err)
 	}
 	outcome, _ := res[0].(int64)
-	rec := &idempotency.Record{ID: r.ID, Fingerprint: r.Fingerprint}
+	rec := &idemstore.Record{ID: r.ID, Fingerprint: r.Fingerprint}
 	switch outcome {
 	case 1:
-		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, nil
+		return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease}, nil
 	case 5:
-		return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease, Recovered: true}, nil
+		return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease, Recovered: true}, nil
 	case 3:
-		rec.State = idempotency.InFlight
-		return idempotency.BeginResult{Outcome: idempotency.InProgress, Record: rec}, nil
+		rec.State = idemstore.InFlight
+		return idemstore.BeginResult{Outcome: idemstore.InProgress, Record: rec}, nil
 	case 4:
-		return idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: rec}, nil
+		return idemstore.BeginResult{Outcome: idemstore.Mismatch, Record: rec}, nil
 	case 2:
-		resp := &idempotency.Response{}
+		resp := &idemstore.Response{}
 		st, _ := res[1].(string)
 		resp.Status, _ = strconv.Atoi(st)
 		if h, _ := res[2].(string); h != "" {
 			if err := json.Unmarshal([]byte(h), &resp.Header); err != nil {
-				return idempotency.BeginResult{}, fmt.Errorf("redisstore: stored header of %s: %w", r.ID, err)
+				return idemstore.BeginResult{}, fmt.Errorf("redisstore: stored header of %s: %w", r.ID, err)
 			}
 		}
 		b, _ := res[3].(string)
 		resp.Body = []byte(b)
-		rec.State, rec.Response = idempotency.Completed, resp
-		return idempotency.BeginResult{Outcome: idempotency.Replay, Record: rec}, nil
+		rec.State, rec.Response = idemstore.Completed, resp
+		return idemstore.BeginResult{Outcome: idemstore.Replay, Record: rec}, nil
 	}
-	return idempotency.BeginResult{}, fmt.Errorf("redisstore: begin: unexpected reply %v", res)
+	return idemstore.BeginResult{}, fmt.Errorf("redisstore: begin: unexpected reply %v", res)
 }
 
-// Complete implements idempotency.Store.
-func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency.Response, _ time.Time) error {
+// Complete implements idemstore.Store.
+func (s *Store) Complete(ctx context.Context, id, lease string, resp idemstore.Response, _ time.Time) error {
 	header := ""
 	if len(resp.Header) > 0 {
 		b, err := json.Marshal(http.Header(resp.Header))
@@ -229,7 +230,7 @@ func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency
 	return nil
 }
 
-// Abandon implements idempotency.Store.
+// Abandon implements idemstore.Store.
 func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 	tok, err := abandonLua.Run(ctx, s.rdb, []string{s.recKey(id)}, lease).Text()
 	if errors.Is(err, redis.Nil) {
@@ -245,16 +246,16 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 	return nil
 }
 
-// ClaimWindow implements idempotency.WindowStore: one script.
+// ClaimWindow implements idemstore.WindowStore: one script.
 func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
-	left, err := claimLua.Run(ctx, s.rdb, []string{s.winKey(id)}, owner, ms(now), max(window.Milliseconds(), 1), idempotency.WindowRecord(owner)).Int64()
+	left, err := claimLua.Run(ctx, s.rdb, []string{s.winKey(id)}, owner, ms(now), max(window.Milliseconds(), 1), idemstore.WindowRecord(owner)).Int64()
 	if err != nil {
 		return 0, wrap("claim window", err)
 	}
 	return time.Duration(left) * time.Millisecond, nil
 }
 
-// FreeWindow implements idempotency.WindowStore.
+// FreeWindow implements idemstore.WindowStore.
 func (s *Store) FreeWindow(ctx context.Context, id, owner string) error {
 	return wrap("free window", freeLua.Run(ctx, s.rdb, []string{s.winKey(id)}, owner).Err())
 }
@@ -291,7 +292,7 @@ func (s *Store) GetToken(ctx context.Context, hash string) (token.Record, error)
 
 // BindToken implements token.Store. A token bound on its own is kept 24h.
 func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope string, now time.Time) (bool, error) {
-	return s.bind(ctx, hash, subject, purpose, scope, now, now.Add(24*time.Hour), false)
+	return s.bind(ctx, hash, subject, purpose, scope, now, now.Add(token.BoundTTL), false)
 }
 
 func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope string, now, keep time.Time, _ bool) (bool, error) {

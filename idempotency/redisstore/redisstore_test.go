@@ -6,7 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/redisstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
 	"github.com/onceguard/onceguard/internal/redistest"
@@ -16,7 +16,7 @@ import (
 func TestStore(t *testing.T) {
 	rdb := redistest.Shared(t)
 	prefix := redistest.Prefix(t, rdb, "storetest") // its keys are deleted when the test ends
-	storetest.Run(t, func(*testing.T) idempotency.FullStore {
+	storetest.Run(t, func(*testing.T) idemstore.FullStore {
 		return redisstore.New(rdb, &redisstore.Options{Prefix: prefix})
 	})
 }
@@ -28,7 +28,7 @@ func TestStoreCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	storetest.Run(t, func(*testing.T) idempotency.FullStore { return redisstore.New(rdb, nil) })
+	storetest.Run(t, func(*testing.T) idemstore.FullStore { return redisstore.New(rdb, nil) })
 }
 
 // Every key the store writes expires on its own: a token that is never

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 )
 
 // DoTx commits fn's effect and its record together: a delivery whose fn
@@ -56,7 +57,7 @@ func TestDoTx(t *testing.T) {
 				// Meanwhile, two minutes on, a redelivery takes the key over
 				// (before this transaction writes: SQLite has one writer).
 				later := now.Add(2 * time.Minute)
-				res, err := s.Begin(context.Background(), idempotency.BeginRequest{ID: idempotency.RecordID(scope, key), Fingerprint: "v1", Lease: time.Minute, TTL: time.Hour, Now: later})
+				res, err := s.Begin(context.Background(), idemstore.BeginRequest{ID: idempotency.RecordID(scope, key), Fingerprint: "v1", Lease: time.Minute, TTL: time.Hour, Now: later})
 				if err != nil || !res.Recovered {
 					return nil, fmt.Errorf("take-over = %+v, %v", res, err)
 				}
@@ -100,11 +101,11 @@ func TestCompleteTxLostLease(t *testing.T) {
 			s, db := d.store(t)
 			ctx, now := context.Background(), time.Now()
 			id := idempotency.RecordID(idempotency.Scope{Principal: t.Name()}, now.String())
-			first, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+			first, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
 			if err != nil {
 				t.Fatal(err)
 			}
-			second, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now.Add(2 * time.Minute)})
+			second, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now.Add(2 * time.Minute)})
 			if err != nil || !second.Recovered {
 				t.Fatalf("take-over = %+v, %v", second, err)
 			}
@@ -116,7 +117,7 @@ func TestCompleteTxLostLease(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				err = s.CompleteTx(ctx, tx, id, c.lease, idempotency.Response{Status: 201, Body: []byte("x")})
+				err = s.CompleteTx(ctx, tx, id, c.lease, idemstore.Response{Status: 201, Body: []byte("x")})
 				if !errors.Is(err, c.want) || (c.want == nil && err != nil) {
 					t.Errorf("CompleteTx with the %s lease = %v; want %v", c.name, err, c.want)
 				}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // The middleware on the SQL store, with the key's record completed in the
@@ -25,7 +26,7 @@ func ExampleStore_CompleteTx() {
 	db, _ := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=busy_timeout(5000)")
 	defer db.Close()
 	_, _ = db.Exec(`CREATE TABLE withdrawals (user_id TEXT, idem_key TEXT, amount TEXT, UNIQUE (user_id, idem_key))`)
-	store, err := sqlstore.New(db, sqlstore.SQLite, nil)
+	store, err := sqlstore.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		fmt.Println(err)
 		return

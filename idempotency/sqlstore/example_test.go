@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // A queue consumer whose effect is a row in the same database: DoTx
@@ -23,7 +24,7 @@ func ExampleStore_DoTx() {
 	db, _ := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=busy_timeout(5000)")
 	defer db.Close()
 	_, _ = db.Exec(`CREATE TABLE invoices (msg TEXT PRIMARY KEY)`)
-	store, err := sqlstore.New(db, sqlstore.SQLite, nil)
+	store, err := sqlstore.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		fmt.Println(err)
 		return

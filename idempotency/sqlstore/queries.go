@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 type queries struct {
@@ -15,9 +16,9 @@ type queries struct {
 	prune                                                        []string
 }
 
-func buildQueries(d Dialect, p string) queries {
+func buildQueries(d sqldialect.Dialect, p string) queries {
 	forUpdate := " FOR UPDATE"
-	if d == SQLite {
+	if d == sqldialect.SQLite {
 		forUpdate = "" // SQLite serialises writers: the INSERT took the write lock
 	}
 	q := queries{
@@ -44,7 +45,7 @@ WHERE hash = ? AND subject = ? AND purpose = ? AND scope IS NULL AND expires_at 
 	}
 	const cols = `(id, fingerprint, state, lease, lease_until, expires_at, token_hash) VALUES (?, ?, 1, ?, ?, ?, ?)`
 	switch d {
-	case Postgres:
+	case sqldialect.Postgres:
 		q.insertRecord = `INSERT INTO {p}idempotency ` + cols + ` ON CONFLICT (id) DO NOTHING`
 		q.insertFresh = q.insertRecord + ` RETURNING lease`
 		q.claimWindow = `INSERT INTO {p}repeat_window AS w (id, owner, expires_at) VALUES (?, ?, ?)
@@ -61,7 +62,7 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 			`CREATE INDEX IF NOT EXISTS {p}submit_tokens_keep ON {p}submit_tokens (keep_until)`,
 			`CREATE TABLE IF NOT EXISTS {p}repeat_window (id VARCHAR(255) PRIMARY KEY, owner VARCHAR(255) NOT NULL, expires_at BIGINT NOT NULL)`,
 		}
-	case MySQL:
+	case sqldialect.MySQL:
 		// Not INSERT IGNORE: on a duplicate it takes a shared lock, and two
 		// such transactions upgrading to FOR UPDATE deadlock; the no-op
 		// update takes the exclusive lock at once.
@@ -82,7 +83,7 @@ ON DUPLICATE KEY UPDATE owner = IF(expires_at <= ? OR owner = ? OR SUBSTRING(own
 			`CREATE TABLE IF NOT EXISTS {p}repeat_window (id VARCHAR(255) NOT NULL PRIMARY KEY, owner VARCHAR(255) NOT NULL,
   expires_at BIGINT NOT NULL) ENGINE=InnoDB`,
 		}
-	case SQLite:
+	case sqldialect.SQLite:
 		q.insertRecord = `INSERT OR IGNORE INTO {p}idempotency ` + cols
 		q.insertFresh = `INSERT INTO {p}idempotency ` + cols + ` ON CONFLICT (id) DO NOTHING RETURNING lease`
 		q.claimWindow = `INSERT INTO {p}repeat_window AS w (id, owner, expires_at) VALUES (?, ?, ?)
@@ -102,7 +103,7 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 	}
 	fix := func(s string) string {
 		s = strings.ReplaceAll(s, "{p}", p)
-		if d == Postgres {
+		if d == sqldialect.Postgres {
 			s = sqldb.Rebind(s)
 		}
 		return s

@@ -30,18 +30,10 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/sqldialect"
 	"github.com/onceguard/onceguard/token"
-)
-
-// Dialect names the SQL dialect of a *sql.DB.
-type Dialect int
-
-// The supported dialects.
-const (
-	Postgres Dialect = iota + 1
-	MySQL            // MySQL 8 and MariaDB 10.5+
-	SQLite           // SQLite 3.35+
 )
 
 // Options configure a Store. A nil *Options means all defaults.
@@ -63,11 +55,11 @@ type Options struct {
 	Timeout time.Duration
 }
 
-// Store implements idempotency.FullStore on a *sql.DB. It is safe for
+// Store implements idemstore.FullStore on a *sql.DB. It is safe for
 // concurrent use.
 type Store struct {
 	db      *sql.DB
-	dialect Dialect
+	dialect sqldialect.Dialect
 	opts    Options
 	q       queries
 
@@ -76,13 +68,13 @@ type Store struct {
 	begins    atomic.Uint64
 }
 
-var _ idempotency.FullStore = (*Store)(nil)
+var _ idemstore.FullStore = (*Store)(nil)
 
 var prefixRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,40}$`)
 
 // New returns a Store on db. It does no I/O: Migrate, or the first call,
 // creates the tables.
-func New(db *sql.DB, dialect Dialect, opts *Options) (*Store, error) {
+func New(db *sql.DB, dialect sqldialect.Dialect, opts *Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: nil *sql.DB")
 	}
@@ -101,7 +93,7 @@ func New(db *sql.DB, dialect Dialect, opts *Options) (*Store, error) {
 	if !prefixRE.MatchString(o.Prefix) {
 		return nil, fmt.Errorf("sqlstore: table prefix %q: want letters, digits and underscores", o.Prefix)
 	}
-	if dialect < Postgres || dialect > SQLite {
+	if dialect < sqldialect.Postgres || dialect > sqldialect.SQLite {
 		return nil, fmt.Errorf("sqlstore: unknown dialect %d", dialect)
 	}
 	return &Store{db: db, dialect: dialect, opts: o, q: buildQueries(dialect, o.Prefix)}, nil
@@ -119,14 +111,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return nil
 	}
 	for _, stmt := range s.q.create {
-		var err error
-		for range 3 { // concurrent CREATE ... IF NOT EXISTS can collide in PostgreSQL's catalog
-			if _, err = s.db.ExecContext(ctx, stmt); err == nil || ctx.Err() != nil {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if err != nil {
+		if err := sqldb.Create(ctx, s.db, stmt); err != nil {
 			return wrap("migrate", err)
 		}
 	}
@@ -144,12 +129,12 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.opts.Timeout)
 }
 
-// Begin implements idempotency.Store.
-func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempotency.BeginResult, error) {
+// Begin implements idemstore.Store.
+func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
-		return idempotency.BeginResult{}, err
+		return idemstore.BeginResult{}, err
 	}
 	if s.begins.Add(1)%s.opts.PruneEvery == 0 {
 		s.prune(ctx, r.Now)
@@ -166,7 +151,7 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 		var got string
 		err := s.db.QueryRowContext(ctx, s.q.insertFresh, r.ID, r.Fingerprint, lease, us(r.Now.Add(r.Lease)), us(r.Now.Add(r.TTL)), nil).Scan(&got)
 		if err == nil && got == lease {
-			return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, nil
+			return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease}, nil
 		}
 	}
 	var last error
@@ -178,10 +163,10 @@ func (s *Store) Begin(ctx context.Context, r idempotency.BeginRequest) (idempote
 		last = err
 		time.Sleep(time.Duration(1+mrand.IntN(1<<min(i, 6))) * time.Millisecond)
 	}
-	return idempotency.BeginResult{}, wrap("begin", last)
+	return idemstore.BeginResult{}, wrap("begin", last)
 }
 
-func (s *Store) begin(ctx context.Context, r idempotency.BeginRequest, lease string) (res idempotency.BeginResult, err error) {
+func (s *Store) begin(ctx context.Context, r idemstore.BeginRequest, lease string) (res idemstore.BeginResult, err error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return res, wrap("begin", err)
@@ -231,25 +216,25 @@ func (s *Store) begin(ctx context.Context, r idempotency.BeginRequest, lease str
 				return res, err
 			}
 		case fp != r.Fingerprint:
-			res = idempotency.BeginResult{Outcome: idempotency.Mismatch, Record: &idempotency.Record{ID: r.ID, Fingerprint: fp}}
+			res = idemstore.BeginResult{Outcome: idemstore.Mismatch, Record: &idemstore.Record{ID: r.ID, Fingerprint: fp}}
 			return res, tx.Commit()
-		case state == int(idempotency.Completed):
-			resp := &idempotency.Response{Status: int(status.Int64), Body: body}
+		case state == int(idemstore.Completed):
+			resp := &idemstore.Response{Status: int(status.Int64), Body: body}
 			if header.Valid && header.String != "" {
 				if err := json.Unmarshal([]byte(header.String), &resp.Header); err != nil {
 					return res, fmt.Errorf("sqlstore: stored header of %s: %w", r.ID, err)
 				}
 			}
-			res = idempotency.BeginResult{Outcome: idempotency.Replay, Record: &idempotency.Record{ID: r.ID, Fingerprint: fp, State: idempotency.Completed, Response: resp}}
+			res = idemstore.BeginResult{Outcome: idemstore.Replay, Record: &idemstore.Record{ID: r.ID, Fingerprint: fp, State: idemstore.Completed, Response: resp}}
 			return res, tx.Commit()
 		case leaseUntil > now:
-			res = idempotency.BeginResult{Outcome: idempotency.InProgress, Record: &idempotency.Record{ID: r.ID, Fingerprint: fp, State: idempotency.InFlight}}
+			res = idemstore.BeginResult{Outcome: idemstore.InProgress, Record: &idemstore.Record{ID: r.ID, Fingerprint: fp, State: idemstore.InFlight}}
 			return res, tx.Commit()
 		default: // in flight, its holder gone: take over
 			if _, err = tx.ExecContext(ctx, s.q.takeOver, lease, us(r.Now.Add(r.Lease)), r.ID); err != nil {
 				return res, err
 			}
-			return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease, Recovered: true}, tx.Commit()
+			return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease, Recovered: true}, tx.Commit()
 		}
 	}
 	if r.Token != nil {
@@ -267,11 +252,11 @@ func (s *Store) begin(ctx context.Context, r idempotency.BeginRequest, lease str
 			}
 		}
 	}
-	return idempotency.BeginResult{Outcome: idempotency.Started, Lease: lease}, tx.Commit()
+	return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease}, tx.Commit()
 }
 
 // tokenReason returns why a token may not be bound, or nil if it may.
-func (s *Store) tokenReason(ctx context.Context, q querier, t *idempotency.TokenClaim, now time.Time) error {
+func (s *Store) tokenReason(ctx context.Context, q querier, t *idemstore.TokenClaim, now time.Time) error {
 	rec, err := s.getToken(ctx, q, t.Hash)
 	if err != nil {
 		return err
@@ -300,8 +285,8 @@ func retryable(err error) bool {
 	return false
 }
 
-// Complete implements idempotency.Store.
-func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency.Response, now time.Time) error {
+// Complete implements idemstore.Store.
+func (s *Store) Complete(ctx context.Context, id, lease string, resp idemstore.Response, now time.Time) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	return s.complete(ctx, s.db, id, lease, resp)
@@ -315,7 +300,7 @@ func (s *Store) Complete(ctx context.Context, id, lease string, resp idempotency
 // key over): roll back then, call idempotency.Call.Forget and answer 409
 // with Retry-After, as for a key in progress. The request that owns the
 // key now makes its outcome; the client's retry gets that.
-func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error {
+func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idemstore.Response) error {
 	return s.complete(ctx, tx, id, lease, resp)
 }
 
@@ -345,7 +330,7 @@ func (s *Store) DoTx(ctx context.Context, scope idempotency.Scope, key, fingerpr
 		if err != nil {
 			return nil, err
 		}
-		if err = s.CompleteTx(ctx, tx, call.ID, call.Lease, idempotency.Response{Status: 200, Body: out}); err != nil {
+		if err = s.CompleteTx(ctx, tx, call.ID, call.Lease, idemstore.Response{Status: 200, Body: out}); err != nil {
 			return nil, fmt.Errorf("idempotency/sqlstore: do: storing the result: %w", err)
 		}
 		committed = true // a failed Commit has rolled back
@@ -361,7 +346,7 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp idempotency.Response) error {
+func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp idemstore.Response) error {
 	if err := s.Migrate(ctx); err != nil {
 		return err
 	}
@@ -380,7 +365,7 @@ func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp i
 }
 
 // completeArgs are the arguments of the complete query.
-func completeArgs(id, lease string, resp idempotency.Response) ([]any, error) {
+func completeArgs(id, lease string, resp idemstore.Response) ([]any, error) {
 	header := ""
 	if len(resp.Header) > 0 {
 		b, err := json.Marshal(resp.Header)
@@ -396,7 +381,7 @@ func completeArgs(id, lease string, resp idempotency.Response) ([]any, error) {
 	return []any{resp.Status, header, body, id, lease}, nil
 }
 
-// Abandon implements idempotency.Store.
+// Abandon implements idemstore.Store.
 func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -426,16 +411,16 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 	return wrap("abandon", tx.Commit())
 }
 
-// ClaimWindow implements idempotency.WindowStore.
+// ClaimWindow implements idemstore.WindowStore.
 func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		return 0, err
 	}
-	rec := idempotency.WindowRecord(owner)
+	rec := idemstore.WindowRecord(owner)
 	args := []any{id, owner, us(now.Add(window)), us(now), rec, len(rec) + 1, rec + "/", us(now)}
-	if s.dialect != MySQL {
+	if s.dialect != sqldialect.MySQL {
 		args = []any{id, owner, us(now.Add(window)), us(now), us(now), rec, len(rec) + 1, rec + "/"}
 	}
 	if _, err := s.db.ExecContext(ctx, s.q.claimWindow, args...); err != nil {
@@ -453,7 +438,7 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.D
 	return min(max(time.Duration(exp-us(now))*time.Microsecond, time.Microsecond), window), nil
 }
 
-// FreeWindow implements idempotency.WindowStore.
+// FreeWindow implements idemstore.WindowStore.
 func (s *Store) FreeWindow(ctx context.Context, id, owner string) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -506,14 +491,14 @@ func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope str
 	if err := s.Migrate(ctx); err != nil {
 		return false, err
 	}
-	out, err := s.db.ExecContext(ctx, s.q.bindFresh, scope, us(now.Add(24*time.Hour)), hash, subject, purpose, us(now))
+	out, err := s.db.ExecContext(ctx, s.q.bindFresh, scope, us(now.Add(token.BoundTTL)), hash, subject, purpose, us(now))
 	if err != nil {
 		return false, wrap("bind token", err)
 	}
 	if n, err := out.RowsAffected(); err == nil && n == 1 {
 		return true, nil
 	}
-	claim := &idempotency.TokenClaim{Hash: hash, Subject: subject, Purpose: purpose, Scope: scope}
+	claim := &idemstore.TokenClaim{Hash: hash, Subject: subject, Purpose: purpose, Scope: scope}
 	if reason := s.tokenReason(ctx, s.db, claim, now); reason != nil {
 		return false, reason
 	}

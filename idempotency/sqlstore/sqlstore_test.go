@@ -9,14 +9,16 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
 	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 type database struct {
 	name    string
-	dialect sqlstore.Dialect
+	dialect sqldialect.Dialect
 	open    func(t *testing.T) *sql.DB
 }
 
@@ -34,9 +36,9 @@ func (d database) store(t *testing.T) (*sqlstore.Store, *sql.DB) {
 }
 
 var databases = []database{
-	{"postgres", sqlstore.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
-	{"mysql", sqlstore.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
-	{"sqlite", sqlstore.SQLite, openSQLite},
+	{"postgres", sqldialect.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
+	{"mysql", sqldialect.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
+	{"sqlite", sqldialect.SQLite, openSQLite},
 }
 
 func TestStore(t *testing.T) {
@@ -47,7 +49,7 @@ func TestStore(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			storetest.Run(t, func(*testing.T) idempotency.FullStore { return s })
+			storetest.Run(t, func(*testing.T) idemstore.FullStore { return s })
 		})
 	}
 }
@@ -60,17 +62,17 @@ func TestCompleteTx(t *testing.T) {
 			s, db := d.store(t)
 			ctx, now := context.Background(), time.Now()
 			id := idempotency.RecordID(idempotency.Scope{Principal: t.Name()}, now.String())
-			res, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
-			if err != nil || res.Outcome != idempotency.Started {
+			res, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+			if err != nil || res.Outcome != idemstore.Started {
 				t.Fatalf("Begin = %+v, %v", res, err)
 			}
-			resp := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`)}
+			resp := idemstore.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`)}
 			tx, _ := db.BeginTx(ctx, nil)
 			if err := s.CompleteTx(ctx, tx, id, res.Lease, resp); err != nil {
 				t.Fatalf("CompleteTx = %v", err)
 			}
 			_ = tx.Rollback()
-			if got, _ := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}); got.Outcome != idempotency.InProgress {
+			if got, _ := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}); got.Outcome != idemstore.InProgress {
 				t.Errorf("after a rolled back CompleteTx: %v; want InProgress", got.Outcome)
 			}
 			tx, _ = db.BeginTx(ctx, nil)
@@ -80,7 +82,7 @@ func TestCompleteTx(t *testing.T) {
 			if err := tx.Commit(); err != nil {
 				t.Fatal(err)
 			}
-			if got, _ := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}); got.Outcome != idempotency.Replay {
+			if got, _ := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now}); got.Outcome != idemstore.Replay {
 				t.Errorf("after a committed CompleteTx: %v; want Replay", got.Outcome)
 			}
 			tx, _ = db.BeginTx(ctx, nil)
@@ -94,9 +96,9 @@ func TestCompleteTx(t *testing.T) {
 
 func TestClosedDatabase(t *testing.T) {
 	db := openSQLite(t)
-	s, _ := sqlstore.New(db, sqlstore.SQLite, nil)
+	s, _ := sqlstore.New(db, sqldialect.SQLite, nil)
 	_ = db.Close()
-	_, err := s.Begin(context.Background(), idempotency.BeginRequest{ID: "x", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: time.Now()})
+	_, err := s.Begin(context.Background(), idemstore.BeginRequest{ID: "x", Fingerprint: "f", Lease: time.Second, TTL: time.Hour, Now: time.Now()})
 	if !errors.Is(err, idempotency.ErrUnavailable) {
 		t.Errorf("Begin on a closed DB = %v; want ErrUnavailable", err)
 	}

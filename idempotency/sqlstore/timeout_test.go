@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/internal/faultproxy"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // A call on a context without a deadline (Middleware's, after the
@@ -36,18 +37,18 @@ func TestTimeoutBoundsStalledDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	s, err := sqlstore.New(db, sqlstore.Postgres, &sqlstore.Options{Prefix: "timeout_", Timeout: 300 * time.Millisecond})
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "timeout_", Timeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, now := context.Background(), time.Now()
-	res, err := s.Begin(ctx, idempotency.BeginRequest{ID: "stall-" + now.Format(time.RFC3339Nano), Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
-	if err != nil || res.Outcome != idempotency.Started {
+	res, err := s.Begin(ctx, idemstore.BeginRequest{ID: "stall-" + now.Format(time.RFC3339Nano), Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+	if err != nil || res.Outcome != idemstore.Started {
 		t.Fatalf("Begin = %+v, %v", res, err)
 	}
 	p.Blackhole()
 	start := time.Now()
-	err = s.Complete(ctx, "stall-"+now.Format(time.RFC3339Nano), res.Lease, idempotency.Response{Status: 201}, now)
+	err = s.Complete(ctx, "stall-"+now.Format(time.RFC3339Nano), res.Lease, idemstore.Response{Status: 201}, now)
 	if took := time.Since(start); err == nil || took > 10*time.Second {
 		t.Fatalf("Complete with the database black-holed = %v after %v; want an error within the 300ms timeout", err, took)
 	}
@@ -55,7 +56,7 @@ func TestTimeoutBoundsStalledDatabase(t *testing.T) {
 	for name, call := range map[string]func() error{
 		"ClaimWindow": func() error { _, err := s.ClaimWindow(ctx, "w", "o", time.Second, now); return err },
 		"Begin": func() error {
-			_, err := s.Begin(ctx, idempotency.BeginRequest{ID: "stall-2", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+			_, err := s.Begin(ctx, idemstore.BeginRequest{ID: "stall-2", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
 			return err
 		},
 		"Abandon":    func() error { return s.Abandon(ctx, "stall-"+now.Format(time.RFC3339Nano), res.Lease) },

@@ -7,10 +7,11 @@ import (
 
 	_ "modernc.org/sqlite" // driver "sqlite"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // A store proves itself by running the suite from its own tests, here the
@@ -18,7 +19,7 @@ import (
 func ExampleRun() {
 	// func TestStore(t *testing.T), in the store's _test.go file:
 	testStore := func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) idempotency.FullStore { return &memstore.Store{} })
+		storetest.Run(t, func(t *testing.T) idemstore.FullStore { return &memstore.Store{} })
 	}
 	_ = testStore
 }
@@ -35,11 +36,11 @@ func ExampleRun_sharedDatabase() {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = db.Close() })
-		s, err := sqlstore.New(db, sqlstore.SQLite, nil)
+		s, err := sqlstore.New(db, sqldialect.SQLite, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		storetest.Run(t, func(*testing.T) idempotency.FullStore { return s })
+		storetest.Run(t, func(*testing.T) idemstore.FullStore { return s })
 	}
 	_ = testStore
 }

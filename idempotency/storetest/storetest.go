@@ -1,8 +1,8 @@
-// Package storetest is the conformance suite every idempotency.FullStore
+// Package storetest is the conformance suite every idemstore.FullStore
 // runs (records, the repeat-submit window and tokens):
 //
 //	func TestStore(t *testing.T) {
-//		storetest.Run(t, func(t *testing.T) idempotency.FullStore { return newStore(t) })
+//		storetest.Run(t, func(t *testing.T) idemstore.FullStore { return newStore(t) })
 //	}
 package storetest
 
@@ -20,20 +20,21 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/token"
 	"github.com/onceguard/onceguard/token/tokentest"
 )
 
 // Run runs the suite; newStore is called once per subtest. Ids are unique
 // per run, so stores may share a database.
-func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
+func Run(t *testing.T, newStore func(t *testing.T) idemstore.FullStore) {
 	ctx := context.Background()
 	uniq := func(t *testing.T, s string) string {
 		return idempotency.RecordID(idempotency.Scope{Principal: t.Name(), Path: fmt.Sprint(time.Now().UnixNano())}, s)
 	}
-	begin := func(t *testing.T, s idempotency.Store, id, fp string, now time.Time, claim *idempotency.TokenClaim) idempotency.BeginResult {
+	begin := func(t *testing.T, s idemstore.Store, id, fp string, now time.Time, claim *idemstore.TokenClaim) idemstore.BeginResult {
 		t.Helper()
-		res, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: fp, Lease: 30 * time.Second, TTL: time.Hour, Token: claim, Now: now})
+		res, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: fp, Lease: 30 * time.Second, TTL: time.Hour, Token: claim, Now: now})
 		if err != nil {
 			t.Fatalf("Begin = %v", err)
 		}
@@ -44,31 +45,31 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		s := newStore(t)
 		id, now := uniq(t, "k"), time.Now()
 		res := begin(t, s, id, "fp1", now, nil)
-		if res.Outcome != idempotency.Started || res.Lease == "" {
+		if res.Outcome != idemstore.Started || res.Lease == "" {
 			t.Fatalf("first Begin = %+v; want Started with a lease", res)
 		}
-		if got := begin(t, s, id, "fp1", now, nil); got.Outcome != idempotency.InProgress {
+		if got := begin(t, s, id, "fp1", now, nil); got.Outcome != idemstore.InProgress {
 			t.Errorf("Begin while in flight = %v; want InProgress", got.Outcome)
 		}
-		if got := begin(t, s, id, "fp2", now, nil); got.Outcome != idempotency.Mismatch {
+		if got := begin(t, s, id, "fp2", now, nil); got.Outcome != idemstore.Mismatch {
 			t.Errorf("Begin with another fingerprint = %v; want Mismatch", got.Outcome)
 		}
-		if err := s.Complete(ctx, id, "not-the-lease", idempotency.Response{Status: 201}, now); !errors.Is(err, idempotency.ErrLeaseLost) {
+		if err := s.Complete(ctx, id, "not-the-lease", idemstore.Response{Status: 201}, now); !errors.Is(err, idempotency.ErrLeaseLost) {
 			t.Errorf("Complete with a wrong lease = %v; want ErrLeaseLost", err)
 		}
-		resp := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"1"}` + "\x00\xff")}
+		resp := idemstore.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"1"}` + "\x00\xff")}
 		if err := s.Complete(ctx, id, res.Lease, resp, now); err != nil {
 			t.Fatalf("Complete = %v", err)
 		}
 		got := begin(t, s, id, "fp1", now, nil)
-		if got.Outcome != idempotency.Replay || got.Record == nil || got.Record.Response == nil {
+		if got.Outcome != idemstore.Replay || got.Record == nil || got.Record.Response == nil {
 			t.Fatalf("Begin after Complete = %+v; want Replay with the response", got)
 		}
 		r := got.Record.Response
 		if r.Status != 201 || !bytes.Equal(r.Body, resp.Body) || r.Header.Get("Content-Type") != "application/json" {
 			t.Errorf("replayed %d %q %v; want %d %q %v", r.Status, r.Body, r.Header, resp.Status, resp.Body, resp.Header)
 		}
-		if got := begin(t, s, id, "fp2", now, nil); got.Outcome != idempotency.Mismatch {
+		if got := begin(t, s, id, "fp2", now, nil); got.Outcome != idemstore.Mismatch {
 			t.Errorf("completed key with another fingerprint = %v; want Mismatch", got.Outcome)
 		}
 		if err := s.Complete(ctx, id, res.Lease, resp, now); !errors.Is(err, idempotency.ErrLeaseLost) {
@@ -84,17 +85,17 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 			t.Fatalf("Abandon = %v", err)
 		}
 		res2 := begin(t, s, id, "other", now, nil)
-		if res2.Outcome != idempotency.Started {
+		if res2.Outcome != idemstore.Started {
 			t.Fatalf("Begin after Abandon = %v; want Started", res2.Outcome)
 		}
 		// The lease runs out (at its end exactly, on every store): the next
 		// Begin takes over; the old holder can no longer complete.
 		later := now.Add(30 * time.Second)
 		res3 := begin(t, s, id, "other", later, nil)
-		if res3.Outcome != idempotency.Started || !res3.Recovered || res3.Lease == res2.Lease {
+		if res3.Outcome != idemstore.Started || !res3.Recovered || res3.Lease == res2.Lease {
 			t.Fatalf("Begin after the lease = %+v; want Started, Recovered, a new lease", res3)
 		}
-		if err := s.Complete(ctx, id, res2.Lease, idempotency.Response{Status: 201}, later); !errors.Is(err, idempotency.ErrLeaseLost) {
+		if err := s.Complete(ctx, id, res2.Lease, idemstore.Response{Status: 201}, later); !errors.Is(err, idempotency.ErrLeaseLost) {
 			t.Errorf("Complete by the old holder = %v; want ErrLeaseLost", err)
 		}
 		// Nor free it (PITFALLS 16, 17): a slow holder that ends in a 5xx
@@ -103,14 +104,14 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		if err := s.Abandon(ctx, id, res2.Lease); !errors.Is(err, idempotency.ErrLeaseLost) {
 			t.Errorf("Abandon by the old holder = %v; want ErrLeaseLost", err)
 		}
-		if got := begin(t, s, id, "other", later, nil); got.Outcome != idempotency.InProgress {
+		if got := begin(t, s, id, "other", later, nil); got.Outcome != idemstore.InProgress {
 			t.Errorf("Begin after the old holder's Abandon = %v; want InProgress (the new holder's)", got.Outcome)
 		}
-		if err := s.Complete(ctx, id, res3.Lease, idempotency.Response{Status: 201}, later); err != nil {
+		if err := s.Complete(ctx, id, res3.Lease, idemstore.Response{Status: 201}, later); err != nil {
 			t.Fatalf("Complete by the new holder = %v", err)
 		}
 		// At its TTL the record is gone: the key starts afresh.
-		if got := begin(t, s, id, "third", now.Add(time.Hour), nil); got.Outcome != idempotency.Started || got.Recovered {
+		if got := begin(t, s, id, "third", now.Add(time.Hour), nil); got.Outcome != idemstore.Started || got.Recovered {
 			t.Errorf("Begin after the TTL = %+v; want a fresh Started", got)
 		}
 	})
@@ -127,11 +128,11 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 			go func() {
 				defer wg.Done()
 				<-gate
-				res, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
+				res, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now})
 				switch {
 				case err != nil:
 					t.Errorf("Begin = %v", err)
-				case res.Outcome == idempotency.Started:
+				case res.Outcome == idemstore.Started:
 					started.Add(1)
 				default:
 					other.Add(1)
@@ -155,18 +156,18 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		}
 		now := time.Now()
 		scope := uniq(t, "scope")
-		foreign := &idempotency.TokenClaim{Hash: token.Hash(is.Token), Subject: "someone-else", Purpose: "withdrawal", Scope: scope}
+		foreign := &idemstore.TokenClaim{Hash: token.Hash(is.Token), Subject: "someone-else", Purpose: "withdrawal", Scope: scope}
 		id := uniq(t, is.Token)
-		if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: foreign, Now: now}); !errors.Is(err, token.ErrForeign) {
+		if _, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: foreign, Now: now}); !errors.Is(err, token.ErrForeign) {
 			t.Fatalf("Begin with a foreign token = %v; want ErrForeign", err)
 		}
-		claim := &idempotency.TokenClaim{Hash: token.Hash(is.Token), Subject: user, Purpose: "withdrawal", Scope: scope}
+		claim := &idemstore.TokenClaim{Hash: token.Hash(is.Token), Subject: user, Purpose: "withdrawal", Scope: scope}
 		// Unused at its expiry, it is refused (and, below, not burnt).
-		if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim, Now: is.ExpiresAt}); !errors.Is(err, token.ErrExpired) {
+		if _, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim, Now: is.ExpiresAt}); !errors.Is(err, token.ErrExpired) {
 			t.Errorf("Begin with the token at its expiry = %v; want ErrExpired", err)
 		}
 		res := begin(t, s, id, "fp", now, claim) // the refusals created no record
-		if res.Outcome != idempotency.Started {
+		if res.Outcome != idemstore.Started {
 			t.Fatalf("Begin with the owner's token = %v; want Started", res.Outcome)
 		}
 		if err := tk.Check(ctx, is.Token, user, "withdrawal", "another-scope"); !errors.Is(err, token.ErrUsed) {
@@ -183,8 +184,8 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lateClaim := &idempotency.TokenClaim{Hash: token.Hash(late.Token), Subject: user, Purpose: "withdrawal", Scope: scope}
-		if _, err := s.Begin(ctx, idempotency.BeginRequest{ID: uniq(t, late.Token), Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: lateClaim, Now: late.ExpiresAt.Add(time.Hour)}); !errors.Is(err, token.ErrInvalid) {
+		lateClaim := &idemstore.TokenClaim{Hash: token.Hash(late.Token), Subject: user, Purpose: "withdrawal", Scope: scope}
+		if _, err := s.Begin(ctx, idemstore.BeginRequest{ID: uniq(t, late.Token), Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: lateClaim, Now: late.ExpiresAt.Add(time.Hour)}); !errors.Is(err, token.ErrInvalid) {
 			t.Errorf("Begin with a token an hour past its expiry = %v; want a refusal (ErrInvalid)", err)
 		}
 	})
@@ -207,11 +208,11 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 			now := time.Now()
 			scopes := [2]string{uniq(t, fmt.Sprint("scope-a-", round)), uniq(t, fmt.Sprint("scope-b-", round))}
 			ids := [2]string{uniq(t, "a-"+is.Token), uniq(t, "b-"+is.Token)}
-			claim := func(tok string, i int) *idempotency.TokenClaim {
-				return &idempotency.TokenClaim{Hash: token.Hash(tok), Subject: user, Purpose: "withdrawal", Scope: scopes[i]}
+			claim := func(tok string, i int) *idemstore.TokenClaim {
+				return &idemstore.TokenClaim{Hash: token.Hash(tok), Subject: user, Purpose: "withdrawal", Scope: scopes[i]}
 			}
 			var (
-				results [2]idempotency.BeginResult
+				results [2]idemstore.BeginResult
 				errs    [2]error
 				wg      sync.WaitGroup
 				ready   sync.WaitGroup
@@ -224,7 +225,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 					defer wg.Done()
 					ready.Done()
 					<-gate
-					results[i], errs[i] = s.Begin(ctx, idempotency.BeginRequest{ID: ids[i], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim(is.Token, i), Now: now})
+					results[i], errs[i] = s.Begin(ctx, idemstore.BeginRequest{ID: ids[i], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim(is.Token, i), Now: now})
 				}()
 			}
 			ready.Wait() // both at the barrier
@@ -233,7 +234,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 
 			winner := -1
 			for i := range 2 {
-				if errs[i] == nil && results[i].Outcome == idempotency.Started && results[i].Lease != "" {
+				if errs[i] == nil && results[i].Outcome == idemstore.Started && results[i].Lease != "" {
 					if winner >= 0 {
 						t.Fatalf("round %d: one token, two scopes: both Begins started (%+v, %+v); want exactly one", round, results[0], results[1])
 					}
@@ -261,8 +262,8 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := s.Begin(ctx, idempotency.BeginRequest{ID: ids[loser], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim(fresh.Token, loser), Now: now})
-			if err != nil || res.Outcome != idempotency.Started || res.Recovered {
+			res, err := s.Begin(ctx, idemstore.BeginRequest{ID: ids[loser], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim(fresh.Token, loser), Now: now})
+			if err != nil || res.Outcome != idemstore.Started || res.Recovered {
 				t.Fatalf("round %d: Begin of the loser's id with a fresh token = %+v, %v; want a fresh Started (no stray record)", round, res, err)
 			}
 			if err := s.Abandon(ctx, ids[loser], res.Lease); err != nil {
@@ -276,14 +277,14 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 			if err := tk.Check(ctx, is.Token, user, "withdrawal", scopes[loser]); err != nil {
 				t.Errorf("round %d: token after the winner's Abandon = %v; want usable again", round, err)
 			}
-			res, err = s.Begin(ctx, idempotency.BeginRequest{ID: ids[loser], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim(is.Token, loser), Now: now})
-			if err != nil || res.Outcome != idempotency.Started || res.Recovered {
+			res, err = s.Begin(ctx, idemstore.BeginRequest{ID: ids[loser], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim(is.Token, loser), Now: now})
+			if err != nil || res.Outcome != idemstore.Started || res.Recovered {
 				t.Fatalf("round %d: the token in the loser's scope after the winner's Abandon = %+v, %v; want a fresh Started", round, res, err)
 			}
 			if err := tk.Check(ctx, is.Token, user, "withdrawal", scopes[winner]); !errors.Is(err, token.ErrUsed) {
 				t.Errorf("round %d: token in the old winner's scope after rebinding = %v; want ErrUsed", round, err)
 			}
-			if err := s.Complete(ctx, ids[loser], res.Lease, idempotency.Response{Status: 201}, now); err != nil {
+			if err := s.Complete(ctx, ids[loser], res.Lease, idemstore.Response{Status: 201}, now); err != nil {
 				t.Fatalf("round %d: Complete = %v", round, err)
 			}
 		}
@@ -372,7 +373,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		// attempt's free must leave it in place.
 		s := newStore(t)
 		id, now := uniq(t, "wo"), time.Now()
-		stale, retry := idempotency.WindowOwner("rec", "lease1"), idempotency.WindowOwner("rec", "lease2")
+		stale, retry := idemstore.WindowOwner("rec", "lease1"), idemstore.WindowOwner("rec", "lease2")
 		if left, err := s.ClaimWindow(ctx, id, stale, 10*time.Second, now); err != nil || left != 0 {
 			t.Fatalf("first ClaimWindow = %v, %v; want 0, nil", left, err)
 		}
@@ -382,14 +383,14 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 		if err := s.FreeWindow(ctx, id, stale); err != nil {
 			t.Fatal(err)
 		}
-		left, err := s.ClaimWindow(ctx, id, idempotency.WindowOwner("other", "lease3"), 10*time.Second, now.Add(2*time.Second))
+		left, err := s.ClaimWindow(ctx, id, idemstore.WindowOwner("other", "lease3"), 10*time.Second, now.Add(2*time.Second))
 		if err != nil || left <= 7*time.Second || left > 8*time.Second {
 			t.Errorf("ClaimWindow of another record after the stale attempt's free = %v, %v; want about 8s left (the retry's entry, first expiry kept)", left, err)
 		}
 		if err := s.FreeWindow(ctx, id, retry); err != nil {
 			t.Fatal(err)
 		}
-		if left, _ := s.ClaimWindow(ctx, id, idempotency.WindowOwner("other", "lease3"), 10*time.Second, now.Add(3*time.Second)); left != 0 {
+		if left, _ := s.ClaimWindow(ctx, id, idemstore.WindowOwner("other", "lease3"), 10*time.Second, now.Add(3*time.Second)); left != 0 {
 			t.Errorf("ClaimWindow after the owner's free = %v; want 0", left)
 		}
 	})
@@ -404,7 +405,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.FullStore) {
 // storms checks the middleware's race guarantees on the store: 200
 // identical requests with one key run the handler once; 50 requests with
 // different keys and one body inside the repeat window are accepted once.
-func storms(t *testing.T, s idempotency.FullStore) {
+func storms(t *testing.T, s idemstore.FullStore) {
 	var runs atomic.Int32
 	h := idempotency.Middleware(idempotency.Config{
 		Store: s, Windows: s, Window: time.Minute,
@@ -455,7 +456,7 @@ func storms(t *testing.T, s idempotency.FullStore) {
 // handler answers 5xx, or panics, frees its repeat-window entry, so the
 // same body under a new key inside the window runs (not 429); an accepted
 // one holds it.
-func windowFreed(t *testing.T, s idempotency.FullStore) {
+func windowFreed(t *testing.T, s idemstore.FullStore) {
 	const (
 		ok = iota
 		fail

@@ -21,6 +21,7 @@ import (
 	"github.com/onceguard/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // The provider times out after paying, before paying, or declines: the
@@ -255,10 +256,10 @@ func withAlice(t *testing.T) (*sqlstore.Store, *sql.DB, int64) {
 	t.Helper()
 	db := dbtest.SQLite(t)
 	ctx := context.Background()
-	if err := sqlstore.Migrate(ctx, db, sqlstore.SQLite); err != nil {
+	if err := sqlstore.Migrate(ctx, db, sqldialect.SQLite); err != nil {
 		t.Fatal(err)
 	}
-	s := sqlstore.Open(db, sqlstore.SQLite)
+	s := sqlstore.Open(db, sqldialect.SQLite)
 	now := time.Now().UnixMicro()
 	if err := s.CreateUser(ctx, app.User{ID: "u1", Username: "alice", PasswordHash: "h", CreatedAt: time.UnixMicro(now)}, "CNY"); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/lock"
@@ -23,7 +24,7 @@ type records struct {
 	completed []string
 }
 
-func (r *records) CompleteTx(_ context.Context, _ *sql.Tx, id, _ string, resp idempotency.Response) error {
+func (r *records) CompleteTx(_ context.Context, _ *sql.Tx, id, _ string, resp idemstore.Response) error {
 	if r.refuse {
 		return idempotency.ErrLeaseLost
 	}
@@ -50,7 +51,7 @@ func TestWithdrawSettlesWithItsRecord(t *testing.T) {
 		s.Records = recs
 		var logs bytes.Buffer
 		svc := app.New(app.Config{Store: s, Provider: psp.Port(&psp.Sim{}), Currency: "CNY", MaxAmount: 1_000_00,
-			Locks: memlock.New(&lock.Options{AutoRenew: true}), Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+			Locks: lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true}), Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 		completed := 0
 		m, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "kw", Amount: 1000, Record: &app.KeyRecord{
 			ID: "rec", Lease: "l",
@@ -83,7 +84,7 @@ func TestWithdrawErrors(t *testing.T) {
 	s, _, _ := withAlice(t)
 	ctx := context.Background()
 	svc := app.New(app.Config{Store: s, Provider: psp.Port(&psp.Sim{}), Currency: "CNY", MaxAmount: 1_000_00,
-		Locks: memlock.New(&lock.Options{AutoRenew: true})})
+		Locks: lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true})})
 	if _, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "k", Amount: 100}); app.ErrorCode(err) != app.CodeInsufficientFunds {
 		t.Errorf("Withdraw over the balance = %v; want code %s", err, app.CodeInsufficientFunds)
 	}

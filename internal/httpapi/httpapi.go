@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/token"
@@ -17,14 +17,14 @@ import (
 
 // Config wires the service's HTTP layer.
 type Config struct {
-	App          *app.Service          // the operations (nil: one with no store, which serves only the routing)
-	Keys         idempotency.FullStore // Idempotency-Key records, submit tokens, repeat window
-	RequireToken map[string]bool       // purposes whose routes take only submit tokens
-	Window       time.Duration         // repeat-submit window (0: off)
+	App          *app.Service        // the operations (nil: one with no store, which serves only the routing)
+	Keys         idemstore.FullStore // Idempotency-Key records, submit tokens, repeat window
+	RequireToken map[string]bool     // purposes whose routes take only submit tokens
+	Window       time.Duration       // repeat-submit window (0: off)
 	KeyTTL       time.Duration
 	TokenTTL     time.Duration
 	Ping         func(context.Context) error // database liveness, for /readyz
-	Windows      idempotency.WindowStore     // the repeat-submit window (nil: Keys)
+	Windows      idemstore.WindowStore       // the repeat-submit window (nil: Keys)
 	Components   []Component                 // more /readyz components (Redis, the provider)
 	Metrics      *obs.Metrics                // served at /metrics and updated (nil: none)
 	Logger       *slog.Logger                // request lines (nil: none)

@@ -25,6 +25,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/httpapi"
@@ -35,6 +36,7 @@ import (
 	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/memlock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // faultLocks is an in-process lock backend that can fail acquires (the
@@ -83,9 +85,9 @@ type faultKeys struct {
 	down atomic.Bool
 }
 
-func (f *faultKeys) Begin(ctx context.Context, r idempotency.BeginRequest) (idempotency.BeginResult, error) {
+func (f *faultKeys) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
 	if f.down.Load() {
-		return idempotency.BeginResult{}, fmt.Errorf("fault: %w", idempotency.ErrUnavailable)
+		return idemstore.BeginResult{}, fmt.Errorf("fault: %w", idempotency.ErrUnavailable)
 	}
 	return f.KeyStore.Begin(ctx, r)
 }
@@ -129,10 +131,10 @@ func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Co
 	t.Helper()
 	ctx := context.Background()
 	db := openSQLite(t, t.TempDir())
-	if err := sqlstore.Migrate(ctx, db, sqlstore.SQLite); err != nil {
+	if err := sqlstore.Migrate(ctx, db, sqldialect.SQLite); err != nil {
 		t.Fatal(err)
 	}
-	keys, err := idemsql.New(db, idemsql.SQLite, nil)
+	keys, err := idemsql.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +143,7 @@ func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Co
 	}
 	o := &obsHarness{metrics: obs.NewMetrics(), locks: &faultLocks{Backend: &memlock.Backend{}}, logs: &lockedBuffer{}}
 	o.keys = &faultKeys{KeyStore: backends.TimeKeys(o.metrics, keys)}
-	store := sqlstore.Open(db, sqlstore.SQLite)
+	store := sqlstore.Open(db, sqldialect.SQLite)
 	store.Observe = o.metrics.DBObserver()
 	store.Records = o.keys
 	if ping == nil {

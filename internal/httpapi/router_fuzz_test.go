@@ -65,6 +65,7 @@ import (
 	"github.com/onceguard/onceguard/internal/web"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/memlock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 type fuzzUser struct{ id, name, token string }
@@ -74,7 +75,7 @@ type routerHarness struct {
 	db      *sql.DB
 	store   *sqlstore.Store
 	sim     *psp.Sim
-	dialect sqlstore.Dialect
+	dialect sqldialect.Dialect
 	me, him fuzzUser
 	ids     map[string]string // placeholder -> id
 	last    string            // the last submit token minted
@@ -96,13 +97,13 @@ func openSQLite(tb testing.TB, dir string) *sql.DB {
 
 // newRouterHarness wires the service as cmd/onceguard serve() does, on
 // db, and makes two users with sessions, money and orders.
-func newRouterHarness(tb testing.TB, db *sql.DB, dialect sqlstore.Dialect) *routerHarness {
+func newRouterHarness(tb testing.TB, db *sql.DB, dialect sqldialect.Dialect) *routerHarness {
 	tb.Helper()
 	ctx := context.Background()
 	if err := sqlstore.Migrate(ctx, db, dialect); err != nil {
 		tb.Fatal(err)
 	}
-	keys, err := idemsql.New(db, map[sqlstore.Dialect]idemsql.Dialect{sqlstore.Postgres: idemsql.Postgres, sqlstore.MySQL: idemsql.MySQL, sqlstore.SQLite: idemsql.SQLite}[dialect], nil)
+	keys, err := idemsql.New(db, dialect, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func newRouterHarness(tb testing.TB, db *sql.DB, dialect sqlstore.Dialect) *rout
 	svc := app.New(app.Config{
 		Store: store, Provider: psp.Port(obs.Provider{Provider: sim, Metrics: metrics}), Currency: "CNY", MaxAmount: maxAmount,
 		KeyLease: 30 * time.Second, LockTTL: 10 * time.Second, SessionTTL: 24 * time.Hour, Metrics: metrics,
-		Locks: memlock.New(&lock.Options{AutoRenew: true}),
+		Locks: lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true}),
 	})
 	h := httpapi.New(httpapi.Config{
 		App: svc, Keys: keys,
@@ -296,7 +297,7 @@ func moneyFields(v any) (bad string) {
 
 func FuzzRouter(f *testing.F) {
 	addRouterSeeds(f)
-	hs := newRouterHarness(f, openSQLite(f, f.TempDir()), sqlstore.SQLite)
+	hs := newRouterHarness(f, openSQLite(f, f.TempDir()), sqldialect.SQLite)
 	f.Fuzz(func(t *testing.T, method, path string, mode uint8, key, headers string, body []byte) {
 		hs.fuzz(t, method, path, mode, key, headers, body)
 	})
@@ -313,7 +314,7 @@ func FuzzRouterPostgres(f *testing.F) {
 	}
 	db.SetMaxOpenConns(8)
 	f.Cleanup(func() { _ = db.Close() })
-	hs := newRouterHarness(f, db, sqlstore.Postgres)
+	hs := newRouterHarness(f, db, sqldialect.Postgres)
 	f.Fuzz(func(t *testing.T, method, path string, mode uint8, key, headers string, body []byte) {
 		hs.fuzz(t, method, path, mode, key, headers, body)
 	})
@@ -329,7 +330,7 @@ func FuzzRouterMySQL(f *testing.F) {
 	}
 	db.SetMaxOpenConns(8)
 	f.Cleanup(func() { _ = db.Close() })
-	hs := newRouterHarness(f, db, sqlstore.MySQL)
+	hs := newRouterHarness(f, db, sqldialect.MySQL)
 	f.Fuzz(func(t *testing.T, method, path string, mode uint8, key, headers string, body []byte) {
 		hs.fuzz(t, method, path, mode, key, headers, body)
 	})
@@ -574,7 +575,7 @@ func (hs *routerHarness) checkAnswer(t *testing.T, what string, r *http.Request,
 		}
 	}
 	switch {
-	case status == http.StatusInternalServerError && tolerateBadTextOnPostgres && hs.dialect == sqlstore.Postgres && badText(r.URL.Path, reqBody):
+	case status == http.StatusInternalServerError && tolerateBadTextOnPostgres && hs.dialect == sqldialect.Postgres && badText(r.URL.Path, reqBody):
 		return // the known, reported bug: see tolerateBadTextOnPostgres
 	case status == http.StatusInternalServerError:
 		fail("500: a bug")

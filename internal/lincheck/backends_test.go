@@ -15,6 +15,7 @@ import (
 	"github.com/onceguard/onceguard/lock/redislock"
 	"github.com/onceguard/onceguard/lock/redlock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // Every backend, one history each, checked with the exclusive model: 12
@@ -45,13 +46,13 @@ const fenceRetention = 5 * time.Minute
 
 func TestRedis(t *testing.T) {
 	rdb := redistest.Shared(t)
-	l := redislock.New(rdb, &redislock.Options{Prefix: prefix(t), FenceRetention: fenceRetention, Locker: lockerOpts})
+	l := lock.New(redislock.New(rdb, &redislock.Options{Prefix: prefix(t), FenceRetention: fenceRetention}), lockerOpts)
 	exercise(t, l, workload{clients: 16, cycles: 50, keys: 3, rogue: true}, false)
 }
 
 func TestRedisClockFences(t *testing.T) {
 	rdb := redistest.Shared(t)
-	l := redislock.New(rdb, &redislock.Options{Prefix: prefix(t), FenceRetention: fenceRetention, ClockFences: true, Locker: lockerOpts})
+	l := lock.New(redislock.New(rdb, &redislock.Options{Prefix: prefix(t), FenceRetention: fenceRetention, ClockFences: true}), lockerOpts)
 	exercise(t, l, workload{clients: 16, cycles: 50, keys: 3, rogue: true}, false)
 }
 
@@ -67,10 +68,11 @@ func TestRedlock(t *testing.T) {
 	}
 	// A generous node timeout: no fault is injected here, and a node that
 	// answers late under -race must not look down.
-	l, err := redlock.New(clients, &redlock.Options{NodeTimeout: 3 * time.Second, Locker: lockerOpts})
+	backend, err := redlock.New(clients, &redlock.Options{NodeTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, lockerOpts)
 	exercise(t, l, workload{clients: 12, cycles: 40, keys: 3, rogue: true}, false)
 }
 
@@ -78,13 +80,13 @@ func TestRedlock(t *testing.T) {
 // (MySQL commits to disk; SQLite serializes every writer).
 var databases = []struct {
 	name    string
-	dialect sqllock.Dialect
+	dialect sqldialect.Dialect
 	open    func(t *testing.T) *sql.DB
 	cycles  int
 }{
-	{"postgres", sqllock.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }, 30},
-	{"mysql", sqllock.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }, 20},
-	{"sqlite", sqllock.SQLite, func(t *testing.T) *sql.DB { return dbtest.SQLite(t) }, 20},
+	{"postgres", sqldialect.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }, 30},
+	{"mysql", sqldialect.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }, 20},
+	{"sqlite", sqldialect.SQLite, func(t *testing.T) *sql.DB { return dbtest.SQLite(t) }, 20},
 }
 
 // The lock table on each database. StrictTry holds: the table has no
@@ -94,7 +96,7 @@ func TestSQL(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
 			db := d.open(t)
-			b, err := sqllock.NewBackend(db, d.dialect, &sqllock.Options{Table: "lincheck_locks"})
+			b, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: "lincheck_locks"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,9 +109,10 @@ func TestSQL(t *testing.T) {
 // connection; 12 clients on 3 keys stay well within the pool.
 func TestSQLXact(t *testing.T) {
 	db := dbtest.Postgres(t)
-	l, err := sqllock.NewXact(db, lockerOpts)
+	backend, err := sqllock.NewXact(db)
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, lockerOpts)
 	exercise(t, l, workload{clients: 12, cycles: 40, keys: 3, rogue: true}, true)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/onceguard/onceguard/lock/fallback"
 	"github.com/onceguard/onceguard/lock/redislock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // fallbackRig is a fallback.Backend over redislock on a redis-server of
@@ -40,14 +41,14 @@ func newFallbackRig(t *testing.T, clockFences bool) *fallbackRig {
 	srv := redistest.StartServer(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
-	sb, err := sqllock.NewBackend(db, sqllock.Postgres, &sqllock.Options{Table: "lincheck_locks"})
+	sb, err := sqllock.New(db, sqldialect.Postgres, &sqllock.Options{Table: "lincheck_locks"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb := redislock.NewBackend(rdb, &redislock.Options{Prefix: prefix(t), Timeout: 300 * time.Millisecond, ClockFences: clockFences})
+	rb := redislock.New(rdb, &redislock.Options{Prefix: prefix(t), Timeout: 300 * time.Millisecond, ClockFences: clockFences})
 	g := &fallbackRig{srv: srv, rec: NewRecorder()}
 	g.epoch.Store(1)
-	g.fb = fallback.NewBackend(
+	g.fb = fallback.New(
 		g.rec.Backend(rb, func() string { return fmt.Sprintf("redis#%d", g.epoch.Load()) }),
 		g.rec.Backend(sb, func() string { return "postgres" }),
 		&fallback.Options{
@@ -291,12 +292,12 @@ func TestFallbackFencesAcrossOutage(t *testing.T) {
 			srv := redistest.StartServer(t)
 			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 			t.Cleanup(func() { _ = rdb.Close() })
-			sb, err := sqllock.NewBackend(dbtest.SQLite(t), sqllock.SQLite, nil)
+			sb, err := sqllock.New(dbtest.SQLite(t), sqldialect.SQLite, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			primary := &outage{Backend: redislock.NewBackend(rdb, &redislock.Options{ClockFences: clock})}
-			fb := fallback.NewBackend(primary, sb, &fallback.Options{Cooldown: 100 * time.Millisecond, Drain: 50 * time.Millisecond})
+			primary := &outage{Backend: redislock.New(rdb, &redislock.Options{ClockFences: clock})}
+			fb := fallback.New(primary, sb, &fallback.Options{Cooldown: 100 * time.Millisecond, Drain: 50 * time.Millisecond})
 			rec := NewRecorder()
 			stop := make(chan struct{})
 			done := make(chan struct{})

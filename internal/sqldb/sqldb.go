@@ -13,6 +13,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Unavailable reports whether err means the database could not be reached
@@ -60,4 +61,20 @@ func Rebind(query string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// Create runs a CREATE ... IF NOT EXISTS statement, up to three times 50ms
+// apart: concurrent ones can collide in PostgreSQL's catalog. It stops
+// early when ctx ends.
+func Create(ctx context.Context, db *sql.DB, stmt string) error {
+	var err error
+	for try := range 3 {
+		if try > 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if _, err = db.ExecContext(ctx, stmt); err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
 }

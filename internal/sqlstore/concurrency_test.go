@@ -13,6 +13,7 @@ import (
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // racers is how many goroutines each race below starts at once.
@@ -77,7 +78,7 @@ func fund(t *testing.T, s *sqlstore.Store, id string, amount money.Amount, now i
 func counter(t *testing.T, db *sql.DB, d database) func(query string, args ...any) int {
 	return func(query string, args ...any) int {
 		t.Helper()
-		if d.dialect == sqlstore.Postgres {
+		if d.dialect == sqldialect.Postgres {
 			query = sqldb.Rebind(query)
 		}
 		var n int

@@ -1,5 +1,7 @@
 package sqlstore
 
+import "github.com/onceguard/onceguard/sqldialect"
+
 // The statements the pending indexes serve, for the tests of their plans.
 var (
 	PendingQuery      = pendingQuery
@@ -7,7 +9,7 @@ var (
 )
 
 // Migrations returns how many migrations d has.
-func Migrations(d Dialect) int {
+func Migrations(d sqldialect.Dialect) int {
 	ms, err := migrations(d)
 	if err != nil {
 		panic(err)

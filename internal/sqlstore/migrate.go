@@ -18,20 +18,11 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
-
-// Dialect names the database.
-type Dialect string
-
-// The supported dialects.
-const (
-	Postgres Dialect = "postgres"
-	MySQL    Dialect = "mysql"
-	SQLite   Dialect = "sqlite"
-)
 
 type migration struct {
 	version int
@@ -39,7 +30,7 @@ type migration struct {
 	stmts   []string
 }
 
-func migrations(d Dialect) ([]migration, error) {
+func migrations(d sqldialect.Dialect) ([]migration, error) {
 	entries, err := migrationFS.ReadDir("migrations")
 	if err != nil {
 		return nil, err
@@ -47,11 +38,11 @@ func migrations(d Dialect) ([]migration, error) {
 	var ms []migration
 	for _, e := range entries {
 		name := e.Name()
-		if !strings.HasPrefix(name, string(d)+"_") {
+		if !strings.HasPrefix(name, d.String()+"_") {
 			continue
 		}
 		var v int
-		if _, err := fmt.Sscanf(strings.TrimPrefix(name, string(d)+"_"), "%03d", &v); err != nil {
+		if _, err := fmt.Sscanf(strings.TrimPrefix(name, d.String()+"_"), "%03d", &v); err != nil {
 			return nil, fmt.Errorf("sqlstore: migration %s: no version", name)
 		}
 		b, err := migrationFS.ReadFile("migrations/" + name)
@@ -76,7 +67,7 @@ func migrations(d Dialect) ([]migration, error) {
 // Migrate brings the schema up to date. Several processes may run it at
 // once: they serialise on a database-wide lock (pg_advisory_lock,
 // GET_LOCK, or SQLite's write lock) and each applies only what is missing.
-func Migrate(ctx context.Context, db *sql.DB, d Dialect) error {
+func Migrate(ctx context.Context, db *sql.DB, d sqldialect.Dialect) error {
 	ms, err := migrations(d)
 	if err != nil {
 		return err
@@ -118,7 +109,7 @@ func Migrate(ctx context.Context, db *sql.DB, d Dialect) error {
 			}
 		}
 		q := `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`
-		if d == Postgres {
+		if d == sqldialect.Postgres {
 			q = sqldb.Rebind(q)
 		}
 		if _, err := conn.ExecContext(ctx, q, m.version, m.name, time.Now().UnixMicro()); err != nil {
@@ -130,15 +121,15 @@ func Migrate(ctx context.Context, db *sql.DB, d Dialect) error {
 
 const migrateLockKey = 0x6f6e6365 // "once"
 
-func lockMigrations(ctx context.Context, conn *sql.Conn, d Dialect) (func(), error) {
+func lockMigrations(ctx context.Context, conn *sql.Conn, d sqldialect.Dialect) (func(), error) {
 	bg := context.WithoutCancel(ctx)
 	switch d {
-	case Postgres:
+	case sqldialect.Postgres:
 		if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, migrateLockKey); err != nil {
 			return nil, err
 		}
 		return func() { _, _ = conn.ExecContext(bg, `SELECT pg_advisory_unlock($1)`, migrateLockKey) }, nil
-	case MySQL:
+	case sqldialect.MySQL:
 		var got sql.NullInt64
 		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK('onceguard_migrate', 60)`).Scan(&got); err != nil {
 			return nil, err
@@ -147,7 +138,7 @@ func lockMigrations(ctx context.Context, conn *sql.Conn, d Dialect) (func(), err
 			return nil, fmt.Errorf("GET_LOCK timed out")
 		}
 		return func() { _, _ = conn.ExecContext(bg, `SELECT RELEASE_LOCK('onceguard_migrate')`) }, nil
-	case SQLite:
+	case sqldialect.SQLite:
 		if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
 			return nil, err
 		}

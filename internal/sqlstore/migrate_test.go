@@ -10,18 +10,19 @@ import (
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 type database struct {
 	name    string
-	dialect sqlstore.Dialect
+	dialect sqldialect.Dialect
 	open    func(t testing.TB) *sql.DB
 }
 
 var databases = []database{
-	{"postgres", sqlstore.Postgres, dbtest.Postgres},
-	{"mysql", sqlstore.MySQL, dbtest.MySQL},
-	{"sqlite", sqlstore.SQLite, dbtest.SQLite},
+	{"postgres", sqldialect.Postgres, dbtest.Postgres},
+	{"mysql", sqldialect.MySQL, dbtest.MySQL},
+	{"sqlite", sqldialect.SQLite, dbtest.SQLite},
 }
 
 var tables = []string{"ledger", "payments", "orders", "withdrawals", "deposits", "accounts", "sessions", "users", "schema_migrations"}
@@ -71,9 +72,9 @@ func TestMigrate(t *testing.T) {
 	}
 }
 
-func constraints(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
+func constraints(t *testing.T, db *sql.DB, d sqldialect.Dialect) {
 	q := func(s string) string {
-		if d == sqlstore.Postgres {
+		if d == sqldialect.Postgres {
 			return sqldb.Rebind(s)
 		}
 		return s

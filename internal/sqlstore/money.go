@@ -6,9 +6,10 @@ import (
 	"errors"
 	"time"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // Withdraw records a pending withdrawal, debits it if the balance covers
@@ -23,7 +24,7 @@ import (
 func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64) (got app.Movement, created bool, err error) {
 	defer s.timed("withdraw", time.Now(), &err)
 	m.Kind, m.Status = app.Withdrawal, app.Pending
-	if s.d == Postgres {
+	if s.d == sqldialect.Postgres {
 		return s.withdrawOne(ctx, m, fence)
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -57,7 +58,7 @@ func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64) (got 
 // concurrent requests for one account or order queue on that row: InnoDB
 // waiters on the unique entry of a transaction that rolls back deadlock.
 func (s *Store) lockRow(ctx context.Context, tx *sql.Tx, table, column, v string) error {
-	if s.d != MySQL {
+	if s.d != sqldialect.MySQL {
 		return nil
 	}
 	var one int
@@ -127,7 +128,7 @@ func (s *Store) adjust(ctx context.Context, tx *sql.Tx, userID string, delta mon
 // it changed the row, and the balance after (RETURNING, or read back on MySQL).
 func (s *Store) update(ctx context.Context, tx *sql.Tx, query, userID string, args ...any) (bool, money.Amount, error) {
 	var after int64
-	if s.d != MySQL {
+	if s.d != sqldialect.MySQL {
 		err := tx.QueryRowContext(ctx, s.q(query+` RETURNING balance`), args...).Scan(&after)
 		if errors.Is(err, sql.ErrNoRows) {
 			return false, 0, nil
@@ -234,7 +235,7 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 		}
 	}
 	if rec != nil {
-		resp := idempotency.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
+		resp := idemstore.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
 		if err := s.Records.CompleteTx(ctx, tx, rec.ID, rec.Lease, resp); err != nil {
 			return false, err
 		}
@@ -274,7 +275,7 @@ func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id string, sta
 		}
 		return err
 	}
-	if s.d != MySQL {
+	if s.d != sqldialect.MySQL {
 		err = tx.QueryRowContext(ctx, s.q(update+` RETURNING user_id, amount`), string(status), id).Scan(&userID, &amount)
 		if errors.Is(err, sql.ErrNoRows) {
 			return false, "", 0, read() // settled before, or not there

@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/memlock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // withUser gives a test a migrated, empty database of d with one user,
@@ -144,7 +146,7 @@ func TestStaleFenceRefused(t *testing.T) {
 			if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
 				t.Fatal(err)
 			}
-			locks := memlock.New(nil)
+			locks := lock.New(&memlock.Backend{}, nil)
 			slow, _ := locks.TryAcquire(ctx, "user:u1", 20*time.Millisecond)
 			<-slow.Done() // paused past its TTL
 			next, err := locks.Acquire(ctx, "user:u1", time.Second)
@@ -178,7 +180,7 @@ func TestSettleRecord(t *testing.T) {
 			s, db, now := withUserDB(t, d)
 			ctx := context.Background()
 			q := func(query string) string {
-				if d.dialect == sqlstore.Postgres {
+				if d.dialect == sqldialect.Postgres {
 					return sqldb.Rebind(query)
 				}
 				return query
@@ -254,7 +256,7 @@ var errRefused = errors.New("record refused")
 // markOnce completes a "record" by marking its row of also_t, once.
 type markOnce struct{ stmt string }
 
-func (m markOnce) CompleteTx(ctx context.Context, tx *sql.Tx, id, _ string, _ idempotency.Response) error {
+func (m markOnce) CompleteTx(ctx context.Context, tx *sql.Tx, id, _ string, _ idemstore.Response) error {
 	res, err := tx.ExecContext(ctx, m.stmt, id)
 	if err != nil {
 		return err

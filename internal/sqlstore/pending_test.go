@@ -13,6 +13,7 @@ import (
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // The reconciler's pending lookups, its backlog count after every pass
@@ -75,9 +76,9 @@ func TestPendingIndexes(t *testing.T) {
 
 // migrateTo1 leaves db as Migrate left a database when migration 1 was
 // the last: its statements applied and recorded.
-func migrateTo1(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
+func migrateTo1(t *testing.T, db *sql.DB, d sqldialect.Dialect) {
 	t.Helper()
-	name := string(d) + "_001_init.sql"
+	name := d.String() + "_001_init.sql"
 	b, err := os.ReadFile("migrations/" + name)
 	if err != nil {
 		t.Fatal(err)
@@ -124,12 +125,12 @@ func seedMovements(t *testing.T, db *sql.DB) {
 }
 
 // analyze refreshes the planner's statistics of the movement tables.
-func analyze(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
+func analyze(t *testing.T, db *sql.DB, d sqldialect.Dialect) {
 	t.Helper()
-	q := map[sqlstore.Dialect]string{
-		sqlstore.Postgres: `ANALYZE deposits, withdrawals`,
-		sqlstore.MySQL:    `ANALYZE TABLE deposits, withdrawals`,
-		sqlstore.SQLite:   `ANALYZE`,
+	q := map[sqldialect.Dialect]string{
+		sqldialect.Postgres: `ANALYZE deposits, withdrawals`,
+		sqldialect.MySQL:    `ANALYZE TABLE deposits, withdrawals`,
+		sqldialect.SQLite:   `ANALYZE`,
 	}[d]
 	if _, err := db.Exec(q); err != nil {
 		t.Fatalf("%s: %v", q, err)
@@ -139,13 +140,13 @@ func analyze(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
 // checkPlan explains query on db and fails unless each of tables is read
 // through its pending index (tb_pending) and none is scanned whole; with
 // ordered, unless the index's order serves the ORDER BY (no sort).
-func checkPlan(t *testing.T, db *sql.DB, d sqlstore.Dialect, what, query string, args []any, ordered bool, tables ...string) {
+func checkPlan(t *testing.T, db *sql.DB, d sqldialect.Dialect, what, query string, args []any, ordered bool, tables ...string) {
 	t.Helper()
 	explain := `EXPLAIN ` + query
 	switch d {
-	case sqlstore.Postgres:
+	case sqldialect.Postgres:
 		explain = sqldb.Rebind(explain)
-	case sqlstore.SQLite:
+	case sqldialect.SQLite:
 		explain = `EXPLAIN QUERY PLAN ` + query
 	}
 	rows := explainRows(t, db, explain, args)
@@ -168,14 +169,14 @@ func checkPlan(t *testing.T, db *sql.DB, d sqlstore.Dialect, what, query string,
 	for _, tb := range tables {
 		index := tb + "_pending"
 		switch d {
-		case sqlstore.Postgres:
+		case sqldialect.Postgres:
 			if !strings.Contains(text, " "+index) {
 				fail("no %s in the plan", index)
 			}
 			if strings.Contains(text, "Seq Scan on "+tb) {
 				fail("a sequential scan of %s", tb)
 			}
-		case sqlstore.MySQL:
+		case sqldialect.MySQL:
 			found := false
 			for _, r := range rows {
 				if r["table"] != tb {
@@ -192,7 +193,7 @@ func checkPlan(t *testing.T, db *sql.DB, d sqlstore.Dialect, what, query string,
 			if !found {
 				fail("%s not in the plan", tb)
 			}
-		case sqlstore.SQLite:
+		case sqldialect.SQLite:
 			uses := regexp.MustCompile(`^(SCAN|SEARCH) ` + tb + ` USING (COVERING )?INDEX ` + index + `\b`)
 			found := false
 			for _, r := range rows {
@@ -207,7 +208,7 @@ func checkPlan(t *testing.T, db *sql.DB, d sqlstore.Dialect, what, query string,
 		}
 	}
 	if ordered {
-		sorted := map[sqlstore.Dialect]string{sqlstore.Postgres: "Sort", sqlstore.MySQL: "filesort", sqlstore.SQLite: "TEMP B-TREE"}[d]
+		sorted := map[sqldialect.Dialect]string{sqldialect.Postgres: "Sort", sqldialect.MySQL: "filesort", sqldialect.SQLite: "TEMP B-TREE"}[d]
 		if strings.Contains(text, sorted) {
 			fail("a sort (%s): the index's order does not serve the ORDER BY", sorted)
 		}

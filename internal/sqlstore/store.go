@@ -8,16 +8,17 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // Store runs the service's operations, one transaction each; it implements app.Store.
 type Store struct {
 	db *sql.DB
-	d  Dialect
+	d  sqldialect.Dialect
 
 	// Observe, if set, is told how long each operation took (op is a
 	// fixed name: "withdraw", "session_user", ...). Set it before use.
@@ -32,11 +33,11 @@ var _ app.Store = (*Store)(nil)
 // RecordCompleter completes an Idempotency-Key record on a caller's
 // transaction (idempotency/sqlstore.Store on this database).
 type RecordCompleter interface {
-	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error
+	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idemstore.Response) error
 }
 
 // Open returns a Store on db (migrated with Migrate).
-func Open(db *sql.DB, d Dialect) *Store { return &Store{db: db, d: d} }
+func Open(db *sql.DB, d sqldialect.Dialect) *Store { return &Store{db: db, d: d} }
 
 // timed reports op's duration and marks *err with app.ErrUnavailable when
 // the database could not answer.
@@ -56,7 +57,7 @@ func classify(op string, err *error) {
 
 // q rewrites ? placeholders for PostgreSQL.
 func (s *Store) q(query string) string {
-	if s.d != Postgres {
+	if s.d != sqldialect.Postgres {
 		return query
 	}
 	return sqldb.Rebind(query)

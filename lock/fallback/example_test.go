@@ -33,7 +33,7 @@ func (f *flaky) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error)
 func Example() {
 	ctx := context.Background()
 	primary := &flaky{Backend: &memlock.Backend{}}
-	b := fallback.NewBackend(primary, &memlock.Backend{}, &fallback.Options{Cooldown: time.Millisecond})
+	b := fallback.New(primary, &memlock.Backend{}, &fallback.Options{Cooldown: time.Millisecond})
 	locker := lock.New(b, nil)
 
 	lease, err := locker.TryAcquire(ctx, "account:alice", time.Second)

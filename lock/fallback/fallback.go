@@ -82,9 +82,6 @@ type Options struct {
 	// error that caused it (nil on recovery). It runs synchronously on the
 	// acquiring goroutine: keep it fast (count, log).
 	OnStateChange func(from, to State, cause error)
-
-	// Locker configures the Locker that New returns.
-	Locker *lock.Options
 }
 
 // Stats are the Backend's counters since it was created.
@@ -155,16 +152,11 @@ func (b *Backend) Leave(ctx context.Context, key, owner string) error {
 	return errors.Join(errs...)
 }
 
-// New returns a Locker over primary and secondary.
-func New(primary, secondary lock.Backend, opts *Options) *lock.Locker {
-	b := NewBackend(primary, secondary, opts)
-	return lock.New(b, b.opts.Locker)
-}
-
-// NewBackend returns a Backend over primary and secondary.
-func NewBackend(primary, secondary lock.Backend, opts *Options) *Backend {
+// New returns a Backend over primary and secondary; lock.New makes a
+// Locker of it.
+func New(primary, secondary lock.Backend, opts *Options) *Backend {
 	if primary == nil || secondary == nil {
-		panic("fallback: NewBackend needs a primary and a secondary Backend")
+		panic("fallback: New needs a primary and a secondary Backend")
 	}
 	var o Options
 	if opts != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/onceguard/onceguard/lock/memlock"
 	"github.com/onceguard/onceguard/lock/redislock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 func TestMain(m *testing.M) {
@@ -39,7 +40,7 @@ func (quiet) Printf(context.Context, string, ...any) {}
 
 func TestConformanceMemory(t *testing.T) {
 	locktest.Run(t, func(*testing.T) lock.Backend {
-		return fallback.NewBackend(&memlock.Backend{}, &memlock.Backend{}, nil)
+		return fallback.New(&memlock.Backend{}, &memlock.Backend{}, nil)
 	})
 }
 
@@ -54,16 +55,16 @@ func backends(t *testing.T) (*redistest.Server, *redislock.Backend, *sqllock.Bac
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	sb, err := sqllock.NewBackend(db, sqllock.SQLite, nil)
+	sb, err := sqllock.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return srv, redislock.NewBackend(rdb, &redislock.Options{Timeout: 300 * time.Millisecond}), sb
+	return srv, redislock.New(rdb, &redislock.Options{Timeout: 300 * time.Millisecond}), sb
 }
 
 func TestConformanceRedisSQLite(t *testing.T) {
 	_, rb, sb := backends(t)
-	locktest.Run(t, func(*testing.T) lock.Backend { return fallback.NewBackend(rb, sb, nil) },
+	locktest.Run(t, func(*testing.T) lock.Backend { return fallback.New(rb, sb, nil) },
 		"database/sql.(*DB).connectionOpener")
 }
 
@@ -73,7 +74,7 @@ func TestRedisKilled(t *testing.T) {
 	srv, rb, sb := backends(t)
 	var changes []string
 	var mu sync.Mutex
-	b := fallback.NewBackend(rb, sb, &fallback.Options{
+	b := fallback.New(rb, sb, &fallback.Options{
 		Cooldown: 200 * time.Millisecond,
 		OnStateChange: func(from, to fallback.State, cause error) {
 			mu.Lock()
@@ -162,7 +163,7 @@ func TestRedisKilled(t *testing.T) {
 // Redis comes back (the drain period).
 func TestDrainAfterRecovery(t *testing.T) {
 	srv, rb, sb := backends(t)
-	b := fallback.NewBackend(rb, sb, &fallback.Options{Cooldown: 100 * time.Millisecond})
+	b := fallback.New(rb, sb, &fallback.Options{Cooldown: 100 * time.Millisecond})
 	l := lock.New(b, nil)
 	ctx := context.Background()
 	srv.Kill(t)
@@ -214,7 +215,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // degraded) as soon as a check probes it after the cooldown.
 func TestProbeClosesWithoutTraffic(t *testing.T) {
 	srv, rb, sb := backends(t)
-	b := fallback.NewBackend(rb, sb, &fallback.Options{Cooldown: 100 * time.Millisecond})
+	b := fallback.New(rb, sb, &fallback.Options{Cooldown: 100 * time.Millisecond})
 	l := lock.New(b, nil)
 	ctx := context.Background()
 	if got := b.Probe(ctx); got != fallback.Closed {

@@ -13,6 +13,7 @@ import (
 	"github.com/onceguard/onceguard/lock/memlock"
 	"github.com/onceguard/onceguard/lock/redislock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // A backend proves itself by running the suite from its own tests, here
@@ -41,7 +42,7 @@ func ExampleRun_server() {
 		}
 		rdb := redis.NewClient(opt)
 		t.Cleanup(func() { _ = rdb.Close() })
-		locktest.Run(t, func(*testing.T) lock.Backend { return redislock.NewBackend(rdb, nil) })
+		locktest.Run(t, func(*testing.T) lock.Backend { return redislock.New(rdb, nil) })
 	}
 	_ = testConformance
 }
@@ -61,7 +62,7 @@ func ExampleRun_leak() {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = db.Close() })
-		b, err := sqllock.NewBackend(db, sqllock.MySQL, nil)
+		b, err := sqllock.New(db, sqldialect.MySQL, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 
 func Example() {
 	ctx := context.Background()
-	locker := memlock.New(nil)
+	locker := lock.New(&memlock.Backend{}, nil)
 
 	lease, err := locker.Acquire(ctx, "order:42", 10*time.Second)
 	if err != nil {
@@ -34,7 +34,7 @@ func Example() {
 // already wrote.
 func Example_fencing() {
 	ctx := context.Background()
-	locker := memlock.New(nil)
+	locker := lock.New(&memlock.Backend{}, nil)
 
 	var lastFence int64 // kept by the resource, e.g. a column next to the data
 	write := func(fence int64) error {

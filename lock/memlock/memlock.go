@@ -14,11 +14,6 @@ import (
 	"github.com/onceguard/onceguard/lock"
 )
 
-// New returns a Locker on a new in-process Backend. opts may be nil.
-func New(opts *lock.Options) *lock.Locker {
-	return lock.New(&Backend{}, opts)
-}
-
 // Backend keeps locks in process memory. A zero Backend is ready to use; it
 // must not be copied after first use. It is safe for concurrent use.
 //

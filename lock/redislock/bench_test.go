@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/onceguard/onceguard/internal/redistest"
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/locktest"
 	"github.com/onceguard/onceguard/lock/redislock"
 )
@@ -27,7 +28,7 @@ func BenchmarkCycleParallel(b *testing.B) {
 			rdb := redistest.Shared(b)
 			opts := tc.opts
 			opts.Prefix = redistest.Prefix(b, rdb, "ogbench-redislock")
-			locktest.Cycles(b, redislock.New(rdb, &opts))
+			locktest.Cycles(b, lock.New(redislock.New(rdb, &opts), nil))
 		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceguard/onceguard/internal/redistest"
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/redislock"
 )
 
@@ -18,5 +19,5 @@ func TestCancelledMidCall(t *testing.T) {
 	p := redistest.StartBehindProxy(t)
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 2 * time.Second, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
-	redistest.CancelledMidCall(t, p, redislock.New(rdb, nil))
+	redistest.CancelledMidCall(t, p, lock.New(redislock.New(rdb, nil), nil))
 }

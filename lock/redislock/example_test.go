@@ -26,7 +26,7 @@ func Example() {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 
-	locker := redislock.New(rdb, &redislock.Options{Locker: &lock.Options{AutoRenew: true}})
+	locker := lock.New(redislock.New(rdb, nil), &lock.Options{AutoRenew: true})
 	ctx := context.Background()
 	lease, err := locker.Acquire(ctx, fmt.Sprintf("example:order:%d", time.Now().UnixNano()), 10*time.Second)
 	if err != nil {

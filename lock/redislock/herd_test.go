@@ -29,7 +29,7 @@ func (c *countingBackend) Acquire(ctx context.Context, r lock.Request) (lock.Gra
 // release is followed by one acquire attempt, the first waiter's, not 20.
 func TestReleaseWakesOneWaiter(t *testing.T) {
 	_, rdb := ownRedis(t)
-	b := &countingBackend{Backend: redislock.NewBackend(rdb, nil)}
+	b := &countingBackend{Backend: redislock.New(rdb, nil)}
 	l := lock.New(b, &lock.Options{MaxBackoff: 30 * time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -12,7 +12,7 @@ import (
 func TestNames(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{}) // never dialed: names only
 	defer rdb.Close()
-	b := NewBackend(rdb, nil)
+	b := New(rdb, nil)
 	hashed := "onceguard:lock:#{" + "0c81d082effbfc200f529870c4baa760fbb3ea0736a2551caa6b195a7015ed18" + "}"
 	for _, tc := range []struct{ key, lock string }{
 		{"order:42", "onceguard:lock:{order:42}"},

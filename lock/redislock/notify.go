@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceguard/onceguard/lock/internal/redisscript"
 )
 
 // subscriber shares one pub/sub connection among all blocked Acquires of a
@@ -72,7 +74,7 @@ func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{
 	return wake, stop, nil
 }
 
-const confirmTimeout = time.Second
+const confirmTimeout = redisscript.ConfirmTimeout
 
 func (s *subscriber) leave(sess *session, ch, owner string) {
 	s.mu.Lock()

@@ -95,9 +95,6 @@ type Options struct {
 	// a script per try instead of two plain commands (about a quarter of
 	// the try throughput); the round trips stay the same.
 	ClockFences bool
-
-	// Locker configures the Locker that New returns.
-	Locker *lock.Options
 }
 
 // Backend implements lock.Backend and lock.Waiter on Redis. It is safe for
@@ -116,20 +113,12 @@ var (
 	_ lock.Waiter  = (*Backend)(nil)
 )
 
-// New returns a Locker on rdb with the given options (nil: defaults).
-func New(rdb redis.UniversalClient, opts *Options) *lock.Locker {
-	var lo *lock.Options
-	if opts != nil {
-		lo = opts.Locker
-	}
-	return lock.New(NewBackend(rdb, opts), lo)
-}
-
-// NewBackend returns a Backend on rdb. It does not dial; rdb stays the
-// caller's to configure and close.
-func NewBackend(rdb redis.UniversalClient, opts *Options) *Backend {
+// New returns a Backend on rdb with the given options (nil: defaults);
+// lock.New makes a Locker of it. It does not dial; rdb stays the caller's
+// to configure and close.
+func New(rdb redis.UniversalClient, opts *Options) *Backend {
 	if rdb == nil {
-		panic("redislock: NewBackend needs a client")
+		panic("redislock: New needs a client")
 	}
 	var o Options
 	if opts != nil {
@@ -139,7 +128,7 @@ func NewBackend(rdb redis.UniversalClient, opts *Options) *Backend {
 		o.Prefix = redisscript.DefaultPrefix
 	}
 	if o.FenceRetention <= 0 {
-		o.FenceRetention = 24 * time.Hour
+		o.FenceRetention = redisscript.DefaultFenceRetention
 	}
 	if o.MaxInflight <= 0 {
 		o.MaxInflight = 4
@@ -231,7 +220,7 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 	}
 	if err != nil || fence <= 0 {
 		// We hold the lock but have no fence: give it back.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(b.batch.timeout, 3*time.Second))
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(b.batch.timeout, redisscript.GiveBackTimeout))
 		defer cancel()
 		_ = b.Release(rctx, r.Key, r.Owner)
 		return lock.Grant{}, wrap("acquire", r.Key, fmt.Errorf("fence: %v (%w)", fence, err))

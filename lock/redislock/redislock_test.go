@@ -41,20 +41,20 @@ func ownRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 
 func TestConformance(t *testing.T) {
 	rdb := redistest.Shared(t)
-	locktest.Run(t, func(*testing.T) lock.Backend { return redislock.NewBackend(rdb, nil) })
+	locktest.Run(t, func(*testing.T) lock.Backend { return redislock.New(rdb, nil) })
 }
 
 func TestConformanceWithoutPipelining(t *testing.T) {
 	rdb := redistest.Shared(t)
 	locktest.Run(t, func(*testing.T) lock.Backend {
-		return redislock.NewBackend(rdb, &redislock.Options{MaxInflight: 1, MaxBatch: 1})
+		return redislock.New(rdb, &redislock.Options{MaxInflight: 1, MaxBatch: 1})
 	})
 }
 
 func TestConformanceClockFences(t *testing.T) {
 	rdb := redistest.Shared(t)
 	locktest.Run(t, func(*testing.T) lock.Backend {
-		return redislock.NewBackend(rdb, &redislock.Options{ClockFences: true})
+		return redislock.New(rdb, &redislock.Options{ClockFences: true})
 	})
 }
 
@@ -66,7 +66,7 @@ func TestClockFences(t *testing.T) {
 	rdb := redistest.Shared(t)
 	ctx := context.Background()
 	for _, clock := range []bool{false, true} {
-		l := redislock.New(rdb, &redislock.Options{ClockFences: clock})
+		l := lock.New(redislock.New(rdb, &redislock.Options{ClockFences: clock}), nil)
 		key := fmt.Sprintf("clockfences/%v/%d", clock, time.Now().UnixNano())
 		var last, before int64
 		for i := range 200 {
@@ -112,11 +112,11 @@ func TestConformanceCluster(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("cluster ping = %v", err)
 	}
-	locktest.Run(t, func(*testing.T) lock.Backend { return redislock.NewBackend(rdb, nil) })
+	locktest.Run(t, func(*testing.T) lock.Backend { return redislock.New(rdb, nil) })
 
 	// Many keys spread over all slots, concurrently, through pipelines that
 	// the cluster client splits by node.
-	l := redislock.New(rdb, nil)
+	l := lock.New(redislock.New(rdb, nil), nil)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -149,7 +149,7 @@ func TestConformanceCluster(t *testing.T) {
 func TestScriptFlush(t *testing.T) {
 	srv, rdb := ownRedis(t)
 	for _, opts := range []*redislock.Options{nil, {MaxInflight: 1, MaxBatch: 1}} {
-		l := redislock.New(rdb, opts)
+		l := lock.New(redislock.New(rdb, opts), nil)
 		ctx := context.Background()
 		for i := range 3 {
 			if _, err := srv.Do("SCRIPT", "FLUSH"); err != nil {
@@ -180,7 +180,7 @@ func TestScriptFlush(t *testing.T) {
 
 func TestUnavailable(t *testing.T) {
 	srv, rdb := ownRedis(t)
-	l := redislock.New(rdb, &redislock.Options{Timeout: 500 * time.Millisecond})
+	l := lock.New(redislock.New(rdb, &redislock.Options{Timeout: 500 * time.Millisecond}), nil)
 	ctx := context.Background()
 	lease, err := l.TryAcquire(ctx, "down", 10*time.Second)
 	if err != nil {
@@ -220,7 +220,7 @@ func TestUnavailable(t *testing.T) {
 // always map to the same lock.
 func TestKeyNaming(t *testing.T) {
 	srv, rdb := ownRedis(t)
-	l := redislock.New(rdb, nil)
+	l := lock.New(redislock.New(rdb, nil), nil)
 	ctx := context.Background()
 	for _, key := range []string{"order:42", "a{b}c", "}", "{"} {
 		lease, err := l.TryAcquire(ctx, key, 10*time.Second)
@@ -246,7 +246,7 @@ func TestKeyNaming(t *testing.T) {
 // waiter is then served.
 func TestFairQueueOrder(t *testing.T) {
 	_, rdb := ownRedis(t)
-	l := redislock.New(rdb, nil)
+	l := lock.New(redislock.New(rdb, nil), nil)
 	ctx := context.Background()
 	holder, err := l.TryAcquire(ctx, "fair", 30*time.Second)
 	if err != nil {
@@ -292,5 +292,5 @@ func TestFairQueueOrder(t *testing.T) {
 // TestUnavailable: the next fence was 2.
 func TestUnseededFenceReseeded(t *testing.T) {
 	_, rdb := ownRedis(t)
-	redistest.UnseededFence(t, rdb, redislock.New(rdb, nil), redisscript.Name(redisscript.DefaultPrefix, "k", redisscript.FenceSuffix))
+	redistest.UnseededFence(t, rdb, lock.New(redislock.New(rdb, nil), nil), redisscript.Name(redisscript.DefaultPrefix, "k", redisscript.FenceSuffix))
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/onceguard/onceguard/internal/redistest"
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/redislock"
 )
 
@@ -14,5 +15,5 @@ import (
 // same test.
 func TestOwnerCallsAfterRestart(t *testing.T) {
 	srv, c := ownRedis(t)
-	redistest.OwnerCallsAfterRestart(t, srv, redislock.New(c, nil))
+	redistest.OwnerCallsAfterRestart(t, srv, lock.New(redislock.New(c, nil), nil))
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceguard/onceguard/internal/redistest"
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/internal/ttlcheck"
 	"github.com/onceguard/onceguard/lock/redislock"
 )
@@ -65,6 +66,6 @@ func TestTTLsSentRelative(t *testing.T) {
 	rdb := redistest.Shared(t) // a client of its own: the hook sees only this test
 	rec := &recorder{}
 	rdb.AddHook(rec)
-	l := redislock.New(rdb, nil)
+	l := lock.New(redislock.New(rdb, nil), nil)
 	ttlcheck.Run(t, l, rec.sent)
 }

@@ -21,10 +21,11 @@ func Example() {
 		defer c.Close()
 		nodes = append(nodes, c)
 	}
-	locker, err := redlock.New(nodes, &redlock.Options{Locker: &lock.Options{AutoRenew: true}})
+	backend, err := redlock.New(nodes, nil)
 	if err != nil {
 		panic(err) // only for no clients at all
 	}
+	locker := lock.New(backend, &lock.Options{AutoRenew: true})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -45,12 +46,12 @@ func Example() {
 
 // The Backend with its options: a node that does not answer within
 // NodeTimeout counts as a "no", so a dead node costs at most that much.
-func ExampleNewBackend() {
+func ExampleNew_options() {
 	var nodes []redis.UniversalClient
 	for _, addr := range []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379", "10.0.0.4:6379", "10.0.0.5:6379"} {
 		nodes = append(nodes, redis.NewClient(&redis.Options{Addr: addr}))
 	}
-	b, err := redlock.NewBackend(nodes, &redlock.Options{NodeTimeout: 100 * time.Millisecond})
+	b, err := redlock.New(nodes, &redlock.Options{NodeTimeout: 100 * time.Millisecond})
 	if err != nil {
 		panic(err)
 	}

@@ -56,9 +56,6 @@ type Options struct {
 	// Redis configures each node's redislock.Backend (prefix, fence
 	// retention, pipelining). Its Timeout is replaced by NodeTimeout.
 	Redis *redislock.Options
-
-	// Locker configures the Locker that New returns.
-	Locker *lock.Options
 }
 
 // Backend implements lock.Backend over independent Redis nodes. It is safe
@@ -82,19 +79,10 @@ type attempt struct {
 
 var _ lock.Backend = (*Backend)(nil)
 
-// New returns a Locker over clients, one per independent node.
-func New(clients []redis.UniversalClient, opts *Options) (*lock.Locker, error) {
-	b, err := NewBackend(clients, opts)
-	if err != nil {
-		return nil, err
-	}
-	return lock.New(b, b.opts.Locker), nil
-}
-
-// NewBackend returns a Backend over clients, one per independent node; it
-// needs a majority, len(clients)/2+1, for every operation. It returns an
-// error for no clients. It does not dial.
-func NewBackend(clients []redis.UniversalClient, opts *Options) (*Backend, error) {
+// New returns a Backend over clients, one per independent node; it needs
+// a majority, len(clients)/2+1, for every operation. lock.New makes a
+// Locker of it. It returns an error for no clients. It does not dial.
+func New(clients []redis.UniversalClient, opts *Options) (*Backend, error) {
 	if len(clients) == 0 {
 		return nil, errors.New("redlock: no Redis nodes")
 	}
@@ -112,7 +100,7 @@ func NewBackend(clients []redis.UniversalClient, opts *Options) (*Backend, error
 	ro.Timeout = o.NodeTimeout
 	b := &Backend{quorum: len(clients)/2 + 1, opts: o, inflight: map[string][]*attempt{}}
 	for _, c := range clients {
-		b.nodes = append(b.nodes, redislock.NewBackend(c, &ro))
+		b.nodes = append(b.nodes, redislock.New(c, &ro))
 	}
 	return b, nil
 }

@@ -51,7 +51,7 @@ func nodes(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalClient) {
 func TestConformance(t *testing.T) {
 	_, clients := nodes(t, 3)
 	locktest.Run(t, func(t *testing.T) lock.Backend {
-		b, err := redlock.NewBackend(clients, nil)
+		b, err := redlock.New(clients, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,8 +60,8 @@ func TestConformance(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	if _, err := redlock.NewBackend(nil, nil); err == nil {
-		t.Error("NewBackend(no nodes) = nil error; want an error")
+	if _, err := redlock.New(nil, nil); err == nil {
+		t.Error("New(no nodes) = nil error; want an error")
 	}
 }
 
@@ -69,10 +69,11 @@ func TestBadInput(t *testing.T) {
 // two killed, every operation fails with ErrUnavailable, saying why.
 func TestNodeLoss(t *testing.T) {
 	srvs, clients := nodes(t, 3)
-	l, err := redlock.New(clients, nil)
+	backend, err := redlock.New(clients, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, nil)
 	ctx := context.Background()
 	held, err := l.TryAcquire(ctx, "held", 30*time.Second)
 	if err != nil {
@@ -122,10 +123,11 @@ func TestNodeLoss(t *testing.T) {
 // of nodes whose fence records differ.
 func TestFenceAcrossQuorums(t *testing.T) {
 	srvs, clients := nodes(t, 3)
-	l, err := redlock.New(clients, nil)
+	backend, err := redlock.New(clients, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, nil)
 	ctx := context.Background()
 	var last int64
 	for i := range 6 {
@@ -159,7 +161,7 @@ func TestFenceCarriedPastLostNode(t *testing.T) {
 	srvs, clients := nodes(t, 3)
 	late := newHoldFirst()
 	clients[0].(*redis.Client).AddHook(late)
-	b, err := redlock.NewBackend(clients, &redlock.Options{NodeTimeout: 10 * time.Second})
+	b, err := redlock.New(clients, &redlock.Options{NodeTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,10 +209,11 @@ func TestQuorumTooSlow(t *testing.T) {
 		p.SetLatency(60 * time.Millisecond) // each way: a round trip takes 120ms
 		clients = append(clients, c)
 	}
-	l, err := redlock.New(clients, nil)
+	backend, err := redlock.New(clients, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, nil)
 	if lease, err := l.TryAcquire(t.Context(), "slow", 50*time.Millisecond); !errors.Is(err, lock.ErrNotAcquired) {
 		t.Errorf("TryAcquire with a 50ms TTL over 120ms round trips = %v, %v; want ErrNotAcquired", lease, err)
 	}
@@ -221,10 +224,11 @@ func TestQuorumTooSlow(t *testing.T) {
 // gets it instead of all being told it is held.
 func TestSplitVoteRetried(t *testing.T) {
 	srvs, clients := nodes(t, 3)
-	l, err := redlock.New(clients, nil)
+	backend, err := redlock.New(clients, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, nil)
 	srvs[0].Kill(t)
 	ctx := t.Context()
 	const rounds, contenders = 100, 3
@@ -270,10 +274,11 @@ func TestSplitVoteRetried(t *testing.T) {
 // answers are dropped; its copy of the lock ends with its TTL.
 func TestPausedNodeDoesNotWait(t *testing.T) {
 	srvs, clients := nodes(t, 3)
-	l, err := redlock.New(clients, &redlock.Options{NodeTimeout: time.Minute})
+	backend, err := redlock.New(clients, &redlock.Options{NodeTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, nil)
 	ctx := context.Background()
 	srvs[2].Pause(t)
 	defer srvs[2].Resume(t)
@@ -368,7 +373,7 @@ func TestLateGrantUndone(t *testing.T) {
 	srvs, clients := nodes(t, 3)
 	late := newHoldFirst()
 	clients[2].(*redis.Client).AddHook(late)
-	b, err := redlock.NewBackend(clients, &redlock.Options{NodeTimeout: 10 * time.Second})
+	b, err := redlock.New(clients, &redlock.Options{NodeTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +404,7 @@ func TestLateGrantUndone(t *testing.T) {
 // lease survives the loss of another node afterwards and stays exclusive.
 func TestRefreshRecreatesLostNode(t *testing.T) {
 	srvs, clients := nodes(t, 3)
-	b, err := redlock.NewBackend(clients, nil)
+	b, err := redlock.New(clients, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/onceguard/onceguard/internal/redistest"
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/locktest"
 	"github.com/onceguard/onceguard/lock/rueidislock"
 )
@@ -27,7 +28,7 @@ func BenchmarkCycleParallel(b *testing.B) {
 			c := shared(b)
 			opts := tc.opts
 			opts.Prefix = redistest.Prefix(b, rdb, "ogbench-rueidislock")
-			locktest.Cycles(b, rueidislock.New(c, &opts))
+			locktest.Cycles(b, lock.New(rueidislock.New(c, &opts), nil))
 		})
 	}
 }

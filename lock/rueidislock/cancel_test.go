@@ -8,6 +8,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/onceguard/onceguard/internal/redistest"
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/rueidislock"
 )
 
@@ -17,5 +18,5 @@ import (
 func TestCancelledMidCall(t *testing.T) {
 	p := redistest.StartBehindProxy(t)
 	c := newClient(t, rueidis.ClientOption{InitAddress: []string{p.Addr()}, Dialer: net.Dialer{Timeout: time.Second}, ConnWriteTimeout: 2 * time.Second})
-	redistest.CancelledMidCall(t, p, rueidislock.New(c, nil))
+	redistest.CancelledMidCall(t, p, lock.New(rueidislock.New(c, nil), nil))
 }

@@ -22,7 +22,7 @@ func Example() {
 	}
 	defer client.Close()
 
-	locker := rueidislock.New(client, &rueidislock.Options{Locker: &lock.Options{AutoRenew: true}})
+	locker := lock.New(rueidislock.New(client, nil), &lock.Options{AutoRenew: true})
 	ctx := context.Background()
 	lease, err := locker.Acquire(ctx, "order:42", 10*time.Second)
 	if err != nil {

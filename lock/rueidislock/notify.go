@@ -3,9 +3,10 @@ package rueidislock
 import (
 	"context"
 	"sync"
-	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/onceguard/onceguard/lock/internal/redisscript"
 )
 
 // subscriber shares one dedicated pub/sub connection among all blocked
@@ -36,8 +37,8 @@ type session struct {
 }
 
 // confirmTimeout bounds SUBSCRIBE and UNSUBSCRIBE when Options.Timeout is
-// not set: without a subscription, a waiter polls.
-const confirmTimeout = time.Second
+// not set.
+const confirmTimeout = redisscript.ConfirmTimeout
 
 // wait subscribes owner on ch and returns once Redis confirmed the
 // subscription.

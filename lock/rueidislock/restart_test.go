@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/onceguard/onceguard/internal/redistest"
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/rueidislock"
 )
 
@@ -13,5 +14,5 @@ import (
 // not held (ErrExpired), never the broken connection's EOF.
 func TestOwnerCallsAfterRestart(t *testing.T) {
 	srv, c := ownRedis(t)
-	redistest.OwnerCallsAfterRestart(t, srv, rueidislock.New(c, nil))
+	redistest.OwnerCallsAfterRestart(t, srv, lock.New(rueidislock.New(c, nil), nil))
 }

@@ -87,9 +87,6 @@ type Options struct {
 	// a script per try instead of two plain commands; the round trips stay
 	// the same.
 	ClockFences bool
-
-	// Locker configures the Locker that New returns.
-	Locker *lock.Options
 }
 
 // Backend implements lock.Backend and lock.Waiter on Redis through
@@ -109,20 +106,12 @@ var (
 	_ lock.Waiter  = (*Backend)(nil)
 )
 
-// New returns a Locker on client with the given options (nil: defaults).
-func New(client rueidis.Client, opts *Options) *lock.Locker {
-	var lo *lock.Options
-	if opts != nil {
-		lo = opts.Locker
-	}
-	return lock.New(NewBackend(client, opts), lo)
-}
-
-// NewBackend returns a Backend on client. It sends nothing; client stays
-// the caller's to configure and close.
-func NewBackend(client rueidis.Client, opts *Options) *Backend {
+// New returns a Backend on client with the given options (nil: defaults);
+// lock.New makes a Locker of it. It sends nothing; client stays the
+// caller's to configure and close.
+func New(client rueidis.Client, opts *Options) *Backend {
 	if client == nil {
-		panic("rueidislock: NewBackend needs a client")
+		panic("rueidislock: New needs a client")
 	}
 	var o Options
 	if opts != nil {
@@ -132,7 +121,7 @@ func NewBackend(client rueidis.Client, opts *Options) *Backend {
 		o.Prefix = redisscript.DefaultPrefix
 	}
 	if o.FenceRetention <= 0 {
-		o.FenceRetention = 24 * time.Hour
+		o.FenceRetention = redisscript.DefaultFenceRetention
 	}
 	b := &Backend{
 		client:  client,
@@ -228,7 +217,7 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 	}
 	if err != nil || fence <= 0 {
 		// We hold the lock but have no fence: give it back.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(b.timeout, 3*time.Second))
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(b.timeout, redisscript.GiveBackTimeout))
 		defer cancel()
 		_ = b.Release(rctx, r.Key, r.Owner)
 		return lock.Grant{}, wrap("acquire", r.Key, fmt.Errorf("fence: %v (%w)", fence, err))

@@ -80,13 +80,13 @@ func ownRedis(t *testing.T) (*redistest.Server, rueidis.Client) {
 
 func TestConformance(t *testing.T) {
 	c := shared(t)
-	locktest.Run(t, func(*testing.T) lock.Backend { return rueidislock.NewBackend(c, nil) }, clientLeaks...)
+	locktest.Run(t, func(*testing.T) lock.Backend { return rueidislock.New(c, nil) }, clientLeaks...)
 }
 
 func TestConformanceClockFences(t *testing.T) {
 	c := shared(t)
 	locktest.Run(t, func(*testing.T) lock.Backend {
-		return rueidislock.NewBackend(c, &rueidislock.Options{ClockFences: true})
+		return rueidislock.New(c, &rueidislock.Options{ClockFences: true})
 	}, clientLeaks...)
 }
 
@@ -100,7 +100,7 @@ func TestConformanceWithoutAutoPipelining(t *testing.T) {
 	opt.DisableAutoPipelining = true
 	opt.DisableCache = true
 	c := newClient(t, opt)
-	locktest.Run(t, func(*testing.T) lock.Backend { return rueidislock.NewBackend(c, nil) }, clientLeaks...)
+	locktest.Run(t, func(*testing.T) lock.Backend { return rueidislock.New(c, nil) }, clientLeaks...)
 }
 
 func TestConformanceCluster(t *testing.T) {
@@ -109,10 +109,10 @@ func TestConformanceCluster(t *testing.T) {
 	}
 	cl := redistest.StartCluster(t, 3)
 	c := newClient(t, rueidis.ClientOption{InitAddress: cl.Addrs()})
-	locktest.Run(t, func(*testing.T) lock.Backend { return rueidislock.NewBackend(c, nil) }, clientLeaks...)
+	locktest.Run(t, func(*testing.T) lock.Backend { return rueidislock.New(c, nil) }, clientLeaks...)
 
 	// Many keys spread over all slots, concurrently.
-	l := rueidislock.New(c, nil)
+	l := lock.New(rueidislock.New(c, nil), nil)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for i := range 64 {
@@ -142,13 +142,13 @@ func TestInteropWithRedislock(t *testing.T) {
 	c := shared(t)
 	rdb := redistest.Shared(t)
 	ctx := context.Background()
-	lockers := []*lock.Locker{redislock.New(rdb, nil), rueidislock.New(c, nil)}
+	lockers := []*lock.Locker{lock.New(redislock.New(rdb, nil), nil), lock.New(rueidislock.New(c, nil), nil)}
 	names := []string{"redislock", "rueidislock"}
 	for _, clock := range []bool{false, true} {
 		if clock {
 			lockers = []*lock.Locker{
-				redislock.New(rdb, &redislock.Options{ClockFences: true}),
-				rueidislock.New(c, &rueidislock.Options{ClockFences: true}),
+				lock.New(redislock.New(rdb, &redislock.Options{ClockFences: true}), nil),
+				lock.New(rueidislock.New(c, &rueidislock.Options{ClockFences: true}), nil),
 			}
 		}
 		key := fmt.Sprintf("interop/%v/%d", clock, time.Now().UnixNano())
@@ -226,7 +226,7 @@ func TestInteropWithRedislock(t *testing.T) {
 // fail a call: EVALSHA falls back to EVAL.
 func TestScriptFlush(t *testing.T) {
 	srv, c := ownRedis(t)
-	l := rueidislock.New(c, nil)
+	l := lock.New(rueidislock.New(c, nil), nil)
 	ctx := context.Background()
 	for i := range 3 {
 		if _, err := srv.Do("SCRIPT", "FLUSH"); err != nil {
@@ -256,7 +256,7 @@ func TestScriptFlush(t *testing.T) {
 
 func TestUnavailable(t *testing.T) {
 	srv, c := ownRedis(t)
-	l := rueidislock.New(c, &rueidislock.Options{Timeout: 500 * time.Millisecond})
+	l := lock.New(rueidislock.New(c, &rueidislock.Options{Timeout: 500 * time.Millisecond}), nil)
 	ctx := context.Background()
 	lease, err := l.TryAcquire(ctx, "down", 10*time.Second)
 	if err != nil {
@@ -301,7 +301,7 @@ func TestUnavailable(t *testing.T) {
 // The key names are redislock's (see package redisscript).
 func TestKeyNaming(t *testing.T) {
 	srv, c := ownRedis(t)
-	l := rueidislock.New(c, nil)
+	l := lock.New(rueidislock.New(c, nil), nil)
 	ctx := context.Background()
 	for _, key := range []string{"order:42", "a{b}c", "}", "{"} {
 		lease, err := l.TryAcquire(ctx, key, 10*time.Second)
@@ -332,7 +332,7 @@ func TestKeyNaming(t *testing.T) {
 // waiter is then served, in arrival order.
 func TestFairQueueOrder(t *testing.T) {
 	_, c := ownRedis(t)
-	l := rueidislock.New(c, nil)
+	l := lock.New(rueidislock.New(c, nil), nil)
 	ctx := context.Background()
 	holder, err := l.TryAcquire(ctx, "fair", 30*time.Second)
 	if err != nil {
@@ -377,5 +377,5 @@ func TestUnseededFenceReseeded(t *testing.T) {
 	srv, c := ownRedis(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	redistest.UnseededFence(t, rdb, rueidislock.New(c, nil), redisscript.Name(redisscript.DefaultPrefix, "k", redisscript.FenceSuffix))
+	redistest.UnseededFence(t, rdb, lock.New(rueidislock.New(c, nil), nil), redisscript.Name(redisscript.DefaultPrefix, "k", redisscript.FenceSuffix))
 }

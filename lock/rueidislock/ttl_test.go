@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/internal/ttlcheck"
 	"github.com/onceguard/onceguard/lock/rueidislock"
 )
@@ -52,6 +53,6 @@ func (r *recording) sent() [][]string {
 // for a try (SET NX PX), a blocking acquire (script), refresh and release.
 func TestTTLsSentRelative(t *testing.T) {
 	rec := &recording{Client: shared(t)}
-	l := rueidislock.New(rec, nil)
+	l := lock.New(rueidislock.New(rec, nil), nil)
 	ttlcheck.Run(t, l, rec.sent)
 }

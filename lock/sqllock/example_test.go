@@ -10,7 +10,9 @@ import (
 
 	_ "modernc.org/sqlite"
 
+	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // A lock in your own database (here a SQLite file; PostgreSQL and MySQL
@@ -23,11 +25,12 @@ func Example() {
 	defer db.Close()
 
 	ctx := context.Background()
-	locker, err := sqllock.New(db, sqllock.SQLite, nil)
+	backend, err := sqllock.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
+	locker := lock.New(backend, nil)
 	first, err := locker.TryAcquire(ctx, "account:alice", 10*time.Second)
 	fmt.Println("first:", err)
 	_, err = locker.TryAcquire(ctx, "account:alice", 10*time.Second)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // queries holds one dialect's statements. Arguments, in order:
@@ -20,14 +22,14 @@ type queries struct {
 	acquire                                   func(ctx context.Context, db *sql.DB, key []byte, owner string, ttl, now int64) (fence int64, won bool, err error)
 }
 
-func buildQueries(d Dialect, o Options) (queries, error) {
+func buildQueries(d sqldialect.Dialect, o Options) (queries, error) {
 	t := o.Table
 	switch d {
-	case Postgres:
+	case sqldialect.Postgres:
 		return postgres(t, o.Logged), nil
-	case MySQL:
+	case sqldialect.MySQL:
 		return mysql(t), nil
-	case SQLite:
+	case sqldialect.SQLite:
 		return sqlite(t), nil
 	}
 	return queries{}, fmt.Errorf("sqllock: unknown dialect %v", d)

@@ -41,30 +41,8 @@ import (
 
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
-
-// Dialect names the SQL dialect of a *sql.DB.
-type Dialect int
-
-// The supported dialects.
-const (
-	Postgres Dialect = iota + 1 // PostgreSQL
-	MySQL                       // MySQL 8 and MariaDB 10.5+
-	SQLite                      // SQLite 3.35+
-)
-
-// String returns the dialect's name: "postgres", "mysql" or "sqlite".
-func (d Dialect) String() string {
-	switch d {
-	case Postgres:
-		return "postgres"
-	case MySQL:
-		return "mysql"
-	case SQLite:
-		return "sqlite"
-	}
-	return fmt.Sprintf("Dialect(%d)", int(d))
-}
 
 // Options configure a Backend. A nil *Options means all defaults.
 type Options struct {
@@ -83,16 +61,13 @@ type Options struct {
 	// increasing across that; correctness must not rest on the lock anyway.
 	// Default: false (unlogged).
 	Logged bool
-
-	// Locker configures the Locker that New returns.
-	Locker *lock.Options
 }
 
 // Backend implements lock.Backend on a *sql.DB. It is safe for concurrent
 // use.
 type Backend struct {
 	db      *sql.DB
-	dialect Dialect
+	dialect sqldialect.Dialect
 	opts    Options
 	q       queries
 
@@ -103,24 +78,15 @@ type Backend struct {
 
 var _ lock.Backend = (*Backend)(nil)
 
-// New returns a Locker on db. See NewBackend.
-func New(db *sql.DB, dialect Dialect, opts *Options) (*lock.Locker, error) {
-	b, err := NewBackend(db, dialect, opts)
-	if err != nil {
-		return nil, err
-	}
-	return lock.New(b, b.opts.Locker), nil
-}
-
 var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
-// NewBackend returns a Backend on db, which stays the caller's to
-// configure and close. It does no I/O: the table is created by Migrate, or
-// by the first operation that needs it. It returns an error for an unknown
-// dialect or a bad table name.
-func NewBackend(db *sql.DB, dialect Dialect, opts *Options) (*Backend, error) {
+// New returns a Backend on db, which stays the caller's to configure and
+// close; lock.New makes a Locker of it. It does no I/O: the table is
+// created by Migrate, or by the first operation that needs it. It returns
+// an error for an unknown dialect or a bad table name.
+func New(db *sql.DB, dialect sqldialect.Dialect, opts *Options) (*Backend, error) {
 	if db == nil {
-		return nil, errors.New("sqllock: NewBackend needs a *sql.DB")
+		return nil, errors.New("sqllock: New needs a *sql.DB")
 	}
 	var o Options
 	if opts != nil {
@@ -156,14 +122,7 @@ func (b *Backend) Migrate(ctx context.Context) error {
 	if b.migrated.Load() {
 		return nil
 	}
-	var err error
-	for range 3 { // concurrent CREATE TABLE IF NOT EXISTS can collide in PostgreSQL's catalog
-		if _, err = b.db.ExecContext(ctx, b.q.create); err == nil || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err != nil {
+	if err := sqldb.Create(ctx, b.db, b.q.create); err != nil {
 		return wrap("migrate", b.opts.Table, err)
 	}
 	b.migrated.Store(true)

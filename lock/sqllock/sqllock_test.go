@@ -15,6 +15,7 @@ import (
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/locktest"
 	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 func TestMain(m *testing.M) {
@@ -26,23 +27,23 @@ func TestMain(m *testing.M) {
 
 type database struct {
 	name    string
-	dialect sqllock.Dialect
+	dialect sqldialect.Dialect
 	open    func(t *testing.T) *sql.DB
 }
 
 func openSQLite(t *testing.T) *sql.DB { return dbtest.SQLite(t) }
 
 var databases = []database{
-	{"postgres", sqllock.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
-	{"mysql", sqllock.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
-	{"sqlite", sqllock.SQLite, openSQLite},
+	{"postgres", sqldialect.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
+	{"mysql", sqldialect.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
+	{"sqlite", sqldialect.SQLite, openSQLite},
 }
 
 func TestConformance(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
 			db := d.open(t)
-			b, err := sqllock.NewBackend(db, d.dialect, &sqllock.Options{Table: "locktest_locks"})
+			b, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: "locktest_locks"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +70,7 @@ func TestMigrateConcurrently(t *testing.T) {
 			errs := make(chan error, 4)
 			for range 4 {
 				go func() {
-					b, err := sqllock.NewBackend(db, d.dialect, &sqllock.Options{Table: table})
+					b, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: table})
 					if err == nil {
 						err = b.Migrate(context.Background())
 					}
@@ -90,16 +91,16 @@ func TestBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		db   *sql.DB
-		d    sqllock.Dialect
+		d    sqldialect.Dialect
 		opts *sqllock.Options
 	}{
-		{"nil db", nil, sqllock.SQLite, nil},
-		{"unknown dialect", db, sqllock.Dialect(42), nil},
-		{"bad table name", db, sqllock.SQLite, &sqllock.Options{Table: "locks; DROP TABLE x"}},
+		{"nil db", nil, sqldialect.SQLite, nil},
+		{"unknown dialect", db, sqldialect.Dialect(42), nil},
+		{"bad table name", db, sqldialect.SQLite, &sqllock.Options{Table: "locks; DROP TABLE x"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if b, err := sqllock.NewBackend(tc.db, tc.d, tc.opts); err == nil {
-				t.Errorf("NewBackend = %v, nil; want an error", b)
+			if b, err := sqllock.New(tc.db, tc.d, tc.opts); err == nil {
+				t.Errorf("New = %v, nil; want an error", b)
 			}
 		})
 	}
@@ -110,10 +111,11 @@ func TestBadInput(t *testing.T) {
 // never a lock held forever.
 func TestDatabaseGoesAway(t *testing.T) {
 	db := openSQLite(t)
-	l, err := sqllock.New(db, sqllock.SQLite, &sqllock.Options{Locker: &lock.Options{AutoRenew: true}})
+	backend, err := sqllock.New(db, sqldialect.SQLite, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, &lock.Options{AutoRenew: true})
 	ctx := context.Background()
 	lease, err := l.TryAcquire(ctx, "gone", 300*time.Millisecond)
 	if err != nil {
@@ -139,10 +141,11 @@ func TestDatabaseGoesAway(t *testing.T) {
 // Rows idle past Retention are removed by later acquires.
 func TestCleanup(t *testing.T) {
 	db := openSQLite(t)
-	l, err := sqllock.New(db, sqllock.SQLite, &sqllock.Options{Retention: time.Millisecond})
+	backend, err := sqllock.New(db, sqldialect.SQLite, &sqllock.Options{Retention: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lock.New(backend, nil)
 	ctx := context.Background()
 	for i := range 600 {
 		lease, err := l.TryAcquire(ctx, "k"+strings.Repeat("x", i%50)+string(rune('a'+i%26)), time.Millisecond)
@@ -170,7 +173,7 @@ func TestCleanup(t *testing.T) {
 func TestConformanceXact(t *testing.T) {
 	db := dbtest.Postgres(t)
 	db.SetMaxOpenConns(64)
-	b, err := sqllock.NewXactBackend(db)
+	b, err := sqllock.NewXact(db)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +187,7 @@ func TestConformanceXact(t *testing.T) {
 // when PostgreSQL ends its idle session, without any client action.
 func TestXactServerTTL(t *testing.T) {
 	db := dbtest.Postgres(t)
-	b, _ := sqllock.NewXactBackend(db)
+	b, _ := sqllock.NewXact(db)
 	l := lock.New(b, nil)
 	ctx := context.Background()
 	key := "xact-ttl-" + time.Now().String()
@@ -231,10 +234,11 @@ func TestFenceAboveStored(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			db := d.open(t)
 			table := fmt.Sprintf("locktest_fence_%d", time.Now().UnixNano()%1_000_000)
-			l, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: table})
+			backend, err := sqllock.New(db, d.dialect, &sqllock.Options{Table: table})
 			if err != nil {
 				t.Fatal(err)
 			}
+			l := lock.New(backend, nil)
 			t.Cleanup(func() { _, _ = db.Exec("DROP TABLE " + table) })
 			ctx := context.Background()
 			first, err := l.TryAcquire(ctx, "k", time.Second)
@@ -244,7 +248,7 @@ func TestFenceAboveStored(t *testing.T) {
 			_ = first.Release(ctx)
 			ahead := time.Now().Add(24*time.Hour).UnixMicro() + 1_000_000 // past every clock fence for a day
 			q := "UPDATE " + table + " SET fence = ? WHERE name = ?"
-			if d.dialect == sqllock.Postgres {
+			if d.dialect == sqldialect.Postgres {
 				q = "UPDATE " + table + " SET fence = $1 WHERE name = $2"
 			}
 			if res, err := db.ExecContext(ctx, q, ahead, []byte("k")); err != nil {

@@ -64,17 +64,9 @@ const sweepGrace = time.Second
 
 var _ lock.Backend = (*XactBackend)(nil)
 
-// NewXact returns a Locker on an XactBackend. db must be PostgreSQL.
-func NewXact(db *sql.DB, opts *lock.Options) (*lock.Locker, error) {
-	b, err := NewXactBackend(db)
-	if err != nil {
-		return nil, err
-	}
-	return lock.New(b, opts), nil
-}
-
-// NewXactBackend returns an XactBackend on db, a PostgreSQL database.
-func NewXactBackend(db *sql.DB) (*XactBackend, error) {
+// NewXact returns an XactBackend on db, a PostgreSQL database; lock.New
+// makes a Locker of it.
+func NewXact(db *sql.DB) (*XactBackend, error) {
 	if db == nil {
 		return nil, errors.New("sqllock: nil *sql.DB")
 	}

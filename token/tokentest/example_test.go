@@ -10,7 +10,7 @@ import (
 
 // A token store proves itself by running the suite from its own tests,
 // here the in-process memstore.Store, with a fresh store for each subtest.
-// An idempotency.FullStore need not call it: storetest.Run runs it too.
+// An idemstore.FullStore need not call it: storetest.Run runs it too.
 func ExampleRun() {
 	// func TestTokens(t *testing.T), in the store's _test.go file:
 	testTokens := func(t *testing.T) {

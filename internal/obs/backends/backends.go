@@ -9,7 +9,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/lock/fallback"
 	"github.com/onceguard/onceguard/token"
@@ -40,8 +40,8 @@ func FallbackObserver(m *obs.Metrics, log *slog.Logger) func(from, to fallback.S
 // repeat-submit window and submit tokens, and completion inside a
 // settlement's transaction (idempotency/sqlstore.Store).
 type KeyStore interface {
-	idempotency.FullStore
-	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error
+	idemstore.FullStore
+	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idemstore.Response) error
 }
 
 // TimeKeys returns s with every call timed into db_duration_seconds, under
@@ -59,17 +59,17 @@ func (t timedKeys) time(op string, start time.Time) {
 	t.m.DB.WithLabelValues(op).Observe(obs.Since(start))
 }
 
-func (t timedKeys) Begin(ctx context.Context, r idempotency.BeginRequest) (idempotency.BeginResult, error) {
+func (t timedKeys) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
 	defer t.time("key_begin", time.Now())
 	return t.s.Begin(ctx, r)
 }
 
-func (t timedKeys) Complete(ctx context.Context, id, lease string, resp idempotency.Response, now time.Time) error {
+func (t timedKeys) Complete(ctx context.Context, id, lease string, resp idemstore.Response, now time.Time) error {
 	defer t.time("key_complete", time.Now())
 	return t.s.Complete(ctx, id, lease, resp, now)
 }
 
-func (t timedKeys) CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idempotency.Response) error {
+func (t timedKeys) CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idemstore.Response) error {
 	defer t.time("key_complete_tx", time.Now())
 	return t.s.CompleteTx(ctx, tx, id, lease, resp)
 }

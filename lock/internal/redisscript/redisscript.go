@@ -11,12 +11,25 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+	"time"
 
 	"github.com/onceguard/onceguard/lock"
 )
 
 // DefaultPrefix starts every Redis key and channel name unless configured.
 const DefaultPrefix = "onceguard:lock:"
+
+// DefaultFenceRetention is how long a key's fence record lives unless
+// configured.
+const DefaultFenceRetention = 24 * time.Hour
+
+// ConfirmTimeout bounds SUBSCRIBE and UNSUBSCRIBE when no Timeout is
+// configured: without a subscription, a waiter polls.
+const ConfirmTimeout = time.Second
+
+// GiveBackTimeout is the least time a backend gives the release of a lock
+// it took but could not fence.
+const GiveBackTimeout = 3 * time.Second
 
 // Suffixes of a lock's Redis names: for a lock key L (see AppendName), its
 // fence is L + FenceSuffix, its waiter queue L + QueueSuffix, the waiters'
