@@ -20,8 +20,9 @@
 //
 // A refresh that a majority carried re-creates the lock, with SET NX for
 // the same owner and TTL, on a node that answered it had lost it (a
-// restart without persistence): only while the quorum still holds, and
-// never over another owner's.
+// restart without persistence): only while the quorum still holds, never
+// over another owner's, and only after that node's earlier acquires for
+// the same owner answered, so that none of their give-backs removes it.
 //
 // Blocked Acquires poll with jittered backoff: a per-node waiter queue
 // could leave each node's first waiter different and nobody with a
@@ -295,6 +296,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 // refreshed, so a long-held lock's quorum does not erode node by node.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	held := make(chan bool, len(b.nodes)) // the outcome, one per node that waits for it
+	earlier := b.pending(key, owner)      // a re-creation waits for them, as a release does
 	a := b.start(key, owner)              // a re-creation counts as an acquire: a release waits for it
 	errs := b.each(ctx, func(ctx context.Context, i int, n *redislock.Backend) error {
 		err := n.Refresh(ctx, key, owner, ttl)
@@ -308,6 +310,11 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 			defer b.finish(key, owner, a, i)
 			if !<-held {
 				return
+			}
+			// An earlier acquire's answer, or its give-back of a grant
+			// without a fence, must not land after the re-creation.
+			for _, e := range earlier {
+				<-e.done[i]
 			}
 			// SET NX: a node where another owner got the lock keeps it.
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.NodeTimeout)

@@ -236,9 +236,11 @@ func TestSplitVoteRetried(t *testing.T) {
 	for i := range rounds {
 		key := fmt.Sprint("split-", i)
 		var (
-			wg    sync.WaitGroup
-			start = make(chan struct{})
-			won   atomic.Int32
+			wg       sync.WaitGroup
+			start    = make(chan struct{})
+			won      atomic.Int32
+			holding  atomic.Int32
+			together atomic.Int32 // the most holders at one time
 		)
 		for range contenders {
 			wg.Add(1)
@@ -247,17 +249,23 @@ func TestSplitVoteRetried(t *testing.T) {
 				<-start
 				if lease, err := l.TryAcquire(ctx, key, 5*time.Second); err == nil {
 					won.Add(1)
-					defer lease.Release(ctx)
+					n := holding.Add(1)
+					for m := together.Load(); n > m && !together.CompareAndSwap(m, n); m = together.Load() {
+					}
 					time.Sleep(20 * time.Millisecond) // hold it while the others try
+					holding.Add(-1)                   // before the release: a later winner is no overlap
+					_ = lease.Release(ctx)
 				}
 			}()
 		}
 		close(start)
 		wg.Wait()
-		switch n := won.Load(); {
-		case n > 1:
+		// A contender that starts after the winner released may win too (on a
+		// loaded machine it does): only holding it at once is a failure.
+		if n := together.Load(); n > 1 {
 			t.Fatalf("round %d: %d contenders held the lock at once", i, n)
-		case n == 0:
+		}
+		if won.Load() == 0 {
 			nobody++
 		}
 	}
