@@ -10,6 +10,7 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/onceguard/onceguard v0.0.0-00010101000000-000000000000
+	github.com/onceguard/onceguard/lock/rueidislock v0.0.0-00010101000000-000000000000
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79
 	modernc.org/sqlite v1.62.0
@@ -34,3 +35,5 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
+
+replace github.com/onceguard/onceguard/lock/rueidislock => ../lock/rueidislock

@@ -123,7 +123,7 @@ func TestHandlerContext(t *testing.T) {
 	}
 }
 
-// The speed target of issue 4, in allocations (exact, unlike time): on
+// The middleware's speed target, in allocations (exact, unlike time): on
 // the memory store the middleware adds fewer than 10 allocations per
 // request to a trivial handler, on first use and on replay. The bounds
 // below are what it adds today (7 and 2: the fingerprint and the record

@@ -33,7 +33,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
-	"github.com/onceguard/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
 )
 
 var updateScreenshot = flag.Bool("update-screenshot", false, "write docs/screenshot.png from TestBrowserWithdrawOnce and docs/screenshot-phone.png from TestBrowserPhoneLayout")

@@ -55,17 +55,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
-	"github.com/onceguard/onceguard/internal/app"
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/faultproxy"
-	"github.com/onceguard/onceguard/internal/money"
-	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/internal/sqldb"
-	"github.com/onceguard/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/sqldialect"
 )
 

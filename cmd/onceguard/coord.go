@@ -10,8 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
-	"github.com/onceguard/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/fallback"
 	"github.com/onceguard/onceguard/lock/memlock"

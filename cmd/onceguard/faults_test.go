@@ -28,8 +28,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceguard/onceguard/internal/money"
-	"github.com/onceguard/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
 )
 
 // --- the provider, seen from the test ---

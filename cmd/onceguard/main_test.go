@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceguard/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
 )
 
 func TestRun(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceguard/onceguard/internal/obs"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/obs"
 )
 
 // A fresh service's /metrics already has every series of a metric whose

@@ -17,11 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/obs"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/faultproxy"
-	"github.com/onceguard/onceguard/internal/obs"
-	"github.com/onceguard/onceguard/internal/psp"
 )
 
 // After a small storm, /metrics counts what happened, and the logs carry a

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/faultproxy"
-	"github.com/onceguard/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/internal/redistest"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/redistest"
 )
 

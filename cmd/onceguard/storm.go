@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceguard/onceguard/internal/money"
-	"github.com/onceguard/onceguard/internal/storm"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/storm"
 )
 
 // stormFlags defines storm's flags (--amount is read as text, checked by

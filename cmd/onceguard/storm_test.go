@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/onceguard/onceguard/internal/money"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
 	"github.com/onceguard/onceguard/internal/redistest"
 )
 

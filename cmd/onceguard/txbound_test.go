@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceguard/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
 )
 
 // A holder stopped (SIGSTOP) inside its debit transaction, on a connection

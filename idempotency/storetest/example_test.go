@@ -5,8 +5,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	_ "modernc.org/sqlite" // driver "sqlite"
-
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"

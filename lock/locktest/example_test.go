@@ -5,7 +5,6 @@ import (
 	"os"
 	"testing"
 
-	_ "github.com/go-sql-driver/mysql" // driver "mysql"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceguard/onceguard/lock"

@@ -1,0 +1,156 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
+)
+
+// MoveRequest asks for a deposit or a withdrawal.
+type MoveRequest struct {
+	UserID string
+	Key    string // the request's Idempotency-Key: one movement per (user, key)
+	Amount money.Amount
+	// Record, if set, is completed in the settlement's transaction.
+	Record *KeyRecord
+}
+
+// KeyRecord is the request's Idempotency-Key record and how to complete it.
+type KeyRecord struct {
+	ID, Lease string
+	// Answer is the answer to store for the settled movement.
+	Answer func(Movement) Answer
+	// Completed is told when the record committed with the settlement.
+	Completed func()
+}
+
+// CheckAmount refuses an amount not above 0 or above the service's maximum (CodeInvalidAmount).
+func (s *Service) CheckAmount(a money.Amount) error {
+	if a <= 0 || a > s.cfg.MaxAmount {
+		return Errorf(CodeInvalidAmount, "a string or number like \"10.00\", more than 0 and at most %s", s.cfg.MaxAmount)
+	}
+	return nil
+}
+
+// Deposit records a deposit, charges it and settles it as the provider answers; an unknown
+// outcome leaves it pending for the reconciler. Refused before the charge when its credit would
+// take the balance past MaxBalance (ErrBalanceLimit); ErrKeyReused when the key made another.
+func (s *Service) Deposit(ctx context.Context, req MoveRequest) (Movement, error) {
+	acct, err := s.cfg.Store.Account(ctx, req.UserID)
+	if err != nil {
+		return Movement{}, err
+	}
+	if acct.Balance > MaxBalance-req.Amount {
+		return Movement{}, ErrBalanceLimit
+	}
+	m, created, err := s.cfg.Store.CreateDeposit(ctx, Movement{ID: newID("dep_"), Kind: Deposit, UserID: req.UserID, Key: req.Key, Amount: req.Amount, CreatedAt: time.Now()})
+	if err != nil {
+		return Movement{}, err
+	}
+	if !created && m.Amount != req.Amount {
+		return Movement{}, ErrKeyReused
+	}
+	return s.pay(ctx, m, req.Record)
+}
+
+// Withdraw debits a withdrawal under the user's lock, whose fence the account checks, pays it
+// out and settles it as the provider answers (a failure refunds it); an unknown outcome leaves
+// it pending for the reconciler. Errors: ErrInsufficientFunds, ErrKeyReused, and CodeBusy when
+// the lock could not be had or kept.
+func (s *Service) Withdraw(ctx context.Context, req MoveRequest) (Movement, error) {
+	var (
+		m       Movement
+		created bool
+	)
+	err := s.underLock(ctx, userLock(req.UserID), true, func(fence int64) (err error) {
+		m, created, err = s.cfg.Store.Withdraw(ctx, Movement{ID: newID("wd_"), Kind: Withdrawal, UserID: req.UserID, Key: req.Key, Amount: req.Amount, CreatedAt: time.Now()}, fence)
+		return err
+	})
+	switch {
+	case errors.Is(err, errLock), errors.Is(err, ErrStaleFence):
+		s.audit(ctx, string(Withdrawal), "", req.UserID, req.Key, req.Amount, OutcomeBusy, "")
+		return Movement{}, busy(err)
+	case errors.Is(err, ErrInsufficientFunds):
+		s.audit(ctx, string(Withdrawal), "", req.UserID, req.Key, req.Amount, OutcomeInsufficientFunds, "")
+		return Movement{}, &Error{Code: CodeInsufficientFunds, Message: "the balance does not cover this withdrawal; nothing changed"}
+	case err != nil:
+		return Movement{}, err
+	}
+	if !created && m.Amount != req.Amount {
+		return Movement{}, ErrKeyReused
+	}
+	return s.pay(ctx, m, req.Record)
+}
+
+// busy is CodeBusy for a resource whose lock could not be had, or was lost before the write.
+func busy(cause error) error {
+	return &Error{Code: CodeBusy, Message: "the account or order is busy; nothing changed, retry shortly", Err: cause}
+}
+
+// pay sends a pending movement to the provider under its own id and settles it as it answers;
+// one found settled is answered as it is.
+func (s *Service) pay(ctx context.Context, m Movement, rec *KeyRecord) (Movement, error) {
+	if m.Status == Pending {
+		if st, err := s.cfg.Provider.Pay(ctx, m.Kind, m.ID, m.Amount); err == nil {
+			settled := m
+			settled.Status = st
+			// Recorded even when the request's deadline has passed, but within a quarter
+			// of it more: still inside the key's lease.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RequestTimeout/4)
+			defer cancel()
+			if _, err := s.settle(sctx, settled, rec, ""); err != nil {
+				// Whether it committed is unknown: the caller answers an error, not a pending
+				// movement a replay may contradict.
+				return Movement{}, err
+			}
+			return settled, nil // moved, or settled meanwhile by the reconciler, which said so
+		}
+	}
+	s.audit(ctx, string(m.Kind), m.ID, m.UserID, m.Key, m.Amount, Outcome(m.Status), "")
+	return m, nil
+}
+
+// settle is the one settlement path, of requests and the reconciler: m (its final Status
+// set) is settled, rec completed with it when given (alone if that fails: its lease was lost,
+// say), and the audit line written when this call moved it; by names the settler if not a request.
+func (s *Service) settle(ctx context.Context, m Movement, rec *KeyRecord, by string) (moved bool, err error) {
+	now := time.Now()
+	err = errors.New("app: no record")
+	if rec != nil {
+		r := &Record{ID: rec.ID, Lease: rec.Lease, Answer: rec.Answer(m)}
+		moved, err = s.cfg.Store.Settle(ctx, m.Kind, m.ID, m.Status, now, r)
+		if err == nil && rec.Completed != nil {
+			rec.Completed()
+		}
+	}
+	if err != nil {
+		moved, err = s.cfg.Store.Settle(ctx, m.Kind, m.ID, m.Status, now, nil)
+	}
+	if err != nil || !moved {
+		return false, err
+	}
+	s.audit(ctx, string(m.Kind), m.ID, m.UserID, m.Key, m.Amount, Outcome(m.Status), by)
+	return true, nil
+}
+
+// Movements returns a user's movements of kind, newest first, at most limit.
+func (s *Service) Movements(ctx context.Context, kind Kind, userID string, limit int) ([]Movement, error) {
+	return s.cfg.Store.Movements(ctx, kind, userID, limit)
+}
+
+// Movement returns a user's movement; another user's is ErrNotFound.
+func (s *Service) Movement(ctx context.Context, kind Kind, userID, id string) (Movement, error) {
+	return s.cfg.Store.MovementByID(ctx, kind, userID, id)
+}
+
+// Account returns a user's balance.
+func (s *Service) Account(ctx context.Context, userID string) (Account, error) {
+	return s.cfg.Store.Account(ctx, userID)
+}
+
+// Ledger returns a user's whole journal, newest first: its amounts sum to the balance.
+func (s *Service) Ledger(ctx context.Context, userID string) ([]LedgerEntry, error) {
+	return s.cfg.Store.Ledger(ctx, userID, 0)
+}

@@ -1,0 +1,106 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/memlock"
+)
+
+// records completes a key's record by counting it, or refuses it.
+type records struct {
+	refuse    bool
+	completed []string
+}
+
+func (r *records) CompleteTx(_ context.Context, _ *sql.Tx, id, _ string, resp idemstore.Response) error {
+	if r.refuse {
+		return idempotency.ErrLeaseLost
+	}
+	r.completed = append(r.completed, id+" "+string(resp.Body))
+	return nil
+}
+
+// A withdrawal settles through the one path: the key's record completes in
+// the settlement's transaction with the answer for the settled movement,
+// Completed is told, and one audit line is written. A record that cannot
+// be completed (its lease lost) does not stop the settlement, which then
+// commits alone, and Completed is not told.
+func TestWithdrawSettlesWithItsRecord(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		s, _, now := withAlice(t)
+		ctx := context.Background()
+		if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 5000, CreatedAt: time.UnixMicro(now)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
+			t.Fatal(err)
+		}
+		recs := &records{refuse: refuse}
+		s.Records = recs
+		var logs bytes.Buffer
+		svc := app.New(app.Config{Store: s, Provider: psp.Port(&psp.Sim{}), Currency: "CNY", MaxAmount: 1_000_00,
+			Locks: lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true}), Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+		completed := 0
+		m, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "kw", Amount: 1000, Record: &app.KeyRecord{
+			ID: "rec", Lease: "l",
+			Answer:    func(m app.Movement) app.Answer { return app.Answer{Status: 201, Body: []byte(string(m.Status))} },
+			Completed: func() { completed++ },
+		}})
+		if err != nil || m.Status != app.Succeeded {
+			t.Fatalf("refuse %v: Withdraw = %+v, %v; want succeeded", refuse, m, err)
+		}
+		wantRecs, wantCompleted := "rec succeeded", 1
+		if refuse {
+			wantRecs, wantCompleted = "", 0
+		}
+		if got := strings.Join(recs.completed, ","); got != wantRecs || completed != wantCompleted {
+			t.Errorf("refuse %v: records %q, Completed told %d times; want %q, %d", refuse, got, completed, wantRecs, wantCompleted)
+		}
+		if n := strings.Count(logs.String(), `"msg":"money"`); n != 1 {
+			t.Errorf("refuse %v: %d audit lines; want 1", refuse, n)
+		}
+		if bal, sum, err := s.Balance(ctx, "u1"); err != nil || bal != 4000 || sum != bal {
+			t.Errorf("refuse %v: balance %v, ledger %v, %v; want 40.00", refuse, bal, sum, err)
+		}
+	}
+}
+
+// The service's errors carry the codes the HTTP layer maps: a withdrawal
+// over the balance is insufficient_funds, a key reused for another amount
+// idempotency_key_reused, and neither moves money.
+func TestWithdrawErrors(t *testing.T) {
+	s, _, _ := withAlice(t)
+	ctx := context.Background()
+	svc := app.New(app.Config{Store: s, Provider: psp.Port(&psp.Sim{}), Currency: "CNY", MaxAmount: 1_000_00,
+		Locks: lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true})})
+	if _, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "k", Amount: 100}); app.ErrorCode(err) != app.CodeInsufficientFunds {
+		t.Errorf("Withdraw over the balance = %v; want code %s", err, app.CodeInsufficientFunds)
+	}
+	if _, err := svc.Deposit(ctx, app.MoveRequest{UserID: "u1", Key: "d", Amount: 500}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "w", Amount: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "w", Amount: 200}); !errors.Is(err, app.ErrKeyReused) {
+		t.Errorf("Withdraw under a used key with another amount = %v; want ErrKeyReused", err)
+	}
+	if err := svc.CheckAmount(1_000_01); app.ErrorCode(err) != app.CodeInvalidAmount {
+		t.Errorf("CheckAmount over the maximum = %v; want code %s", err, app.CodeInvalidAmount)
+	}
+	if bal, _, _ := s.Balance(ctx, "u1"); bal != 400 {
+		t.Errorf("balance %v; want 4.00", bal)
+	}
+}

@@ -1,0 +1,280 @@
+package httpapi
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/obs"
+	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/token"
+)
+
+// requestInfo is what a request's middlewares and handler learn, for its log line and metrics.
+type requestInfo struct {
+	userID, keyHash, outcome string
+	route                    string       // the route pattern (the metric label)
+	target                   http.Handler // what the router resolved
+	body                     any          // the keyed request's body, decoded once by its fingerprint
+	tokenUsed                bool         // a submit token passed the key check: its request ran
+	released                 bool         // the key (and its token) were freed for a retry
+	abort                    bool         // a panic after the status was sent: abort the answer
+	status                   int
+}
+
+type requestInfoKey struct{}
+
+func info(r *http.Request) *requestInfo {
+	if i, ok := r.Context().Value(requestInfoKey{}).(*requestInfo); ok {
+		return i
+	}
+	return &requestInfo{}
+}
+
+// statusWriter remembers the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+		if code == http.StatusUnauthorized { // RFC 9110 section 11.6.1: a 401 names its scheme
+			w.Header().Set("WWW-Authenticate", `Bearer realm="onceguard"`)
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// observe gives the request its id, logger and info, and writes its log line and metrics.
+func (s *server) observe(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id := obs.RequestID(r)
+		w.Header().Set("X-Request-Id", id)
+		in := &requestInfo{keyHash: obs.Hash(r.Header.Get("Idempotency-Key"))}
+		log := s.log.With("request_id", id)
+		r = r.WithContext(context.WithValue(app.WithLogger(r.Context(), log), requestInfoKey{}, in))
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r)
+		status := sw.status
+		if in.abort {
+			status = http.StatusInternalServerError
+		}
+		if status == 0 {
+			status = http.StatusOK
+		}
+		method := r.Method
+		switch method {
+		case "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS":
+		default:
+			method = "other"
+		}
+		if m := s.cfg.Metrics; m != nil {
+			m.HTTPRequests.WithLabelValues(in.route, method, strconv.Itoa(status)).Inc()
+			m.HTTPDuration.WithLabelValues(in.route, method).Observe(obs.Since(start))
+			// A submit token is consumed only if its request's answer was kept; one freed
+			// for a retry is released, and counted consumed when a retry keeps an answer.
+			switch {
+			case in.tokenUsed && in.released:
+				m.Tokens.WithLabelValues("released").Inc()
+			case in.tokenUsed:
+				m.Tokens.WithLabelValues("consumed").Inc()
+			}
+		}
+		attrs := []any{"method", method, "route", in.route, "status", status, "duration_ms", float64(time.Since(start).Microseconds()) / 1000}
+		if in.userID != "" {
+			attrs = append(attrs, "user_id", in.userID)
+		}
+		if in.keyHash != "" {
+			attrs = append(attrs, "key_hash", in.keyHash)
+		}
+		if in.outcome != "" {
+			attrs = append(attrs, "idempotency", in.outcome)
+		}
+		level := slog.LevelInfo
+		if status >= 500 {
+			level = slog.LevelWarn
+		}
+		log.Log(r.Context(), level, "request", attrs...)
+		if in.abort {
+			panic(http.ErrAbortHandler) // see recoverPanic
+		}
+	})
+}
+
+// recoverPanic turns a handler's panic (a bug) into the contract's 500 internal, logged with
+// its stack, instead of a dropped connection; the Idempotency-Key middleware has freed the key
+// on its way up, so a retry runs again. If the status was already sent, the answer is aborted
+// after its log line (http.ErrAbortHandler), so the client sees it broken, not short and whole.
+func (s *server) recoverPanic(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := w.(*statusWriter)
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			app.Logger(r.Context(), s.log).Error("handler panicked", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			if sw.status == 0 {
+				writeProblem(w, problemFor(app.CodeInternal, ""))
+				return
+			}
+			info(r).abort = true
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// apiHeaders keeps API answers out of caches and from being sniffed into HTML (they carry users' text).
+func apiHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/api/") {
+			h := w.Header()
+			h.Set("Cache-Control", "no-store")
+			h.Set("X-Content-Type-Options", "nosniff")
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// rateLimit answers 429 rate_limited to an address over its rate, health and metrics aside.
+func (s *server) rateLimit(next http.Handler) http.Handler {
+	if s.rates == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch info(r).route {
+		case "/healthz", "/readyz", "/metrics":
+		default:
+			if wait := s.rates.take(s.clientAddr(r), time.Now()); wait > 0 {
+				tooMany(w, "rate_limited", "this address sends more requests than the service takes; slow down", wait)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+type userKey struct{}
+
+// userFrom is the signed-in user authed put in ctx.
+func userFrom(ctx context.Context) app.User {
+	u, _ := ctx.Value(userKey{}).(app.User)
+	return u
+}
+
+// sessionToken returns the bearer token or the session cookie.
+func sessionToken(r *http.Request) string {
+	if tok, ok := bearer(r); ok {
+		return tok
+	}
+	if c, err := r.Cookie(SessionCookie); err == nil {
+		return c.Value
+	}
+	return ""
+}
+
+// user is the request's signed-in user; app.ErrNotFound when there is none.
+func (s *server) user(r *http.Request) (app.User, error) {
+	u, err := s.app.SessionUser(r.Context(), sessionToken(r))
+	if err == nil {
+		info(r).userID = u.ID
+	}
+	return u, err
+}
+
+// authed answers 401 unauthenticated without a live session, else passes the user in the context.
+func (s *server) authed(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, err := s.user(r)
+		if err != nil {
+			s.fail(w, r, unauthenticated(err))
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, u)))
+	})
+}
+
+// unauthenticated is err as an answer: no session is 401, a store failure stays itself.
+func unauthenticated(err error) error {
+	if app.ErrorCode(err) == app.CodeNotFound {
+		return &app.Error{Code: app.CodeUnauthenticated, Message: "sign in first"}
+	}
+	return err
+}
+
+// keyed wraps a money route in its deadline and the Idempotency-Key middleware, with the
+// contract's order of checks; fingerprint decodes the body once and keeps it for the handler.
+func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (string, error), next http.Handler) http.Handler {
+	h := idempotency.Middleware(idempotency.Config{
+		Store: s.cfg.Keys, Tokens: s.tokens, Purpose: purpose, RequireToken: s.cfg.RequireToken[purpose],
+		Windows: s.cfg.Windows, Window: s.window(purpose), TTL: s.cfg.KeyTTL, Lease: s.app.KeyLease(), MaxBody: MaxBody,
+		Principal: func(r *http.Request) (string, error) {
+			u, err := s.user(r)
+			if err != nil && app.ErrorCode(err) != app.CodeNotFound {
+				return "", s.problem(err)
+			}
+			return u.ID, err
+		},
+		Fingerprint: fingerprint,
+		OnEvent:     s.keyEvent,
+	})(next)
+	// The deadline comes first: the key's lease starts inside it.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), s.app.RequestTimeout())
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// window is a purpose's repeat-submit window: withdrawals and orders only.
+func (s *server) window(purpose string) time.Duration {
+	if purpose == "withdrawal" || purpose == "order" {
+		return s.cfg.Window
+	}
+	return 0
+}
+
+// keyEvent counts and logs what the Idempotency-Key check decided.
+func (s *server) keyEvent(r *http.Request, ev string) {
+	i := info(r)
+	switch ev {
+	case "new", "recovered":
+		// Counted at the request's end (observe): consumed, or released when the answer is not kept.
+		i.tokenUsed = strings.HasPrefix(r.Header.Get("Idempotency-Key"), token.Prefix)
+	case "released":
+		i.released = true
+	}
+	i.outcome = ev
+	m := s.cfg.Metrics
+	if m == nil {
+		return
+	}
+	m.Idempotency.WithLabelValues(ev).Inc()
+	switch ev {
+	case "duplicate_submission":
+		m.RepeatRejections.WithLabelValues(i.route).Inc()
+	case "token_invalid":
+		m.Tokens.WithLabelValues("invalid").Inc()
+	case "token_foreign":
+		m.Tokens.WithLabelValues("foreign").Inc()
+	}
+}

@@ -1,0 +1,306 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/sqldialect"
+)
+
+// Withdraw records a pending withdrawal, debits it if the balance covers
+// it (app.ErrInsufficientFunds) and writes its ledger entry, in one
+// transaction; the same (user, key) returns the first one, created false.
+// The row goes first, so that a duplicate fails on UNIQUE(user_id,
+// idempotency_key) before touching money.
+//
+// fence is the caller's lock's fencing token (0: none); the account
+// refuses one older than it accepted (app.ErrStaleFence), so a holder
+// whose lock ran out cannot write after the next holder did.
+func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64) (got app.Movement, created bool, err error) {
+	defer s.timed("withdraw", time.Now(), &err)
+	m.Kind, m.Status = app.Withdrawal, app.Pending
+	if s.d == sqldialect.Postgres {
+		return s.withdrawOne(ctx, m, fence)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return m, false, err
+	}
+	defer tx.Rollback()
+	if err := s.lockRow(ctx, tx, "accounts", "user_id", m.UserID); err != nil {
+		return m, false, err
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+		m.ID, m.UserID, m.Key, int64(m.Amount), string(m.Status), us(m.CreatedAt)); err != nil {
+		if duplicate(err) {
+			_ = tx.Rollback()
+			existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key)
+			return existing, false, ferr
+		}
+		return m, false, err
+	}
+	after, err := s.adjustFenced(ctx, tx, m.UserID, -m.Amount, fence, us(m.CreatedAt))
+	if err != nil {
+		return m, false, err
+	}
+	if err := s.ledger(ctx, tx, m.UserID, app.EntryWithdrawal, -m.Amount, after, m.ID, us(m.CreatedAt)); err != nil {
+		return m, false, err
+	}
+	return m, true, tx.Commit()
+}
+
+// lockRow locks the row of table whose column is v, on MySQL only, so that
+// concurrent requests for one account or order queue on that row: InnoDB
+// waiters on the unique entry of a transaction that rolls back deadlock.
+func (s *Store) lockRow(ctx context.Context, tx *sql.Tx, table, column, v string) error {
+	if s.d != sqldialect.MySQL {
+		return nil
+	}
+	var one int
+	err := tx.QueryRowContext(ctx, `SELECT 1 FROM `+table+` WHERE `+column+` = ? FOR UPDATE`, v).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil // the statements that follow say what is missing
+	}
+	return err
+}
+
+// withdrawOne is Withdraw on PostgreSQL in one statement (one round trip):
+// the row and the entry are inserted from the debit's result, so no debit,
+// nothing inserted, and a duplicate key fails it all.
+func (s *Store) withdrawOne(ctx context.Context, m app.Movement, fence int64) (app.Movement, bool, error) {
+	set, cond, args := ``, ``, []any{m.ID, m.UserID, m.Key, int64(m.Amount), us(m.CreatedAt)}
+	if fence != 0 { // record the fence, and refuse an older one
+		set, cond, args = `, fence = $6`, ` AND fence <= $6`, append(args, fence)
+	}
+	var after int64
+	err := s.db.QueryRowContext(ctx, `WITH acct AS (
+  UPDATE accounts SET balance = balance - $4, version = version + 1, updated_at = $5`+set+`
+  WHERE user_id = $2 AND balance - $4 >= 0`+cond+`
+  RETURNING balance
+), wd AS (
+  INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) SELECT $1, $2, $3, $4, 'pending', $5 FROM acct
+), led AS (
+  INSERT INTO ledger (user_id, kind, amount, balance_after, ref, created_at) SELECT $2, 'withdrawal', -$4, balance, $1, $5 FROM acct
+)
+SELECT balance FROM acct`, args...).Scan(&after)
+	switch {
+	case duplicate(err):
+		existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key)
+		return existing, false, ferr
+	case errors.Is(err, sql.ErrNoRows): // nothing changed: say why
+		// The key's withdrawal first, as Withdraw's INSERT would find it.
+		if existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key); ferr == nil {
+			return existing, false, nil
+		} else if !errors.Is(ferr, app.ErrNotFound) {
+			return m, false, ferr
+		}
+		var last int64
+		if err := s.db.QueryRowContext(ctx, `SELECT fence FROM accounts WHERE user_id = $1`, m.UserID).Scan(&last); err != nil {
+			return m, false, err
+		}
+		if fence != 0 && last > fence {
+			return m, false, app.ErrStaleFence
+		}
+		return m, false, app.ErrInsufficientFunds
+	case err != nil:
+		return m, false, err
+	}
+	return m, true, nil
+}
+
+// adjust changes a balance by delta, refusing to go below zero, and
+// returns the balance after; the version column advances with every change.
+func (s *Store) adjust(ctx context.Context, tx *sql.Tx, userID string, delta money.Amount, now int64) (money.Amount, error) {
+	ok, after, err := s.update(ctx, tx, `UPDATE accounts SET balance = balance + ?, version = version + 1, updated_at = ? WHERE user_id = ? AND balance + ? >= 0`,
+		userID, int64(delta), now, userID, int64(delta))
+	if err == nil && !ok {
+		err = app.ErrInsufficientFunds
+	}
+	return after, err
+}
+
+// update runs a conditional UPDATE of userID's account and reports whether
+// it changed the row, and the balance after (RETURNING, or read back on MySQL).
+func (s *Store) update(ctx context.Context, tx *sql.Tx, query, userID string, args ...any) (bool, money.Amount, error) {
+	var after int64
+	if s.d != sqldialect.MySQL {
+		err := tx.QueryRowContext(ctx, s.q(query+` RETURNING balance`), args...).Scan(&after)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, 0, nil
+		}
+		return err == nil, money.Amount(after), err
+	}
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, 0, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return false, 0, err
+	}
+	err = tx.QueryRowContext(ctx, `SELECT balance FROM accounts WHERE user_id = ?`, userID).Scan(&after)
+	return err == nil, money.Amount(after), err
+}
+
+// adjustFenced is adjust for a writer holding a lock with fence: the
+// account must not have accepted a newer fence, and records this one.
+func (s *Store) adjustFenced(ctx context.Context, tx *sql.Tx, userID string, delta money.Amount, fence, now int64) (money.Amount, error) {
+	if fence == 0 {
+		return s.adjust(ctx, tx, userID, delta, now)
+	}
+	ok, after, err := s.update(ctx, tx, `UPDATE accounts SET balance = balance + ?, version = version + 1, fence = ?, updated_at = ?
+WHERE user_id = ? AND balance + ? >= 0 AND fence <= ?`, userID, int64(delta), fence, now, userID, int64(delta), fence)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		var last int64
+		if err := tx.QueryRowContext(ctx, s.q(`SELECT fence FROM accounts WHERE user_id = ?`), userID).Scan(&last); err != nil {
+			return 0, err
+		}
+		if last > fence {
+			return 0, app.ErrStaleFence
+		}
+		return 0, app.ErrInsufficientFunds
+	}
+	return after, nil
+}
+
+func (s *Store) ledger(ctx context.Context, tx *sql.Tx, userID string, kind app.EntryKind, amount, after money.Amount, ref string, now int64) error {
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO ledger (user_id, kind, amount, balance_after, ref, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+		userID, string(kind), int64(amount), int64(after), ref, now)
+	return err
+}
+
+// CreateDeposit records a pending deposit (no money yet); a second one
+// under the same key returns the first, with created false.
+func (s *Store) CreateDeposit(ctx context.Context, m app.Movement) (got app.Movement, created bool, err error) {
+	defer s.timed("create_deposit", time.Now(), &err)
+	m.Kind, m.Status = app.Deposit, app.Pending
+	_, err = s.db.ExecContext(ctx, s.q(`INSERT INTO deposits (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+		m.ID, m.UserID, m.Key, int64(m.Amount), string(m.Status), us(m.CreatedAt))
+	if duplicate(err) {
+		return s.movementByKeyCreated(ctx, app.Deposit, m.UserID, m.Key)
+	}
+	return m, err == nil, err
+}
+
+func (s *Store) movementByKeyCreated(ctx context.Context, k app.Kind, userID, key string) (app.Movement, bool, error) {
+	existing, err := s.movementByKey(ctx, k, userID, key)
+	return existing, false, err
+}
+
+// Settle moves a pending movement to outcome, crediting a deposit's
+// success or refunding a withdrawal's failure with its ledger entry, and
+// completes rec through Records, all in one transaction (rec nil: none).
+// One settled before is left as it is, moved false: the update is
+// conditional, and the ledger's UNIQUE(kind, ref) refuses a second entry.
+func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome app.Status, now time.Time, rec *app.Record) (moved bool, err error) {
+	defer s.timed("settle", time.Now(), &err)
+	var credit bool
+	var entry app.EntryKind
+	switch kind {
+	case app.Deposit: // a deposit's money arrives only with its success
+		credit, entry = outcome == app.Succeeded, app.EntryDeposit
+	case app.Withdrawal: // a withdrawal's left at creation: only a failure brings it back
+		credit, entry = outcome != app.Succeeded, app.EntryWithdrawalRefund
+	}
+	t, err := table(kind)
+	if err != nil {
+		return false, err
+	}
+	if rec != nil && s.Records == nil {
+		return false, errors.New("sqlstore: settle: no Records to complete the key's record")
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	moved, userID, amount, err := s.settleRow(ctx, tx, t, id, outcome)
+	if err != nil {
+		return false, err
+	}
+	if moved && credit {
+		after, err := s.adjust(ctx, tx, userID, money.Amount(amount), us(now))
+		if err != nil {
+			return false, err
+		}
+		if err := s.ledger(ctx, tx, userID, entry, money.Amount(amount), after, id, us(now)); err != nil {
+			return false, err
+		}
+	}
+	if rec != nil {
+		resp := idemstore.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
+		if err := s.Records.CompleteTx(ctx, tx, rec.ID, rec.Lease, resp); err != nil {
+			return false, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return false, err
+	}
+	return moved, nil
+}
+
+// SettleDeposit is Settle of a deposit, succeeded or failed, with no record.
+func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, now time.Time) (bool, error) {
+	return s.Settle(ctx, app.Deposit, id, outcome(succeeded), now, nil)
+}
+
+// SettleWithdrawal is Settle of a withdrawal, succeeded or failed, with no record.
+func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool, now time.Time) (bool, error) {
+	return s.Settle(ctx, app.Withdrawal, id, outcome(succeeded), now, nil)
+}
+
+func outcome(succeeded bool) app.Status {
+	if succeeded {
+		return app.Succeeded
+	}
+	return app.Failed
+}
+
+// settleRow moves the pending row id of table to status and reports
+// whether it did (false: settled before), with the row's user and amount;
+// app.ErrNotFound if there is no such row.
+func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id string, status app.Status) (moved bool, userID string, amount int64, err error) {
+	update := `UPDATE ` + table + ` SET status = ? WHERE id = ? AND status = 'pending'`
+	read := func() error {
+		err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount FROM `+table+` WHERE id = ?`), id).Scan(&userID, &amount)
+		if errors.Is(err, sql.ErrNoRows) {
+			return app.ErrNotFound
+		}
+		return err
+	}
+	if s.d != sqldialect.MySQL {
+		err = tx.QueryRowContext(ctx, s.q(update+` RETURNING user_id, amount`), string(status), id).Scan(&userID, &amount)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, "", 0, read() // settled before, or not there
+		}
+		return err == nil, userID, amount, err
+	}
+	if err := read(); err != nil {
+		return false, "", 0, err
+	}
+	res, err := tx.ExecContext(ctx, update, string(status), id)
+	if err != nil {
+		return false, "", 0, err
+	}
+	n, err := res.RowsAffected()
+	return n > 0, userID, amount, err
+}
+
+func (s *Store) movementByKey(ctx context.Context, k app.Kind, userID, key string) (app.Movement, error) {
+	t, err := table(k)
+	if err != nil {
+		return app.Movement{}, err
+	}
+	m, err := scanMovement(s.db.QueryRowContext(ctx, s.q(`SELECT id, user_id, idempotency_key, amount, status, created_at FROM `+t+` WHERE user_id = ? AND idempotency_key = ?`), userID, key), k)
+	if errors.Is(err, sql.ErrNoRows) {
+		return app.Movement{Kind: k, UserID: userID, Key: key}, app.ErrNotFound
+	}
+	return m, err
+}

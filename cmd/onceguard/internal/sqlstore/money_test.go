@@ -1,0 +1,268 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/sqlstore"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/memlock"
+	"github.com/onceguard/onceguard/sqldialect"
+)
+
+// withUser gives a test a migrated, empty database of d with one user,
+// u1 "alice", and an empty account.
+func withUser(t *testing.T, d database) (*sqlstore.Store, int64) {
+	t.Helper()
+	s, _, now := withUserDB(t, d)
+	return s, now
+}
+
+// withUserDB is withUser, with the store's database handle.
+func withUserDB(t *testing.T, d database) (*sqlstore.Store, *sql.DB, int64) {
+	t.Helper()
+	db := d.open(t)
+	fresh(t, db)
+	if err := sqlstore.Migrate(context.Background(), db, d.dialect); err != nil {
+		t.Fatal(err)
+	}
+	s := sqlstore.Open(db, d.dialect)
+	now := time.Now().UnixMicro()
+	if err := s.CreateUser(context.Background(), app.User{ID: "u1", Username: "alice", PasswordHash: "h", CreatedAt: time.UnixMicro(now)}, "CNY"); err != nil {
+		t.Fatal(err)
+	}
+	return s, db, now
+}
+
+// Money moves exactly once and never below zero, whatever races: 30
+// withdrawals of 10.00 against 100.00 succeed ten times; the same key
+// twice debits once; settling twice credits or refunds once; the ledger
+// always sums to the balance.
+func TestMoney(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			s, now := withUser(t, d)
+			ctx := context.Background()
+			if err := s.CreateUser(ctx, app.User{ID: "u2", Username: "alice", PasswordHash: "h", CreatedAt: time.UnixMicro(now)}, "CNY"); !errors.Is(err, app.ErrUsernameTaken) {
+				t.Errorf("CreateUser(taken) = %v; want ErrUsernameTaken", err)
+			}
+			if u, err := s.UserByName(ctx, "alice"); err != nil || u.ID != "u1" || u.PasswordHash != "h" {
+				t.Errorf("UserByName = %+v, %v", u, err)
+			}
+			if _, err := s.UserByName(ctx, "bob"); !errors.Is(err, app.ErrNotFound) {
+				t.Errorf("UserByName(unknown) = %v; want ErrNotFound", err)
+			}
+			if err := s.CreateSession(ctx, "th", "u1", time.UnixMicro(now+1000), time.UnixMicro(now)); err != nil {
+				t.Fatal(err)
+			}
+			if u, err := s.SessionUser(ctx, "th", time.UnixMicro(now)); err != nil || u.ID != "u1" {
+				t.Errorf("SessionUser = %+v, %v", u, err)
+			}
+			if _, err := s.SessionUser(ctx, "th", time.UnixMicro(now+1000)); !errors.Is(err, app.ErrNotFound) {
+				t.Errorf("SessionUser(expired) = %v; want ErrNotFound", err)
+			}
+			if err := s.DeleteSession(ctx, "th"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.SessionUser(ctx, "th", time.UnixMicro(now)); !errors.Is(err, app.ErrNotFound) {
+				t.Errorf("SessionUser(after logout) = %v; want ErrNotFound", err)
+			}
+			dep, created, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: time.UnixMicro(now)})
+			if err != nil || !created {
+				t.Fatalf("CreateDeposit = %+v, %v, %v", dep, created, err)
+			}
+			if again, created, err := s.CreateDeposit(ctx, app.Movement{ID: "d2", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: time.UnixMicro(now)}); err != nil || created || again.ID != "d1" {
+				t.Errorf("CreateDeposit(same key) = %+v, %v, %v; want d1, not created", again, created, err)
+			}
+			for i := range 2 { // settling twice credits once, and only the first moves it
+				if moved, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil || moved != (i == 0) {
+					t.Fatalf("SettleDeposit #%d = %v, %v; want moved only the first time", i+1, moved, err)
+				}
+			}
+
+			var ok, poor atomic.Int32
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			won := -1 // one withdrawal that went through
+			for i := range 30 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, created, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: fmt.Sprintf("k%d", i), Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0)
+					switch {
+					case err == nil && created:
+						ok.Add(1)
+						mu.Lock()
+						won = i
+						mu.Unlock()
+					case errors.Is(err, app.ErrInsufficientFunds):
+						poor.Add(1)
+					default:
+						t.Errorf("Withdraw = %v", err)
+					}
+				}()
+			}
+			wg.Wait()
+			if ok.Load() != 10 || poor.Load() != 20 {
+				t.Errorf("withdrawals: %d succeeded, %d refused; want 10 and 20", ok.Load(), poor.Load())
+			}
+			if won < 0 {
+				t.Fatal("no withdrawal went through")
+			}
+			first, created, err := s.Withdraw(ctx, app.Movement{ID: "wx", UserID: "u1", Key: fmt.Sprintf("k%d", won), Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0)
+			if err != nil || created || first.ID != fmt.Sprintf("w%d", won) {
+				t.Errorf("Withdraw(same key) = %+v, %v, %v; want w%d back, not created", first, created, err, won)
+			}
+			for i := range 2 { // a failed payout refunds once
+				if moved, err := s.SettleWithdrawal(ctx, fmt.Sprintf("w%d", won), false, time.UnixMicro(now)); err != nil || moved != (i == 0) {
+					t.Fatalf("SettleWithdrawal #%d = %v, %v; want moved only the first time", i+1, moved, err)
+				}
+			}
+			bal, sum, err := s.Balance(ctx, "u1")
+			if err != nil || bal != 1000 || sum != bal {
+				t.Errorf("balance %v, ledger sum %v, %v; want 10.00 and equal", bal, sum, err)
+			}
+		})
+	}
+}
+
+// PITFALLS 1: hold a lease, let it expire, let another holder take it,
+// then make the first one write: refused, and nothing changes.
+func TestStaleFenceRefused(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			s, now := withUser(t, d)
+			ctx := context.Background()
+			_, _, _ = s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: time.UnixMicro(now)})
+			if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
+				t.Fatal(err)
+			}
+			locks := lock.New(&memlock.Backend{}, nil)
+			slow, _ := locks.TryAcquire(ctx, "user:u1", 20*time.Millisecond)
+			<-slow.Done() // paused past its TTL
+			next, err := locks.Acquire(ctx, "user:u1", time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "k1", Amount: 1000, CreatedAt: time.UnixMicro(now)}, next.Fence()); err != nil {
+				t.Fatalf("Withdraw by the current holder = %v", err)
+			}
+			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w2", UserID: "u1", Key: "k2", Amount: 1000, CreatedAt: time.UnixMicro(now)}, slow.Fence()); !errors.Is(err, app.ErrStaleFence) {
+				t.Errorf("Withdraw by the stale holder = %v; want ErrStaleFence", err)
+			}
+			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 9000 || sum != bal {
+				t.Errorf("balance %v, ledger %v; want 90.00: only the current holder's write", bal, sum)
+			}
+			if _, err := s.MovementByID(ctx, app.Withdrawal, "u1", "w2"); !errors.Is(err, app.ErrNotFound) {
+				t.Errorf("the refused withdrawal's row = %v; want none", err)
+			}
+			_ = next.Release(ctx)
+		})
+	}
+}
+
+// A settlement and the Idempotency-Key record it completes (Records)
+// commit together or not at all, on every database, in one transaction.
+// The completer here marks a row of a table of its own, once, as
+// completing a record does.
+func TestSettleRecord(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			s, db, now := withUserDB(t, d)
+			ctx := context.Background()
+			q := func(query string) string {
+				if d.dialect == sqldialect.Postgres {
+					return sqldb.Rebind(query)
+				}
+				return query
+			}
+			if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+			_, _, _ = s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: time.UnixMicro(now)})
+			if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range []string{"w1", "w2"} {
+				if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0), ('a2', 0), ('a3', 0)`); err != nil {
+				t.Fatal(err)
+			}
+			s.Records = markOnce{q(`UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`)}
+			settle := func(id, rec string) (bool, error) {
+				return s.Settle(ctx, app.Withdrawal, id, app.Succeeded, time.UnixMicro(now), &app.Record{ID: rec, Lease: "l"})
+			}
+			state := func(mov, a string) (status string, done int) {
+				t.Helper()
+				if err := db.QueryRowContext(ctx, q(`SELECT status FROM withdrawals WHERE id = ?`), mov).Scan(&status); err != nil {
+					t.Fatal(err)
+				}
+				if err := db.QueryRowContext(ctx, q(`SELECT done FROM also_t WHERE id = ?`), a).Scan(&done); err != nil {
+					t.Fatal(err)
+				}
+				return status, done
+			}
+
+			// Both commit.
+			if moved, err := settle("w1", "a1"); err != nil || !moved {
+				t.Fatalf("SettleWithdrawal = %v, %v; want moved", moved, err)
+			}
+			if st, done := state("w1", "a1"); st != "succeeded" || done != 1 {
+				t.Errorf("after a settlement: %s, done %d; want succeeded, 1", st, done)
+			}
+			// The record is refused (a lost lease): nothing commits.
+			if moved, err := settle("w2", "a1"); !errors.Is(err, errRefused) || moved {
+				t.Errorf("Settle with a refused record = %v, %v; want the refusal", moved, err)
+			}
+			if st, _ := state("w2", "a2"); st != "pending" {
+				t.Errorf("after a refused record: %s; want pending", st)
+			}
+			// Settled before: not moved, the record still commits.
+			if moved, err := settle("w1", "a2"); err != nil || moved {
+				t.Errorf("SettleWithdrawal of a settled one = %v, %v; want not moved", moved, err)
+			}
+			if st, done := state("w1", "a2"); st != "succeeded" || done != 1 {
+				t.Errorf("after settling again: %s, done %d; want succeeded, 1", st, done)
+			}
+			// No such movement: ErrNotFound, and the record does not commit.
+			if _, err := settle("w9", "a3"); !errors.Is(err, app.ErrNotFound) {
+				t.Errorf("SettleWithdrawal of no movement = %v; want ErrNotFound", err)
+			}
+			if _, done := state("w2", "a3"); done != 0 {
+				t.Errorf("the record of a missing movement committed")
+			}
+			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 8000 || sum != bal {
+				t.Errorf("balance %v, ledger %v; want 80.00", bal, sum)
+			}
+		})
+	}
+}
+
+var errRefused = errors.New("record refused")
+
+// markOnce completes a "record" by marking its row of also_t, once.
+type markOnce struct{ stmt string }
+
+func (m markOnce) CompleteTx(ctx context.Context, tx *sql.Tx, id, _ string, _ idemstore.Response) error {
+	res, err := tx.ExecContext(ctx, m.stmt, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errRefused
+	}
+	return nil
+}

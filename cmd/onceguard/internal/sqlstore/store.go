@@ -1,0 +1,101 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/sqldialect"
+)
+
+// Store runs the service's operations, one transaction each; it implements app.Store.
+type Store struct {
+	db *sql.DB
+	d  sqldialect.Dialect
+
+	// Observe, if set, is told how long each operation took (op is a
+	// fixed name: "withdraw", "session_user", ...). Set it before use.
+	Observe func(op string, d time.Duration)
+	// Records completes Idempotency-Key records inside settlements (nil: a
+	// settlement with a record fails). Set it before use.
+	Records RecordCompleter
+}
+
+var _ app.Store = (*Store)(nil)
+
+// RecordCompleter completes an Idempotency-Key record on a caller's
+// transaction (idempotency/sqlstore.Store on this database).
+type RecordCompleter interface {
+	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idemstore.Response) error
+}
+
+// Open returns a Store on db (migrated with Migrate).
+func Open(db *sql.DB, d sqldialect.Dialect) *Store { return &Store{db: db, d: d} }
+
+// timed reports op's duration and marks *err with app.ErrUnavailable when
+// the database could not answer.
+func (s *Store) timed(op string, start time.Time, err *error) {
+	if s.Observe != nil {
+		s.Observe(op, time.Since(start))
+	}
+	classify(op, err)
+}
+
+// classify marks *err with app.ErrUnavailable when the database could not answer.
+func classify(op string, err *error) {
+	if e := *err; e != nil && !errors.Is(e, app.ErrUnavailable) && sqldb.Unavailable(e) {
+		*err = fmt.Errorf("sqlstore: %s: %w: %w", op, app.ErrUnavailable, e)
+	}
+}
+
+// q rewrites ? placeholders for PostgreSQL.
+func (s *Store) q(query string) string {
+	if s.d != sqldialect.Postgres {
+		return query
+	}
+	return sqldb.Rebind(query)
+}
+
+// duplicate reports a unique-constraint violation, in every dialect.
+func duplicate(err error) bool {
+	if err == nil {
+		return false
+	}
+	m := err.Error()
+	return strings.Contains(m, "23505") || strings.Contains(m, "Error 1062") || strings.Contains(m, "UNIQUE constraint failed") ||
+		strings.Contains(m, "duplicate key")
+}
+
+// us is t as stored: microseconds since the epoch.
+func us(t time.Time) int64 { return t.UnixMicro() }
+
+// at is a stored time.
+func at(us int64) time.Time { return time.UnixMicro(us) }
+
+// table is the table of a movement kind.
+func table(k app.Kind) (string, error) {
+	switch k {
+	case app.Deposit:
+		return "deposits", nil
+	case app.Withdrawal:
+		return "withdrawals", nil
+	}
+	return "", fmt.Errorf("sqlstore: no movements of kind %q", k)
+}
+
+// scanMovement reads id, user_id, idempotency_key, amount, status, created_at.
+func scanMovement(sc interface{ Scan(...any) error }, k app.Kind) (app.Movement, error) {
+	m := app.Movement{Kind: k}
+	var amount, created int64
+	var status string
+	err := sc.Scan(&m.ID, &m.UserID, &m.Key, &amount, &status, &created)
+	m.Amount, m.Status, m.CreatedAt = money.Amount(amount), app.Status(status), at(created)
+	return m, err
+}

@@ -1,0 +1,68 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
+)
+
+// CreateUser adds a user with an empty account in currency.
+func (s *Store) CreateUser(ctx context.Context, u app.User, currency string) (err error) {
+	defer s.timed("create_user", time.Now(), &err)
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	now := us(u.CreatedAt)
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (id, username, password_hash, created_at) VALUES (?, ?, ?, ?)`), u.ID, u.Username, u.PasswordHash, now); err != nil {
+		if duplicate(err) {
+			return app.ErrUsernameTaken
+		}
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO accounts (user_id, balance, currency, version, updated_at) VALUES (?, 0, ?, 0, ?)`), u.ID, currency, now); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// UserByName returns the user with username, or app.ErrNotFound.
+func (s *Store) UserByName(ctx context.Context, username string) (u app.User, err error) {
+	defer s.timed("user_by_name", time.Now(), &err)
+	u.Username = username
+	err = s.db.QueryRowContext(ctx, s.q(`SELECT id, password_hash FROM users WHERE username = ?`), username).Scan(&u.ID, &u.PasswordHash)
+	if errors.Is(err, sql.ErrNoRows) {
+		return u, app.ErrNotFound
+	}
+	return u, err
+}
+
+// CreateSession stores a session by its token's hash.
+func (s *Store) CreateSession(ctx context.Context, tokenHash, userID string, expiresAt, now time.Time) (err error) {
+	defer s.timed("create_session", time.Now(), &err)
+	_, err = s.db.ExecContext(ctx, s.q(`INSERT INTO sessions (token_hash, user_id, expires_at, created_at) VALUES (?, ?, ?, ?)`), tokenHash, userID, us(expiresAt), us(now))
+	return err
+}
+
+// SessionUser returns the user of a live session, or app.ErrNotFound (unknown,
+// expired or deleted).
+func (s *Store) SessionUser(ctx context.Context, tokenHash string, now time.Time) (u app.User, err error) {
+	defer s.timed("session_user", time.Now(), &err)
+	err = s.db.QueryRowContext(ctx, s.q(`SELECT u.id, u.username FROM sessions s JOIN users u ON u.id = s.user_id WHERE s.token_hash = ? AND s.expires_at > ?`), tokenHash, us(now)).
+		Scan(&u.ID, &u.Username)
+	if errors.Is(err, sql.ErrNoRows) {
+		return u, app.ErrNotFound
+	}
+	return u, err
+}
+
+// DeleteSession ends a session at once.
+func (s *Store) DeleteSession(ctx context.Context, tokenHash string) (err error) {
+	defer s.timed("delete_session", time.Now(), &err)
+	_, err = s.db.ExecContext(ctx, s.q(`DELETE FROM sessions WHERE token_hash = ?`), tokenHash)
+	return err
+}
