@@ -419,3 +419,125 @@ func serveLoopback(t *testing.T, srv *http.Server) string {
 	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + ln.Addr().String()
 }
+
+// A dropped callback (notify_drop): the async provider settles, nobody
+// calls back, and the reconciler settles the movement by asking.
+func TestCallbackDroppedReconciled(t *testing.T) {
+	rl := newRelay(t, 1)
+	relayURL := serveLoopback(t, &http.Server{Handler: rl})
+	pspURL := startPSP(t, "--notify", relayURL, "--async", "--settle-after", "20ms")
+	base := startServe(t, "--psp", pspURL, "--psp-notify-secret", callbackSecret, "--reconcile-interval", "100ms")
+	rl.mu.Lock()
+	rl.targets = []string{base}
+	rl.mu.Unlock()
+	pspFault(t, pspURL, "notify_drop")
+	c := signUp(t, base, "dropped")
+	a := c.do("POST", "/api/v1/deposits", "dep-dropped", `{"amount":"7.00"}`)
+	c.expect(a, 201, "")
+	if a.body["status"] != "pending" {
+		t.Fatalf("deposit = %s; want pending", a.raw)
+	}
+	id := a.body["id"].(string)
+	if st := waitSettled(t, c, "deposits", id); st != "succeeded" {
+		t.Fatalf("deposit = %s; want succeeded", st)
+	}
+	if got := c.balance(); got != "7.00" {
+		t.Errorf("balance %s; want 7.00", got)
+	}
+	// The pass counts what it settled after it settled it: wait for the count.
+	var text string
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		text = scrape(t, base)
+		v, _ := metricValue(text, "onceguard_reconciler_settled_total", map[string]string{"result": "succeeded"})
+		if v == 1 {
+			break
+		}
+		if v > 1 || time.Now().After(deadline) {
+			t.Fatalf("reconciler settled %v; want 1", v)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if v, _ := metricValue(text, "onceguard_psp_notifications_total", map[string]string{"outcome": "settled"}); v != 0 {
+		t.Errorf("callbacks settled %v; want 0 (dropped)", v)
+	}
+	if n := len(rl.counts()); n != 0 {
+		t.Errorf("the relay got callbacks %v; want none", rl.counts())
+	}
+}
+
+// Forged, replayed-after-5-minutes and bit-flipped callbacks for a
+// pending deposit are refused 401 and change nothing; the genuine one,
+// captured, then settles it.
+func TestCallbackForgeries(t *testing.T) {
+	rl := newRelay(t, 1)
+	relayURL := serveLoopback(t, &http.Server{Handler: rl})
+	// Settles in an hour: only the callbacks below can settle it.
+	pspURL := startPSP(t, "--notify", relayURL, "--async", "--settle-after", "1h")
+	base := startServe(t, "--psp", pspURL, "--psp-notify-secret", callbackSecret, "--reconcile-interval", "1h")
+	c := signUp(t, base, "forged")
+	a := c.do("POST", "/api/v1/deposits", "dep-forged", `{"amount":"7.00"}`)
+	c.expect(a, 201, "")
+	id := a.body["id"].(string)
+	genuine := []byte(fmt.Sprintf(`{"id":"evt_genuine","type":"operation.succeeded","created_at":%q,"operation":{"id":"op_1","key":%q,"kind":"charge","amount":"7.00","status":"succeeded","created_at":%q}}`,
+		time.Now().UTC().Format(time.RFC3339), id, time.Now().UTC().Format(time.RFC3339)))
+	flipped := bytes.Clone(genuine)
+	flipped[bytes.Index(flipped, []byte(`"7.00"`))+1] ^= 0x04 // "3.00"
+	post := func(body []byte, sig string) answer {
+		req, _ := http.NewRequest("POST", base+"/api/v1/psp/notifications", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if sig != "" {
+			req.Header.Set(webhook.OnceguardHeader, sig)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		out := answer{status: resp.StatusCode, raw: string(raw)}
+		_ = json.Unmarshal(raw, &out.body)
+		return out
+	}
+	now := time.Now()
+	for _, tc := range []struct {
+		name string
+		body []byte
+		sig  string
+		code string
+	}{
+		{"unsigned", genuine, "", "invalid_signature"},
+		{"forged", genuine, webhook.Onceguard{}.Sign([]byte("whsec_guess"), now, genuine), "invalid_signature"},
+		{"replayed after 5 minutes", genuine, sign(genuine, now.Add(-5*time.Minute-time.Second)), "signature_expired"},
+		{"bit-flipped", flipped, sign(genuine, now), "invalid_signature"},
+		{"signature of another time", genuine, strings.Replace(sign(genuine, now), "t=", "t=1", 1), "invalid_signature"},
+	} {
+		if got := post(tc.body, tc.sig); got.status != 401 || got.body["code"] != tc.code {
+			t.Errorf("%s: %d %s; want 401 %s", tc.name, got.status, got.raw, tc.code)
+		}
+	}
+	if st := c.do("GET", "/api/v1/deposits/"+id, "", "").body["status"]; st != "pending" {
+		t.Errorf("deposit after the forgeries = %v; want pending", st)
+	}
+	if got := c.balance(); got != "0.00" {
+		t.Errorf("balance after the forgeries = %s; want 0.00", got)
+	}
+	if n := len(c.items("/api/v1/ledger")); n != 0 {
+		t.Errorf("%d ledger entries after the forgeries; want 0", n)
+	}
+	text := scrape(t, base)
+	for outcome, want := range map[string]float64{"invalid_signature": 4, "signature_expired": 1, "settled": 0} {
+		if v, _ := metricValue(text, "onceguard_psp_notifications_total", map[string]string{"outcome": outcome}); v != want {
+			t.Errorf("onceguard_psp_notifications_total{outcome=%q} = %v; want %v", outcome, v, want)
+		}
+	}
+	// The genuine callback, signed now, settles it; its replay within the window changes nothing.
+	sig := sign(genuine, time.Now())
+	for range 2 {
+		if got := post(genuine, sig); got.status != 204 {
+			t.Errorf("genuine callback = %d %s; want 204", got.status, got.raw)
+		}
+	}
+	if got := c.balance(); got != "7.00" {
+		t.Errorf("balance after the genuine callback = %s; want 7.00", got)
+	}
+}
