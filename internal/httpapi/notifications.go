@@ -17,20 +17,6 @@ import (
 // eventIDRE is what a provider event's id may be.
 var eventIDRE = regexp.MustCompile(`^evt_[A-Za-z0-9_-]{1,124}$`)
 
-// notification is a provider callback's body (docs/api.md, "Provider notifications").
-type notification struct {
-	ID        string     `json:"id"`
-	Type      string     `json:"type"`
-	CreatedAt *time.Time `json:"created_at"`
-	Operation *struct {
-		ID     string          `json:"id"`
-		Key    string          `json:"key"`
-		Kind   string          `json:"kind"`
-		Amount json.RawMessage `json:"amount"`
-		Status string          `json:"status"`
-	} `json:"operation"`
-}
-
 // notifications serves POST /api/v1/psp/notifications: no session, no CSRF check and no
 // Idempotency-Key, the signature authenticates it; then the body, then the domain's answer.
 func (s *server) notifications() http.Handler {
@@ -56,6 +42,11 @@ func (s *server) notify(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if !idRE.MatchString(n.Key) { // our ids only: anything else names no movement, on every database
+		s.countNotification("not_found")
+		s.fail(w, r, app.ErrNotFound)
+		return
+	}
 	if err := s.app.Notify(r.Context(), n); err != nil {
 		s.fail(w, r, err)
 		return
@@ -71,49 +62,77 @@ func (s *server) countNotification(outcome string) {
 
 // decodeNotification reads a callback's body: one JSON object (no member twice) with an
 // evt_ id, a known type, created_at, and the operation's key, kind, amount and a final
-// status that agrees with the type; other members are ignored. Anything else is invalid_request.
+// status that agrees with the type; other members are ignored. Members are matched by
+// their exact names. Anything else is invalid_request.
 func decodeNotification(body []byte) (app.Notification, error) {
-	bad := func(detail string) error {
-		return &idempotency.Problem{Status: http.StatusBadRequest, Code: app.CodeInvalid, Title: "Invalid request", Detail: detail}
+	bad := func(detail string) (app.Notification, error) {
+		return app.Notification{}, &idempotency.Problem{Status: http.StatusBadRequest, Code: app.CodeInvalid, Title: "Invalid request", Detail: detail}
 	}
 	if _, err := idempotency.Fingerprint(body); err != nil {
-		return app.Notification{}, bad("the body must be one JSON object")
+		return bad("the body must be one JSON object")
 	}
-	var n notification
-	if err := json.Unmarshal(body, &n); err != nil {
-		return app.Notification{}, bad("the body is not a provider notification")
+	top, ok := members(body)
+	if !ok {
+		return bad("the body must be one JSON object")
 	}
-	switch {
-	case !eventIDRE.MatchString(n.ID):
-		return app.Notification{}, bad("id: an event id evt_...")
-	case n.CreatedAt == nil:
-		return app.Notification{}, bad("created_at: required")
-	case n.Operation == nil:
-		return app.Notification{}, bad("operation: required")
-	case n.Operation.Key == "" || len(n.Operation.Key) > 255:
-		return app.Notification{}, bad("operation.key: required")
+	op, ok := members(top["operation"])
+	if !ok {
+		return bad("operation: an object")
 	}
-	out := app.Notification{EventID: n.ID, Key: n.Operation.Key}
-	switch n.Operation.Kind {
+	id, _ := str(top["id"])
+	typ, _ := str(top["type"])
+	created, _ := str(top["created_at"])
+	key, _ := str(op["key"])
+	kind, _ := str(op["kind"])
+	status, _ := str(op["status"])
+	if !eventIDRE.MatchString(id) {
+		return bad("id: an event id evt_...")
+	}
+	if _, err := time.Parse(time.RFC3339, created); err != nil {
+		return bad("created_at: an RFC 3339 time")
+	}
+	if key == "" || len(key) > 255 {
+		return bad("operation.key: required")
+	}
+	n := app.Notification{EventID: id, Key: key}
+	switch kind {
 	case "charge":
-		out.Kind = app.Deposit
+		n.Kind = app.Deposit
 	case "payout":
-		out.Kind = app.Withdrawal
+		n.Kind = app.Withdrawal
 	default:
-		return app.Notification{}, bad("operation.kind: charge or payout")
+		return bad("operation.kind: charge or payout")
 	}
 	switch {
-	case n.Type == "operation.succeeded" && n.Operation.Status == "succeeded":
-		out.Status = app.Succeeded
-	case n.Type == "operation.failed" && n.Operation.Status == "failed":
-		out.Status = app.Failed
+	case typ == "operation.succeeded" && status == "succeeded":
+		n.Status = app.Succeeded
+	case typ == "operation.failed" && status == "failed":
+		n.Status = app.Failed
 	default:
-		return app.Notification{}, bad("type and operation.status: operation.succeeded and succeeded, or operation.failed and failed")
+		return bad("type and operation.status: operation.succeeded and succeeded, or operation.failed and failed")
 	}
-	a, err := money.FromJSON(n.Operation.Amount)
+	a, err := money.FromJSON(op["amount"])
 	if err != nil || a <= 0 {
-		return app.Notification{}, bad("operation.amount: an amount like \"10.00\"")
+		return bad("operation.amount: an amount like \"10.00\"")
 	}
-	out.Amount = a
-	return out, nil
+	n.Amount = a
+	return n, nil
+}
+
+// members is raw's members when it is a JSON object.
+func members(raw json.RawMessage) (map[string]json.RawMessage, bool) {
+	var m map[string]json.RawMessage
+	if len(raw) == 0 || json.Unmarshal(raw, &m) != nil || m == nil {
+		return nil, false
+	}
+	return m, true
+}
+
+// str is raw's value when it is a JSON string.
+func str(raw json.RawMessage) (string, bool) {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
 }

@@ -84,6 +84,7 @@ func TestNotifications(t *testing.T) {
 		{"type and status disagree", notifySecret, now, "application/json", event("evt_1", "operation.succeeded", id, "charge", "10.00", "failed"), "", 400, "invalid_request"},
 		{"bad amount", notifySecret, now, "application/json", event("evt_1", "operation.succeeded", id, "charge", "1e3", "succeeded"), "", 400, "invalid_request"},
 		{"bad event id", notifySecret, now, "application/json", event("1", "operation.succeeded", id, "charge", "10.00", "succeeded"), "", 400, "invalid_request"},
+		{"a key that is no id of ours", notifySecret, now, "application/json", event("evt_1", "operation.succeeded", "DEP/1 x", "charge", "10.00", "succeeded"), "", 404, "not_found"},
 		{"unknown key", notifySecret, now, "application/json", event("evt_1", "operation.succeeded", "dep_nope", "charge", "10.00", "succeeded"), "", 404, "not_found"},
 		{"other amount", notifySecret, now, "application/json", event("evt_1", "operation.succeeded", id, "charge", "10.01", "succeeded"), "", 409, "notification_conflict"},
 		{"other kind", notifySecret, now, "application/json", event("evt_1", "operation.succeeded", id, "payout", "10.00", "succeeded"), "", 409, "notification_conflict"},
@@ -113,7 +114,7 @@ func TestNotifications(t *testing.T) {
 	if code, again, _ := o.call("POST", "/api/v1/deposits", "dep-1", `{"amount":"10"}`); code != 201 || again["status"] != "pending" {
 		t.Errorf("replay = %d %v; want the first 201 pending", code, again)
 	}
-	for outcome, want := range map[string]float64{"settled": 1, "agreed": 2, "conflict": 3, "not_found": 1,
+	for outcome, want := range map[string]float64{"settled": 1, "agreed": 2, "conflict": 3, "not_found": 2,
 		"invalid_signature": 4, "signature_expired": 2, "invalid_request": 6} {
 		if got := o.value(t, "onceguard_psp_notifications_total", "outcome", outcome); got != want {
 			t.Errorf("onceguard_psp_notifications_total{outcome=%q} = %v; want %v", outcome, got, want)
