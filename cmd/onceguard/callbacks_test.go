@@ -66,10 +66,12 @@ type relay struct {
 	statuses  map[int]int       // answer status -> copies
 	events    map[string][]byte // event id -> its body, as the provider sent it
 	delivered map[string]bool   // event ids a copy of which got a 2xx
+	relayed   map[string]int    // event id -> deliveries from the provider fanned out
+	inflight  int               // deliveries from the provider being fanned out
 }
 
 func newRelay(t *testing.T, copies int) *relay {
-	return &relay{t: t, copies: copies, statuses: map[int]int{}, events: map[string][]byte{}, delivered: map[string]bool{},
+	return &relay{t: t, copies: copies, statuses: map[int]int{}, events: map[string][]byte{}, delivered: map[string]bool{}, relayed: map[string]int{},
 		hc: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 200}}}
 }
 
@@ -80,8 +82,13 @@ func (rl *relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rl.mu.Lock()
 	rl.events[ev.ID] = body
 	targets := rl.targets
+	rl.inflight++
 	rl.mu.Unlock()
 	statuses := rl.fanOut(targets, body, r.Header.Get(webhook.OnceguardHeader))
+	rl.mu.Lock()
+	rl.relayed[ev.ID]++
+	rl.inflight--
+	rl.mu.Unlock()
 	for _, st := range statuses {
 		if st/100 == 2 {
 			rl.mu.Lock()
@@ -94,18 +101,25 @@ func (rl *relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(statuses[0])
 }
 
-// waitDelivered waits until n events were delivered (the provider sends no more then).
-func (rl *relay) waitDelivered(t *testing.T, n int) {
+// waitDelivered waits until n events were delivered and dups of them
+// fanned out 5 times (notify_duplicate), none still in flight: the
+// provider sends no more then.
+func (rl *relay) waitDelivered(t *testing.T, n, dups int) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		rl.mu.Lock()
-		got := len(rl.delivered)
+		got, inflight, fived := len(rl.delivered), rl.inflight, 0
+		for _, k := range rl.relayed {
+			if k >= 5 {
+				fived++
+			}
+		}
 		rl.mu.Unlock()
-		if got >= n {
+		if got >= n && inflight == 0 && fived >= dups {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d callbacks delivered; want %d", got, n)
+			t.Fatalf("%d callbacks delivered, %d in flight, %d delivered 5 times; want %d, 0, %d", got, inflight, fived, n, dups)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -221,8 +235,8 @@ func sumMetric(t *testing.T, bases []string, name string, labels map[string]stri
 // Callback storms: the provider (async, or settling at once so that its
 // answer races its callback) calls back through a relay that delivers
 // every callback 20 times at once across the instances, one callback held
-// back by notify_delay so that later ones overtake it, and one withdrawal
-// declined; the reconciler runs every 50ms, racing the callbacks. Then a
+// back by notify_delay so that later ones overtake it, one delivered 5
+// times at once, one first signed wrongly, and one withdrawal declined; the reconciler runs every 50ms, racing the callbacks. Then a
 // stale "failed" for a succeeded deposit, 20 times at once. Every movement
 // settles once, as the provider says; balances and ledgers are exact; the
 // conflicts are counted, exactly.
@@ -277,8 +291,9 @@ func callbackStorm(t *testing.T, dbArgs []string, instances int, async bool) {
 			t.Fatalf("deposit %s = %s; want succeeded", id, st)
 		}
 	}
-	// Withdrawals from every user at once, one declined by the provider.
-	pspFault(t, pspURL, "decline")
+	// Withdrawals from every user at once, one declined by the provider;
+	// one callback delivered 5 times at once, one first signed wrongly.
+	pspFault(t, pspURL, "decline", "notify_duplicate", "notify_bad_signature")
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for u, c := range clients {
@@ -321,7 +336,7 @@ func callbackStorm(t *testing.T, dbArgs []string, instances int, async bool) {
 		t.Errorf("%d withdrawals failed; want the 1 declined", declined)
 	}
 
-	rl.waitDelivered(t, len(all)) // the delayed one too
+	rl.waitDelivered(t, len(all), 1) // the delayed one too, and the 5 of the duplicated one
 
 	// A stale "failed" for a succeeded deposit, signed, 20 times at once.
 	var dep movement
@@ -385,14 +400,21 @@ func callbackStorm(t *testing.T, dbArgs []string, instances int, async bool) {
 		}
 	}
 
-	// Every copy was answered 204 or 409 (a contradiction), or 503 (busy:
-	// the provider redelivers); never a 500. The conflicts are exactly the
-	// stale failure's copies, and the instances counted them.
+	// Every copy was answered 204, 409 (a contradiction), 401 (the bad
+	// signature) or 503 (busy: the provider redelivers); never a 500. The
+	// conflicts are exactly the stale failure's copies, and the instances
+	// counted them; the 401s those of the wrongly signed delivery.
 	counts := rl.counts()
 	for st, n := range counts {
-		if st != 204 && st != 409 && st != 503 {
-			t.Errorf("%d callback copies answered %d; want 204, 409 or 503", n, st)
+		if st != 204 && st != 409 && st != 401 && st != 503 {
+			t.Errorf("%d callback copies answered %d; want 204, 409, 401 or 503", n, st)
 		}
+	}
+	if counts[401] != copies {
+		t.Errorf("%d copies answered 401; want the %d of the wrongly signed delivery", counts[401], copies)
+	}
+	if got := sumMetric(t, bases, "onceguard_psp_notifications_total", map[string]string{"outcome": "invalid_signature"}); got != copies {
+		t.Errorf("invalid signatures counted %v; want %d", got, copies)
 	}
 	if counts[409] != copies {
 		t.Errorf("%d copies answered 409; want the %d of the stale failure", counts[409], copies)
