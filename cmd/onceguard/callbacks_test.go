@@ -24,20 +24,29 @@ const callbackSecret = "whsec_callbacks_test"
 // URL; the test's end stops it (its settlements and callbacks too).
 func startPSP(t *testing.T, args ...string) string {
 	t.Helper()
+	base, _ := startPSPStop(t, args...)
+	return base
+}
+
+// startPSPStop is startPSP with a stop that returns once its settlements
+// and callbacks have stopped.
+func startPSPStop(t *testing.T, args ...string) (base string, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &syncBuffer{}
 	done := make(chan error, 1)
 	args = append([]string{"psp", "--addr", "127.0.0.1:0", "--notify-secret", callbackSecret}, args...)
 	go func() { done <- run(ctx, args, func(string) string { return "" }, out, io.Discard) }()
-	t.Cleanup(func() {
+	stop = sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("psp after cancel = %v; want nil", err)
 		}
 	})
+	t.Cleanup(stop)
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if i := strings.LastIndex(out.String(), "http://"); i >= 0 {
-			return strings.TrimSpace(out.String()[i:])
+			return strings.TrimSpace(out.String()[i:]), stop
 		}
 		select {
 		case err := <-done:
@@ -257,7 +266,7 @@ func callbackStorm(t *testing.T, dbArgs []string, instances int, async bool) {
 	if async {
 		pspArgs = append(pspArgs, "--async", "--settle-after", "20ms")
 	}
-	pspURL := startPSP(t, pspArgs...)
+	pspURL, stopPSP := startPSPStop(t, pspArgs...)
 	serveArgs := append([]string{"--psp", pspURL, "--psp-notify-secret", callbackSecret, "--reconcile-interval", "50ms",
 		"--require-submit-token", "none", "--repeat-window", "0", "--rate-limit", "0"}, dbArgs...)
 	bases := make([]string, instances)
@@ -398,6 +407,16 @@ func callbackStorm(t *testing.T, dbArgs []string, instances int, async bool) {
 		if kinds["deposit"] != 1 || kinds["withdrawal"] != withdrawals {
 			t.Errorf("ledger kinds %v; want 1 deposit and %d withdrawals", kinds, withdrawals)
 		}
+	}
+
+	// No delivery may still be on its way when the counts are compared: a
+	// provider whose delivery timed out redelivers. Stop the provider, then
+	// the relay, which waits for the fan-outs in flight.
+	stopPSP()
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := relaySrv.Shutdown(sctx); err != nil {
+		t.Fatalf("relay shutdown: %v", err)
 	}
 
 	// Every copy was answered 204, 409 (a contradiction), 401 (the bad

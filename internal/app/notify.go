@@ -38,7 +38,12 @@ func (s *Service) Notify(ctx context.Context, n Notification) error {
 	if m.Kind != n.Kind || m.Amount != n.Amount {
 		return s.conflict(ctx, n, m, "the callback's kind or amount is not the movement's")
 	}
-	if m.Status != Pending && m.Status != n.Status { // settled: no need to write
+	switch m.Status { // settled already: nothing to write, whatever the event
+	case Pending:
+	case n.Status:
+		s.countNotification("agreed")
+		return nil
+	default:
 		return s.conflict(ctx, n, m, "the callback contradicts the movement's final status")
 	}
 	settled := m
