@@ -241,7 +241,8 @@ func sumMetric(t *testing.T, bases []string, name string, labels map[string]stri
 	return total
 }
 
-// Callback storms: the provider (async, or settling at once so that its
+// Callback storms (SQLite always, PostgreSQL and MySQL when their servers
+// are named): the provider (async, or settling at once so that its
 // answer races its callback) calls back through a relay that delivers
 // every callback 20 times at once across the instances, one callback held
 // back by notify_delay so that later ones overtake it, one delivered 5
@@ -254,6 +255,9 @@ func TestCallbackStorms(t *testing.T) {
 	t.Run("sqlite/sync", func(t *testing.T) { callbackStorm(t, nil, 1, false) })
 	t.Run("postgres/three_instances/async", func(t *testing.T) {
 		callbackStorm(t, []string{"--db", dbtest.FreshPostgres(t, "onceguard_e2e_callbacks")}, 3, true)
+	})
+	t.Run("mysql/async", func(t *testing.T) {
+		callbackStorm(t, []string{"--db", "mysql://" + dbtest.FreshMySQL(t, "onceguard_e2e_callbacks")}, 1, true)
 	})
 }
 
