@@ -95,7 +95,8 @@ func docCodes(t *testing.T, path string) map[string][]int {
 //   - constants whose name starts with "code" or "Code";
 //   - the Code field of composite literals (a Status field beside it gives
 //     the status);
-//   - map literals from codes to http.Status constants (a code->status table);
+//   - map literals from codes to http.Status constants, or to rows whose
+//     first element is one (a code->status table);
 //   - string arguments passed as a parameter named code to a function
 //     declared there (a parameter named status beside it gives the status).
 func serviceCodes(t *testing.T) map[string][]int {
@@ -203,7 +204,11 @@ func serviceCodes(t *testing.T) map[string][]int {
 					for _, el := range n.Elts {
 						if kv, ok := el.(*ast.KeyValueExpr); ok {
 							if c, ok := str(kv.Key); ok {
-								if st := httpStatus(kv.Value); st != 0 {
+								v := kv.Value
+								if cl, ok := v.(*ast.CompositeLit); ok && len(cl.Elts) > 0 {
+									v = cl.Elts[0] // a table row: {status, title, ...}
+								}
+								if st := httpStatus(v); st != 0 {
 									add(c, st)
 								}
 							}

@@ -1,7 +1,8 @@
 // Command onceguard runs the onceguard reference service and its tools.
 //
 //	onceguard [serve] [flags]   the service (the default command)
-//	onceguard psp [--addr A]    the simulated payment provider over HTTP
+//	onceguard psp [--addr A] [--notify U --notify-secret S] [--async]
+//	                            the simulated payment provider over HTTP
 //	onceguard storm [--target U] a duplicate storm against a running service
 //	onceguard version           print the module path and version
 //
@@ -16,6 +17,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -106,7 +108,7 @@ type serveConfig struct {
 	tokenTTL, keyTTL, keyLease, requestTimeout, lockTTL, repeatWindow, reconcileEvery time.Duration
 	dbConns, rateBurst, loginAttempts, signupLimit                                    int
 	rateLimit                                                                         float64
-	logLevel, logFormat, clientIPHeader                                               string
+	logLevel, logFormat, clientIPHeader, notifySecret                                 string
 	secureCookies                                                                     bool
 }
 
@@ -138,6 +140,7 @@ func serveFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *serveConfig) {
 	fs.IntVar(&c.loginAttempts, "login-attempts", env.int("ONCEGUARD_LOGIN_ATTEMPTS", 5), "failed sign-ins per username and address in 15 min before 429 too_many_attempts (4x per address, 10x per username), -1 off [ONCEGUARD_LOGIN_ATTEMPTS]")
 	fs.BoolVar(&c.secureCookies, "secure-cookies", env.bool("ONCEGUARD_SECURE_COOKIES", false), "mark the session cookie Secure on every sign-in, for a service reached only over TLS through a proxy that sends neither X-Forwarded-Proto nor Forwarded; default: Secure when the request came over TLS or such a proxy says so [ONCEGUARD_SECURE_COOKIES]")
 	fs.StringVar(&c.clientIPHeader, "client-ip-header", env.str("ONCEGUARD_CLIENT_IP_HEADER", ""), "header a trusted proxy sets to the client's address (e.g. X-Real-IP), for the limits; default the connection's address [ONCEGUARD_CLIENT_IP_HEADER]")
+	fs.StringVar(&c.notifySecret, "psp-notify-secret", env.str("ONCEGUARD_PSP_NOTIFY_SECRET", ""), "secret of the provider's signed callbacks; turns on POST /api/v1/psp/notifications (default: off, 404) [ONCEGUARD_PSP_NOTIFY_SECRET]")
 	fs.StringVar(&c.logLevel, "log-level", env.str("ONCEGUARD_LOG_LEVEL", "info"), "debug, info, warn or error [ONCEGUARD_LOG_LEVEL]")
 	fs.StringVar(&c.logFormat, "log-format", env.str("ONCEGUARD_LOG_FORMAT", "auto"), "json, text, or auto: text on a terminal, else JSON [ONCEGUARD_LOG_FORMAT]")
 	return fs, c
@@ -237,13 +240,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		Store: store, Provider: psp.Port(provider), Currency: c.currency, MaxAmount: maxAmount,
 		Locks: coord.locks, LockTTL: c.lockTTL, LockBackend: coord.backend,
 		KeyLease: c.keyLease, RequestTimeout: c.requestTimeout, SessionTTL: 24 * time.Hour,
-		Logger: log, Metrics: metrics,
+		Logger: log, Metrics: metrics, NotifyMetrics: metrics,
 	})
 	handler := httpapi.New(httpapi.Config{
 		App: svc, Keys: timedKeys, RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, TokenTTL: c.tokenTTL,
 		Ping: db.PingContext, Web: web.Handler(), Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,
 		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, SignupLimit: c.signupLimit, ClientIPHeader: c.clientIPHeader, SecureCookies: c.secureCookies,
+		NotifySecret: []byte(c.notifySecret),
 	})
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
@@ -277,30 +281,71 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 }
 
+// pspConfig is the simulated provider's configuration.
+type pspConfig struct {
+	addr, notify, notifySecret string
+	async                      bool
+	settleAfter                time.Duration
+}
+
 // pspFlags defines psp's flags.
-func pspFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *string) {
+func pspFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *pspConfig) {
 	fs := flag.NewFlagSet("psp", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", env.str("ONCEGUARD_PSP_ADDR", "127.0.0.1:8090"), "listen address [ONCEGUARD_PSP_ADDR]")
-	return fs, addr
+	c := &pspConfig{}
+	fs.StringVar(&c.addr, "addr", env.str("ONCEGUARD_PSP_ADDR", "127.0.0.1:8090"), "listen address [ONCEGUARD_PSP_ADDR]")
+	fs.StringVar(&c.notify, "notify", env.str("ONCEGUARD_PSP_NOTIFY", ""), "URL to POST signed callbacks to, one per settled operation (default: none sent) [ONCEGUARD_PSP_NOTIFY]")
+	fs.StringVar(&c.notifySecret, "notify-secret", env.str("ONCEGUARD_PSP_NOTIFY_SECRET", ""), "secret the callbacks' Onceguard-Signature is made with; required with --notify [ONCEGUARD_PSP_NOTIFY_SECRET]")
+	fs.BoolVar(&c.async, "async", env.bool("ONCEGUARD_PSP_ASYNC", false), "answer operations pending at once and settle them --settle-after later [ONCEGUARD_PSP_ASYNC]")
+	fs.DurationVar(&c.settleAfter, "settle-after", env.dur("ONCEGUARD_PSP_SETTLE_AFTER", psp.DefaultSettleAfter), "how long an --async operation stays pending [ONCEGUARD_PSP_SETTLE_AFTER]")
+	return fs, c
 }
 
 // servePSP runs the simulated payment provider over HTTP until ctx ends.
 func servePSP(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	env := &envVars{getenv: getenv}
-	fs, addr := pspFlags(env, stderr)
+	fs, c := pspFlags(env, stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := env.err(fs); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", *addr)
+	sim := &psp.Sim{Async: c.async, SettleAfter: c.settleAfter}
+	if c.settleAfter <= 0 {
+		return fmt.Errorf("--settle-after %v: want a positive duration", c.settleAfter)
+	}
+	if c.notify != "" {
+		if u, err := url.Parse(c.notify); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("--notify %q: want an http:// or https:// URL", c.notify)
+		}
+		if c.notifySecret == "" {
+			return errors.New("--notify needs --notify-secret: the service refuses unsigned callbacks")
+		}
+		sim.Notifier = &psp.Notifier{URL: c.notify, Secret: []byte(c.notifySecret)}
+	}
+	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: psp.Handler(&psp.Sim{}), ReadHeaderTimeout: 5 * time.Second}
-	fmt.Fprintf(stdout, "onceguard psp: simulated payment provider on http://%s\n", ln.Addr())
+	// Settlements and callbacks stop after the server: none is left running.
+	simCtx, stopSim := context.WithCancel(context.WithoutCancel(ctx))
+	simDone := make(chan struct{})
+	go func() {
+		defer close(simDone)
+		sim.Run(simCtx)
+	}()
+	defer func() { stopSim(); <-simDone }()
+	srv := &http.Server{Handler: psp.Handler(sim), ReadHeaderTimeout: 5 * time.Second}
+	mode := "settling at once"
+	if c.async {
+		mode = "settling after " + c.settleAfter.String()
+	}
+	notify := "no callbacks"
+	if c.notify != "" {
+		notify = "signed callbacks" // the address comes last and alone: scripts read it
+	}
+	fmt.Fprintf(stdout, "onceguard psp: simulated payment provider (%s, %s) on http://%s\n", mode, notify, ln.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -30,6 +30,9 @@ func TestRun(t *testing.T) {
 		{"bad db url", []string{"serve", "--db", "oracle://x"}, "", true},
 		{"max amount past the limit", []string{"serve", "--max-amount", "90000000000000000.00", "--addr", "127.0.0.1:0"}, "", true},
 		{"unknown submit token purpose", []string{"serve", "--require-submit-token", "withdrawl", "--addr", "127.0.0.1:0"}, "", true},
+		{"psp callbacks without a secret", []string{"psp", "--addr", "127.0.0.1:0", "--notify", "http://127.0.0.1:1/cb"}, "", true},
+		{"psp callbacks to no http URL", []string{"psp", "--addr", "127.0.0.1:0", "--notify", "ftp://x/cb", "--notify-secret", "s"}, "", true},
+		{"psp settling after nothing", []string{"psp", "--addr", "127.0.0.1:0", "--async", "--settle-after", "0s"}, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer

@@ -22,7 +22,7 @@ func TestOpenAPIRoutes(t *testing.T) {
 		}
 	}
 
-	base := startServe(t)
+	base := startServe(t, "--psp-notify-secret", "whsec_test") // the callback route is on
 	paths := map[string][]string{}
 	for route := range doc {
 		method, path, _ := strings.Cut(route, " ")

@@ -49,6 +49,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics counts the audit lines of requests (nil: none).
 	Metrics interface{ CountMoney(kind, outcome string) }
+	// NotifyMetrics counts the provider callbacks Notify answered (nil: none).
+	NotifyMetrics NotifyMetrics
 }
 
 // DefaultRequestTimeout is a keyed request's deadline under a key lease of lease: 3/5 of it.

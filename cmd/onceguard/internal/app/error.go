@@ -21,6 +21,7 @@ const (
 	CodeKeyReused         = "idempotency_key_reused"
 	CodePaymentInProgress = "payment_in_progress"
 	CodeAlreadyPaid       = "order_already_paid"
+	CodeNotifyConflict    = "notification_conflict"
 	CodeBusy              = "busy"
 	CodeInterrupted       = "request_interrupted"
 	CodeUnavailable       = "store_unavailable"
@@ -89,3 +90,6 @@ var ErrUnknownOutcome = errors.New("app: provider outcome unknown")
 
 // ErrNoOperation is a provider's answer to Lookup when it has nothing under that key.
 var ErrNoOperation = errors.New("app: provider has no operation under that key")
+
+// ErrDuplicateEvent is a store's answer to a settlement whose provider event was recorded before.
+var ErrDuplicateEvent = errors.New("app: provider event already recorded")

@@ -90,49 +90,52 @@ func busy(cause error) error {
 }
 
 // pay sends a pending movement to the provider under its own id and settles it as it answers;
-// one found settled is answered as it is.
+// one found settled is answered as it is, and one the provider settles later (Pending: its
+// callback or the reconciler settles it) is answered pending.
 func (s *Service) pay(ctx context.Context, m Movement, rec *KeyRecord) (Movement, error) {
 	if m.Status == Pending {
-		if st, err := s.cfg.Provider.Pay(ctx, m.Kind, m.ID, m.Amount); err == nil {
+		if st, err := s.cfg.Provider.Pay(ctx, m.Kind, m.ID, m.Amount); err == nil && st != Pending {
 			settled := m
 			settled.Status = st
 			// Recorded even when the request's deadline has passed, but within a quarter
 			// of it more: still inside the key's lease.
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RequestTimeout/4)
 			defer cancel()
-			if _, err := s.settle(sctx, settled, rec, ""); err != nil {
+			if _, _, err := s.settle(sctx, settled, rec, "", ""); err != nil {
 				// Whether it committed is unknown: the caller answers an error, not a pending
 				// movement a replay may contradict.
 				return Movement{}, err
 			}
-			return settled, nil // moved, or settled meanwhile by the reconciler, which said so
+			return settled, nil // moved, or settled meanwhile by the reconciler or a callback, which said so
 		}
 	}
 	s.audit(ctx, string(m.Kind), m.ID, m.UserID, m.Key, m.Amount, Outcome(m.Status), "")
 	return m, nil
 }
 
-// settle is the one settlement path, of requests and the reconciler: m (its final Status
-// set) is settled, rec completed with it when given (alone if that fails: its lease was lost,
-// say), and the audit line written when this call moved it; by names the settler if not a request.
-func (s *Service) settle(ctx context.Context, m Movement, rec *KeyRecord, by string) (moved bool, err error) {
+// settle is the one settlement path, of requests, provider callbacks and the reconciler: m (its
+// final Status set) is settled, rec completed with it when given (alone if that fails: its lease
+// was lost, say), event (a callback's id, "" for none) recorded with it, and the audit line
+// written when this call moved it; by names the settler if not a request. status is the
+// movement's status after: another than m.Status when it was settled otherwise before.
+func (s *Service) settle(ctx context.Context, m Movement, rec *KeyRecord, by, event string) (moved bool, status Status, err error) {
 	now := time.Now()
 	err = errors.New("app: no record")
 	if rec != nil {
 		r := &Record{ID: rec.ID, Lease: rec.Lease, Answer: rec.Answer(m)}
-		moved, err = s.cfg.Store.Settle(ctx, m.Kind, m.ID, m.Status, now, r)
+		moved, status, err = s.cfg.Store.Settle(ctx, m.Kind, m.ID, m.Status, now, r, event)
 		if err == nil && rec.Completed != nil {
 			rec.Completed()
 		}
 	}
 	if err != nil {
-		moved, err = s.cfg.Store.Settle(ctx, m.Kind, m.ID, m.Status, now, nil)
+		moved, status, err = s.cfg.Store.Settle(ctx, m.Kind, m.ID, m.Status, now, nil, event)
 	}
 	if err != nil || !moved {
-		return false, err
+		return false, status, err
 	}
 	s.audit(ctx, string(m.Kind), m.ID, m.UserID, m.Key, m.Amount, Outcome(m.Status), by)
-	return true, nil
+	return true, status, nil
 }
 
 // Movements returns a user's movements of kind, newest first, at most limit.

@@ -31,8 +31,14 @@ type Store interface {
 	Withdraw(ctx context.Context, m Movement, fence int64) (got Movement, created bool, err error)
 	// Settle moves a pending movement to outcome, crediting a deposit's success or refunding a
 	// withdrawal's failure, and completes rec in the same transaction when it is not nil.
-	// moved is false when it was settled before; a record the store cannot complete fails it all.
-	Settle(ctx context.Context, kind Kind, id string, outcome Status, at time.Time, rec *Record) (moved bool, err error)
+	// event, unless "", is a provider callback's id, recorded once (UNIQUE) in that transaction:
+	// ErrDuplicateEvent when it was recorded before, and nothing changes. moved is false when it
+	// was settled before; status is the movement's status after the call, another than outcome
+	// when it was settled so before (with an event, nothing changes then). A record the store
+	// cannot complete fails it all; ErrNotFound when there is no such movement.
+	Settle(ctx context.Context, kind Kind, id string, outcome Status, at time.Time, rec *Record, event string) (moved bool, status Status, err error)
+	// FindMovement returns the deposit or withdrawal with id, whoever's it is; ErrNotFound.
+	FindMovement(ctx context.Context, id string) (Movement, error)
 	// Pending returns up to limit pending movements of kind, oldest first.
 	Pending(ctx context.Context, kind Kind, limit int) ([]Movement, error)
 	// PendingCount counts every pending movement.
@@ -69,8 +75,10 @@ type Answer struct {
 // Provider is the payment provider; every call is idempotent under its key, the movement's id.
 type Provider interface {
 	// Pay charges (a deposit) or pays out (a withdrawal) amount under key and returns
-	// Succeeded or Failed; ErrUnknownOutcome when the money may or may not have moved.
+	// Succeeded or Failed, or Pending when the provider settles later (and calls back);
+	// ErrUnknownOutcome when the money may or may not have moved.
 	Pay(ctx context.Context, kind Kind, key string, amount money.Amount) (Status, error)
-	// Lookup returns the outcome recorded under key; ErrNoOperation when there is none.
+	// Lookup returns the outcome recorded under key (Pending while the provider has not
+	// settled it); ErrNoOperation when there is none.
 	Lookup(ctx context.Context, key string) (Status, error)
 }

@@ -49,12 +49,12 @@ func (s *Service) Reconcile(ctx context.Context, limit int) (ReconcileResult, er
 			if errors.Is(err, ErrNoOperation) {
 				st, err = s.cfg.Provider.Pay(ctx, kind, m.ID, m.Amount)
 			}
-			if err != nil {
-				res.StillPending++ // unknown again: next pass
+			if err != nil || st == Pending {
+				res.StillPending++ // unknown again, or not settled yet at the provider: next pass
 				continue
 			}
 			m.Kind, m.Status = kind, st
-			moved, err := s.settle(ctx, m, nil, "reconciler")
+			moved, _, err := s.settle(ctx, m, nil, "reconciler", "")
 			if err != nil {
 				res.StillPending++
 				if firstErr == nil {
@@ -63,7 +63,7 @@ func (s *Service) Reconcile(ctx context.Context, limit int) (ReconcileResult, er
 				continue
 			}
 			if !moved {
-				continue // its request settled it meanwhile, and said so
+				continue // its request or a callback settled it meanwhile, and said so
 			}
 			if st == Succeeded {
 				res.Succeeded++

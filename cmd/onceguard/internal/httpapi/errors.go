@@ -28,12 +28,15 @@ var codes = map[string]answer{
 	app.CodeInvalidPurpose:    {http.StatusBadRequest, "Invalid purpose", 0},
 	app.CodeUnauthenticated:   {http.StatusUnauthorized, "Authentication required", 0},
 	app.CodeInvalidCreds:      {http.StatusUnauthorized, "Invalid credentials", 0},
+	"invalid_signature":       {http.StatusUnauthorized, "Invalid signature", 0}, // answered by webhook.Handler
+	"signature_expired":       {http.StatusUnauthorized, "Signature expired", 0}, // answered by webhook.Handler
 	"csrf_rejected":           {http.StatusForbidden, "Cross-site request refused", 0},
 	app.CodeNotFound:          {http.StatusNotFound, "Not found", 0},
 	"method_not_allowed":      {http.StatusMethodNotAllowed, "Method not allowed", 0},
 	app.CodeUsernameTaken:     {http.StatusConflict, "Username taken", 0},
 	app.CodePaymentInProgress: {http.StatusConflict, "Payment in progress", 1},
 	app.CodeAlreadyPaid:       {http.StatusConflict, "Order already paid", 0},
+	app.CodeNotifyConflict:    {http.StatusConflict, "Notification conflict", 0},
 	"body_too_large":          {http.StatusRequestEntityTooLarge, "Request body too large", 0},
 	"unsupported_media_type":  {http.StatusUnsupportedMediaType, "Unsupported media type", 0},
 	app.CodeInsufficientFunds: {http.StatusUnprocessableEntity, "Insufficient funds", 0},

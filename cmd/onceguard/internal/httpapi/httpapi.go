@@ -46,7 +46,10 @@ type Config struct {
 	// SecureCookies marks the session cookie Secure on every sign-in, not only on requests that
 	// came over TLS or through a proxy that says so.
 	SecureCookies bool
-	Web           http.Handler // serves / and /static/... (nil: 404)
+	// NotifySecret turns on POST /api/v1/psp/notifications, the provider's signed callbacks
+	// (webhook.Onceguard with this secret; nil: the route answers 404).
+	NotifySecret []byte
+	Web          http.Handler // serves / and /static/... (nil: 404)
 }
 
 // A Component is one part /readyz reports besides the database; an
@@ -137,6 +140,10 @@ func (s *server) routeAll() {
 	s.handle("GET", "/api/v1/orders", s.authed(http.HandlerFunc(s.listOrders)))
 	s.handle("GET", "/api/v1/orders/{id}", s.authed(http.HandlerFunc(s.getOrder)))
 	s.handle("POST", "/api/v1/orders/{id}/payment", s.keyed("payment", s.paymentFingerprint, http.HandlerFunc(s.pay)))
+	if len(s.cfg.NotifySecret) > 0 {
+		// No CSRF or content type check: the signature comes first, and a provider has no cookie.
+		s.routes["/api/v1/psp/notifications"] = map[string]http.Handler{"POST": s.notifications()}
+	}
 }
 
 // ServeHTTP serves r through the middlewares and the router.

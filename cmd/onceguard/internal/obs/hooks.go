@@ -76,6 +76,9 @@ func (p Provider) observe(op string, start time.Time, err error) {
 // CountMoney counts one audit line of a request (app.Config.Metrics).
 func (m *Metrics) CountMoney(kind, outcome string) { m.Money.WithLabelValues(kind, outcome).Inc() }
 
+// CountNotification counts one provider callback's answer (app.NotifyMetrics).
+func (m *Metrics) CountNotification(outcome string) { m.Notifications.WithLabelValues(outcome).Inc() }
+
 // CountReconciled counts a reconciler pass's results (app.ReconcilerMetrics).
 func (m *Metrics) CountReconciled(succeeded, failed, stillPending int) {
 	m.ReconcilerSettle.WithLabelValues("succeeded").Add(float64(succeeded))

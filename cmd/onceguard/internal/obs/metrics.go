@@ -37,6 +37,7 @@ type Metrics struct {
 	ReconcilerPend   prometheus.Gauge         // deposits and withdrawals pending, counted after each reconciler pass
 	ReconcilerSettle *prometheus.CounterVec   // result: succeeded, failed, still_pending
 	Money            *prometheus.CounterVec   // kind, outcome
+	Notifications    *prometheus.CounterVec   // outcome: provider callbacks by answer
 
 	vecs []vec // every labelled metric, for Exemplify
 }
@@ -64,6 +65,7 @@ var labelValues = map[string]map[string][]string{
 	"onceguard_lock_fallback_switches_total": {"to": {"database", "redis"}},
 	"onceguard_provider_duration_seconds":    {"op": {"charge", "payout", "lookup"}, "result": {"ok", "unknown_outcome", "error"}},
 	"onceguard_reconciler_settled_total":     {"result": {"succeeded", "failed", "still_pending"}},
+	"onceguard_psp_notifications_total":      {"outcome": {"settled", "agreed", "conflict", "not_found", "invalid_signature", "signature_expired", "invalid_request"}},
 	"onceguard_money_movements_total": {"kind": {"deposit", "withdrawal", "payment"},
 		"outcome": {"succeeded", "failed", "pending", "busy", "insufficient_funds", "paid", "in_progress", "already_paid"}},
 }
@@ -166,6 +168,7 @@ func NewMetrics() *Metrics {
 		ReconcilerPend:   gauge("reconciler_pending", "Deposits and withdrawals pending (the reconciler's backlog), counted after each of its passes."),
 		ReconcilerSettle: counter("reconciler_settled_total", "Pending movements the reconciler looked at, by result.", "result"),
 		Money:            counter("money_movements_total", "Money movement requests by kind and outcome.", "kind", "outcome"),
+		Notifications:    counter("psp_notifications_total", "Provider callbacks by answer: settled (this one moved the movement), agreed (already so, or seen before), conflict, not_found, invalid_signature, signature_expired, invalid_request.", "outcome"),
 	}
 	m.vecs = vecs
 	// Every series of a metric whose labels are all closed exists at 0

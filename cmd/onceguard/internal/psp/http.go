@@ -19,7 +19,7 @@ import (
 //
 //	POST /v1/operations        Idempotency-Key: K  {"kind":"payout","amount":"10.00"} -> 200 Operation
 //	GET  /v1/operations/{key}                                                       -> 200 Operation | 404
-//	POST /v1/faults            {"faults":["timeout_after_commit", ...]}             -> 204
+//	POST /v1/faults            {"faults":["timeout_after_commit", "notify_drop", ...]} -> 204
 //
 // An injected timeout keeps the request hanging until the client gives
 // up, as a real timeout looks to the client.
@@ -76,7 +76,7 @@ func Handler(sim *Sim) http.Handler {
 			return
 		}
 		for _, f := range req.Faults {
-			if f != TimeoutAfterCommit && f != TimeoutBeforeCommit && f != Decline {
+			if !f.Known() {
 				http.Error(w, fmt.Sprintf("unknown fault %q", f), http.StatusBadRequest)
 				return
 			}
@@ -137,7 +137,7 @@ const maxAnswer = 64 << 10
 
 // send sends req and reads the answer. A 200 must be exactly one
 // operation for want's key (and kind and amount, when set) with a known
-// status: anything else (an empty object, another key, a status we do not
+// status (pending too: it settles later): anything else (an empty object, another key, a status we do not
 // know, trailing data) is an answer nobody can act on, ErrUnknownOutcome,
 // so the movement stays pending and is asked about again rather than
 // settled on it (a garbled 200 once settled a payout as failed).
@@ -185,7 +185,7 @@ func decodeOperation(r io.Reader, want Operation) (Operation, error) {
 		return Operation{}, errors.New("no operation id")
 	case op.Key != want.Key:
 		return Operation{}, fmt.Errorf("operation for key %q, asked about %q", op.Key, want.Key)
-	case op.Status != Succeeded && op.Status != Failed:
+	case op.Status != Succeeded && op.Status != Failed && op.Status != Pending:
 		return Operation{}, fmt.Errorf("unknown status %q", op.Status)
 	case op.Kind != Charge && op.Kind != Payout, want.Kind != "" && op.Kind != want.Kind:
 		return Operation{}, fmt.Errorf("kind %q", op.Kind)

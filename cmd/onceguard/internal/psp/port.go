@@ -36,6 +36,8 @@ func status(op Operation, err error) (app.Status, error) {
 		return "", err
 	case op.Status == Succeeded:
 		return app.Succeeded, nil
+	case op.Status == Pending:
+		return app.Pending, nil
 	}
 	return app.Failed, nil
 }

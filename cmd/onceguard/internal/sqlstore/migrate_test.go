@@ -25,7 +25,7 @@ var databases = []database{
 	{"sqlite", sqldialect.SQLite, dbtest.SQLite},
 }
 
-var tables = []string{"ledger", "payments", "orders", "withdrawals", "deposits", "accounts", "sessions", "users", "schema_migrations"}
+var tables = []string{"psp_events", "ledger", "payments", "orders", "withdrawals", "deposits", "accounts", "sessions", "users", "schema_migrations"}
 
 // fresh drops the service's tables, so the test starts from nothing. The
 // shared test databases hold no service data of anyone else.
@@ -106,5 +106,7 @@ func constraints(t *testing.T, db *sql.DB, d sqldialect.Dialect) {
 	mustExec(`INSERT INTO payments (id, order_id, user_id, idempotency_key, amount, status, paid_order_id, created_at) VALUES ('p2', 'o1', 'u1', 'k2', 10, 'failed', NULL, ?)`, now)
 	mustFail("a second successful payment of an order", `INSERT INTO payments (id, order_id, user_id, idempotency_key, amount, status, paid_order_id, created_at) VALUES ('p3', 'o1', 'u1', 'k3', 10, 'succeeded', 'o1', ?)`, now)
 	mustExec(`INSERT INTO ledger (user_id, kind, amount, balance_after, ref, created_at) VALUES ('u1', 'withdrawal', -10, 90, 'w1', ?)`, now)
+	mustExec(`INSERT INTO psp_events (event_id, movement_id, status, received_at) VALUES ('evt_1', 'w1', 'succeeded', ?)`, now)
+	mustFail("a provider event recorded twice", `INSERT INTO psp_events (event_id, movement_id, status, received_at) VALUES ('evt_1', 'w3', 'succeeded', ?)`, now)
 	mustFail("a second ledger entry for one movement", `INSERT INTO ledger (user_id, kind, amount, balance_after, ref, created_at) VALUES ('u1', 'withdrawal', -10, 80, 'w1', ?)`, now)
 }

@@ -199,7 +199,13 @@ func (s *Store) movementByKeyCreated(ctx context.Context, k app.Kind, userID, ke
 // completes rec through Records, all in one transaction (rec nil: none).
 // One settled before is left as it is, moved false: the update is
 // conditional, and the ledger's UNIQUE(kind, ref) refuses a second entry.
-func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome app.Status, now time.Time, rec *app.Record) (moved bool, err error) {
+//
+// event, unless "", is a provider callback's id, inserted first in the same
+// transaction: psp_events' UNIQUE(event_id) refuses it a second time
+// (app.ErrDuplicateEvent, nothing changes), also when two deliveries of it
+// run at once on two instances. A callback whose outcome contradicts the
+// movement's final status commits nothing, not even its event.
+func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome app.Status, now time.Time, rec *app.Record, event string) (moved bool, status app.Status, err error) {
 	defer s.timed("settle", time.Now(), &err)
 	var credit bool
 	var entry app.EntryKind
@@ -211,49 +217,63 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 	}
 	t, err := table(kind)
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	if rec != nil && s.Records == nil {
-		return false, errors.New("sqlstore: settle: no Records to complete the key's record")
+		return false, "", errors.New("sqlstore: settle: no Records to complete the key's record")
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	defer tx.Rollback()
-	moved, userID, amount, err := s.settleRow(ctx, tx, t, id, outcome)
+	if event != "" {
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO psp_events (event_id, movement_id, status, received_at) VALUES (?, ?, ?, ?)`),
+			event, id, string(outcome), us(now))
+		if duplicate(err) {
+			return false, "", app.ErrDuplicateEvent
+		} else if err != nil {
+			return false, "", err
+		}
+	}
+	moved, userID, amount, status, err := s.settleRow(ctx, tx, t, id, outcome)
 	if err != nil {
-		return false, err
+		return false, "", err
+	}
+	if !moved && status != outcome && event != "" {
+		return false, status, nil // a contradiction changes nothing: the rollback drops the event
 	}
 	if moved && credit {
 		after, err := s.adjust(ctx, tx, userID, money.Amount(amount), us(now))
 		if err != nil {
-			return false, err
+			return false, "", err
 		}
 		if err := s.ledger(ctx, tx, userID, entry, money.Amount(amount), after, id, us(now)); err != nil {
-			return false, err
+			return false, "", err
 		}
 	}
 	if rec != nil {
 		resp := idemstore.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
 		if err := s.Records.CompleteTx(ctx, tx, rec.ID, rec.Lease, resp); err != nil {
-			return false, err
+			return false, "", err
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return false, err
+		return false, "", err
 	}
-	return moved, nil
+	return moved, status, nil
 }
 
-// SettleDeposit is Settle of a deposit, succeeded or failed, with no record.
+// SettleDeposit is Settle of a deposit, succeeded or failed, with no record or event.
 func (s *Store) SettleDeposit(ctx context.Context, id string, succeeded bool, now time.Time) (bool, error) {
-	return s.Settle(ctx, app.Deposit, id, outcome(succeeded), now, nil)
+	moved, _, err := s.Settle(ctx, app.Deposit, id, outcome(succeeded), now, nil, "")
+	return moved, err
 }
 
-// SettleWithdrawal is Settle of a withdrawal, succeeded or failed, with no record.
+// SettleWithdrawal is Settle of a withdrawal, succeeded or failed, with no record or event.
 func (s *Store) SettleWithdrawal(ctx context.Context, id string, succeeded bool, now time.Time) (bool, error) {
-	return s.Settle(ctx, app.Withdrawal, id, outcome(succeeded), now, nil)
+	moved, _, err := s.Settle(ctx, app.Withdrawal, id, outcome(succeeded), now, nil, "")
+	return moved, err
 }
 
 func outcome(succeeded bool) app.Status {
@@ -264,33 +284,67 @@ func outcome(succeeded bool) app.Status {
 }
 
 // settleRow moves the pending row id of table to status and reports
-// whether it did (false: settled before), with the row's user and amount;
-// app.ErrNotFound if there is no such row.
-func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id string, status app.Status) (moved bool, userID string, amount int64, err error) {
+// whether it did (false: settled before), with the row's user, amount and
+// status after; app.ErrNotFound if there is no such row.
+func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id string, status app.Status) (moved bool, userID string, amount int64, after app.Status, err error) {
 	update := `UPDATE ` + table + ` SET status = ? WHERE id = ? AND status = 'pending'`
 	read := func() error {
-		err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount FROM `+table+` WHERE id = ?`), id).Scan(&userID, &amount)
+		var st string
+		err := tx.QueryRowContext(ctx, s.q(`SELECT user_id, amount, status FROM `+table+` WHERE id = ?`), id).Scan(&userID, &amount, &st)
 		if errors.Is(err, sql.ErrNoRows) {
 			return app.ErrNotFound
 		}
+		after = app.Status(st)
 		return err
 	}
 	if s.d != sqldialect.MySQL {
 		err = tx.QueryRowContext(ctx, s.q(update+` RETURNING user_id, amount`), string(status), id).Scan(&userID, &amount)
 		if errors.Is(err, sql.ErrNoRows) {
-			return false, "", 0, read() // settled before, or not there
+			err = read() // settled before, or not there
+			return false, userID, amount, after, err
 		}
-		return err == nil, userID, amount, err
+		return err == nil, userID, amount, status, err
 	}
-	if err := read(); err != nil {
-		return false, "", 0, err
+	// MySQL: the read locks the row, so the status read is the one the update sees.
+	if err := s.readLocked(ctx, tx, table, id, &userID, &amount, &after); err != nil {
+		return false, "", 0, "", err
+	}
+	if after != app.Pending {
+		return false, userID, amount, after, nil
 	}
 	res, err := tx.ExecContext(ctx, update, string(status), id)
 	if err != nil {
-		return false, "", 0, err
+		return false, "", 0, "", err
 	}
 	n, err := res.RowsAffected()
-	return n > 0, userID, amount, err
+	if n > 0 {
+		after = status
+	}
+	return n > 0, userID, amount, after, err
+}
+
+// readLocked reads a movement's user, amount and status under a row lock (MySQL).
+func (s *Store) readLocked(ctx context.Context, tx *sql.Tx, table, id string, userID *string, amount *int64, status *app.Status) error {
+	var st string
+	err := tx.QueryRowContext(ctx, `SELECT user_id, amount, status FROM `+table+` WHERE id = ? FOR UPDATE`, id).Scan(userID, amount, &st)
+	if errors.Is(err, sql.ErrNoRows) {
+		return app.ErrNotFound
+	}
+	*status = app.Status(st)
+	return err
+}
+
+// FindMovement returns the deposit or withdrawal with id, whoever's it is.
+func (s *Store) FindMovement(ctx context.Context, id string) (m app.Movement, err error) {
+	defer s.timed("find_movement", time.Now(), &err)
+	for _, k := range []app.Kind{app.Deposit, app.Withdrawal} {
+		t, _ := table(k)
+		m, err = scanMovement(s.db.QueryRowContext(ctx, s.q(`SELECT id, user_id, idempotency_key, amount, status, created_at FROM `+t+` WHERE id = ?`), id), k)
+		if !errors.Is(err, sql.ErrNoRows) {
+			return m, err
+		}
+	}
+	return app.Movement{}, app.ErrNotFound
 }
 
 func (s *Store) movementByKey(ctx context.Context, k app.Kind, userID, key string) (app.Movement, error) {

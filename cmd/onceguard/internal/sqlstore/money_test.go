@@ -203,7 +203,8 @@ func TestSettleRecord(t *testing.T) {
 			}
 			s.Records = markOnce{q(`UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`)}
 			settle := func(id, rec string) (bool, error) {
-				return s.Settle(ctx, app.Withdrawal, id, app.Succeeded, time.UnixMicro(now), &app.Record{ID: rec, Lease: "l"})
+				moved, _, err := s.Settle(ctx, app.Withdrawal, id, app.Succeeded, time.UnixMicro(now), &app.Record{ID: rec, Lease: "l"}, "")
+				return moved, err
 			}
 			state := func(mov, a string) (status string, done int) {
 				t.Helper()
