@@ -1228,7 +1228,8 @@ func TestBrowserPlaceholdersLookEmpty(t *testing.T) {
 }
 
 // The ledger row of a payment names the order it paid, also after a
-// reload, not only the payment id.
+// reload and in a browser that did not make the payment (its storage
+// record of it removed), not only the payment id.
 func TestBrowserLedgerNamesOrder(t *testing.T) {
 	path := needBrowser(t)
 	base, _ := startServeGated(t)
@@ -1245,7 +1246,14 @@ func TestBrowserLedgerNamesOrder(t *testing.T) {
 		t.Fatalf("order no = %q; want ON…", orderNo)
 	}
 	row := `[...document.querySelectorAll('#ledger tbody tr')].find((tr) => tr.textContent.includes('Order payment'))`
-	for _, when := range []string{"after paying", "after a reload"} {
+	for _, when := range []string{"after paying", "after a reload", "in another browser"} {
+		if when == "in another browser" {
+			if !eval[bool](b, `(localStorage.removeItem('onceguard.paid-orders'), true)`) {
+				t.Fatal("could not clear the page's record of its payments")
+			}
+			b.do(chromedp.Reload())
+			b.waitText("#who-name", "ivan")
+		}
 		b.waitFor(row, `document.querySelector('#ledger').innerText`)
 		if got := eval[string](b, row+".querySelector('td.ref').textContent"); got != "order "+orderNo {
 			t.Errorf("%s the payment's ledger row names %q; want %q", when, got, "order "+orderNo)

@@ -300,8 +300,20 @@ func testServeOrders(t *testing.T, base string) {
 	if a := alice.do("GET", "/api/v1/account", "", ""); a.body["balance"] != "30.00" {
 		t.Errorf("account = %s; want 30.00 (paid once)", a.raw)
 	}
-	if a := alice.do("GET", "/api/v1/orders/"+id, "", ""); a.body["status"] != "paid" {
-		t.Errorf("order = %s; want paid", a.raw)
+	order := alice.do("GET", "/api/v1/orders/"+id, "", "")
+	if order.body["status"] != "paid" {
+		t.Errorf("order = %s; want paid", order.raw)
+	}
+	// The paid order names its payment, which is the ledger entry's ref.
+	ledger := alice.do("GET", "/api/v1/ledger", "", "")
+	var paymentRef any
+	for _, e := range ledger.body["items"].([]any) {
+		if e := e.(map[string]any); e["kind"] == "payment" {
+			paymentRef = e["ref"]
+		}
+	}
+	if pid, _ := order.body["payment_id"].(string); pid == "" || pid != paymentRef {
+		t.Errorf("order's payment_id = %v; want the ledger payment entry's ref %v", order.body["payment_id"], paymentRef)
 	}
 	list := alice.do("GET", "/api/v1/orders", "", "")
 	if items, _ := list.body["items"].([]any); len(items) != 1 {

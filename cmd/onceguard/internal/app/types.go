@@ -68,6 +68,7 @@ const (
 // Order is something a user pays for from their balance.
 type Order struct {
 	ID, OrderNo, UserID, Key, Description string
+	PaymentID                             string // the payment that paid it; "" while unpaid
 	Amount                                money.Amount
 	Status                                OrderStatus
 	CreatedAt                             time.Time

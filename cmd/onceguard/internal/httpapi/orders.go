@@ -74,7 +74,11 @@ func (s *server) paymentFingerprint(_ *http.Request, body []byte) (string, error
 }
 
 func orderJSON(o app.Order) map[string]any {
-	return map[string]any{"id": o.ID, "order_no": o.OrderNo, "amount": o.Amount, "description": o.Description, "status": o.Status, "created_at": ts(o.CreatedAt)}
+	m := map[string]any{"id": o.ID, "order_no": o.OrderNo, "amount": o.Amount, "description": o.Description, "status": o.Status, "created_at": ts(o.CreatedAt)}
+	if o.PaymentID != "" {
+		m["payment_id"] = o.PaymentID // links the ledger's payment entry (its ref) to the order
+	}
+	return m
 }
 
 func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {

@@ -12,11 +12,14 @@ import (
 
 const orderColumns = `id, order_no, user_id, idempotency_key, amount, description, status, created_at`
 
+// orderRead is orderColumns and the id of the payment that paid the order (” if none).
+const orderRead = orderColumns + `, COALESCE((SELECT p.id FROM payments p WHERE p.paid_order_id = orders.id), '')`
+
 func scanOrder(sc interface{ Scan(...any) error }) (app.Order, error) {
 	var o app.Order
 	var amount, created int64
 	var status string
-	err := sc.Scan(&o.ID, &o.OrderNo, &o.UserID, &o.Key, &amount, &o.Description, &status, &created)
+	err := sc.Scan(&o.ID, &o.OrderNo, &o.UserID, &o.Key, &amount, &o.Description, &status, &created, &o.PaymentID)
 	o.Amount, o.Status, o.CreatedAt = money.Amount(amount), app.OrderStatus(status), at(created)
 	return o, err
 }
@@ -29,7 +32,7 @@ func (s *Store) CreateOrder(ctx context.Context, o app.Order) (got app.Order, cr
 	_, err = s.db.ExecContext(ctx, s.q(`INSERT INTO orders (`+orderColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
 		o.ID, o.OrderNo, o.UserID, o.Key, int64(o.Amount), o.Description, string(o.Status), us(o.CreatedAt))
 	if duplicate(err) {
-		existing, err := scanOrder(s.db.QueryRowContext(ctx, s.q(`SELECT `+orderColumns+` FROM orders WHERE user_id = ? AND idempotency_key = ?`), o.UserID, o.Key))
+		existing, err := scanOrder(s.db.QueryRowContext(ctx, s.q(`SELECT `+orderRead+` FROM orders WHERE user_id = ? AND idempotency_key = ?`), o.UserID, o.Key))
 		return existing, false, err
 	}
 	return o, err == nil, err
@@ -38,7 +41,7 @@ func (s *Store) CreateOrder(ctx context.Context, o app.Order) (got app.Order, cr
 // OrderByID returns a user's order; another user's is app.ErrNotFound.
 func (s *Store) OrderByID(ctx context.Context, userID, id string) (o app.Order, err error) {
 	defer s.timed("order", time.Now(), &err)
-	o, err = scanOrder(s.db.QueryRowContext(ctx, s.q(`SELECT `+orderColumns+` FROM orders WHERE id = ? AND user_id = ?`), id, userID))
+	o, err = scanOrder(s.db.QueryRowContext(ctx, s.q(`SELECT `+orderRead+` FROM orders WHERE id = ? AND user_id = ?`), id, userID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return app.Order{ID: id, UserID: userID}, app.ErrNotFound
 	}
@@ -48,7 +51,7 @@ func (s *Store) OrderByID(ctx context.Context, userID, id string) (o app.Order, 
 // Orders returns a user's orders, newest first.
 func (s *Store) Orders(ctx context.Context, userID string, limit int) (out []app.Order, err error) {
 	defer s.timed("orders", time.Now(), &err)
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+orderColumns+` FROM orders WHERE user_id = ? ORDER BY created_at DESC, id DESC LIMIT ?`), userID, limit)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+orderRead+` FROM orders WHERE user_id = ? ORDER BY created_at DESC, id DESC LIMIT ?`), userID, limit)
 	if err != nil {
 		return nil, err
 	}

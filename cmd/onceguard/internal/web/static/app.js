@@ -131,8 +131,9 @@
     }
   }
 
-  // The ledger names a payment by its payment id, which the lists do not
-  // link to an order: the page keeps the order no of each payment it made.
+  // The ledger names a payment by its payment id; the orders list links
+  // each paid order to it, and the page also keeps the order no of each
+  // payment it made, for orders past the list's end.
   function paidOrders() {
     try {
       const m = JSON.parse(localStorage.getItem(PAID) || '{}');
@@ -605,6 +606,8 @@
     const list = (r) => (r.status === 200 && Array.isArray(r.data.items) ? r.data.items : null);
     const l = list(ledger);
     const paid = paidOrders();
+    // The orders list names the payment of each paid order, wherever it was made.
+    for (const o of list(orders) || []) if (typeof o.payment_id === 'string' && o.order_no) paid[o.payment_id] = o.order_no;
     if (l) rows($('ledger').tBodies[0], l, (e) => [[when(e.created_at), 'when'], [kinds[e.kind] || e.kind, 'what'], [money(e.amount), 'num amount'], [money(e.balance_after), 'num after'], [ledgerRef(e, paid), 'ref']]);
     const dep = list(deposits);
     if (dep) rows($('deposits').tBodies[0], dep, (m) => [[when(m.created_at), 'when'], [money(m.amount), 'num amount'], [statuses[m.status] || m.status, 'status'], [m.id, 'ref']]);
