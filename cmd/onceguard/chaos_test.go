@@ -363,8 +363,8 @@ func (e *chaosEnv) send(u *chaosUser, method, path, key, body string) chaosAnswe
 	_ = json.Unmarshal(raw, &b)
 	str := func(k string) string { s, _ := b[k].(string); return s }
 	a.code, a.amount, a.state, a.id = str("code"), str("amount"), str("status"), str("id")
-	if pid := str("payment_id"); pid != "" {
-		a.id = pid
+	if pid := str("payment_id"); pid != "" && str("order_id") != "" {
+		a.id = pid // a payment's answer; a paid order names its payment too, but is the order
 	}
 	return a
 }
