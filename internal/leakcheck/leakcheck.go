@@ -49,7 +49,8 @@ func IgnoreCurrent() Option {
 
 // Find returns an error listing the goroutines left running besides the
 // caller's, the testing package's and the runtime's own, after waiting up to
-// about two seconds for them to end.
+// about half a second for them to end (sleeps doubling from 1µs, at most
+// 100ms each), as goleak does.
 func Find(opts ...Option) error {
 	c := &config{}
 	for _, o := range opts {
