@@ -225,7 +225,7 @@ func (s *Store) begin(ctx context.Context, r idemstore.BeginRequest, lease strin
 					return res, fmt.Errorf("sqlstore: stored header of %s: %w", r.ID, err)
 				}
 			}
-			res = idemstore.BeginResult{Outcome: idemstore.Replay, Record: &idemstore.Record{ID: r.ID, Fingerprint: fp, State: idemstore.Completed, Response: resp}}
+			res = idemstore.BeginResult{Outcome: idemstore.Replay, Record: &idemstore.Record{ID: r.ID, Fingerprint: fp, State: idemstore.Completed, ExpiresAt: time.UnixMicro(expiresAt), Response: resp}}
 			return res, tx.Commit()
 		case leaseUntil > now:
 			res = idemstore.BeginResult{Outcome: idemstore.InProgress, Record: &idemstore.Record{ID: r.ID, Fingerprint: fp, State: idemstore.InFlight}}
