@@ -67,9 +67,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteProblem(w, out.Problem)
 		return
 	case out.Replay != nil:
-		replayHeader(w.Header(), out.Replay, out.Expires)
-		w.WriteHeader(out.Replay.Status)
-		_, _ = w.Write(out.Replay.Body)
+		WriteReplay(w, out.Replay, out.Expires)
 		return
 	case out.Call == nil: // no key, and none needed
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -87,13 +85,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteProblem(w, p)
 		return
 	}
-	wh := w.Header()
-	for k, v := range rec.header {
-		wh[k] = v
-	}
-	g.FirstHeader(wh, out.Expires)
-	w.WriteHeader(rec.status)
-	_, _ = w.Write(rec.body.Bytes())
+	g.WriteFirst(w, Answer{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}, out.Expires)
 }
 
 // serve runs the handler; a panic frees the key, then is re-raised.
@@ -141,6 +133,10 @@ func (r *recorder) WriteHeader(status int) {
 		r.status, r.wroteHeader = status, true
 	}
 }
+
+// Flush does nothing: the answer is sent whole once stored.
+func (*recorder) Flush() {}
+
 func (r *recorder) Write(p []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
 	return r.body.Write(p)
