@@ -47,6 +47,11 @@ func start(t *testing.T, cfg config, app http.Handler) string {
 	e := newEcho()
 	e.Use(middleware.Recover(), idemecho.New(options(cfg)))
 	e.Any("/*", echo.WrapHandler(app))
+	return serve(t, e)
+}
+
+// serve runs e.Start on a loopback listener until t ends.
+func serve(t *testing.T, e *echo.Echo) string {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
