@@ -34,7 +34,7 @@ func TestGinHandlers(t *testing.T) {
 			c.String(http.StatusInternalServerError, "written before the handler wrote")
 			return
 		}
-		c.Status(http.StatusAccepted)                // overridden, as in gin
+		c.Status(http.StatusAccepted)                 // overridden, as in gin
 		c.JSON(http.StatusCreated, gin.H{"id": "p1"}) // 201 {"id":"p1"}
 	})
 	url := serve(t, r)

@@ -37,23 +37,26 @@ func options(cfg config) idempotency.Config {
 // (conf.FillDefault: Recover, Timeout, MaxBytes, MaxConns, ... in front of
 // the routes) but for logs, a timeout long enough for a loaded test
 // machine, and CPU load shedding (it answers 503 when the shared
-// machine is busy, a flake unrelated to the guard), with the guard on
-// every route.
-func newServer(t testing.TB, cfg config) *rest.Server {
+// machine is busy, a flake unrelated to the guard), with the guard of
+// cfg on every route (none for nil).
+func newServer(t testing.TB, cfg *config, opts ...rest.RunOption) *rest.Server {
 	var c rest.RestConf
 	if err := conf.FillDefault(&c); err != nil {
 		t.Fatal(err)
 	}
 	c.Log.Mode, c.Log.Stat = "console", false
+	c.DevServer.Enabled = false // on by default: a pprof and metrics server on :6060
 	c.Timeout = 30_000 // ms
 	c.Middlewares.Shedding = false
 	c.Middlewares.Log, c.Middlewares.Trace, c.Middlewares.Prometheus, c.Middlewares.Metrics = false, false, false, false
-	logx.Disable()
-	server, err := rest.NewServer(c)
+	server, err := rest.NewServer(c, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	server.Use(idemzero.New(options(cfg)))
+	logx.Disable() // after NewServer, whose SetUp starts logging
+	if cfg != nil {
+		server.Use(idemzero.New(options(*cfg)))
+	}
 	return server
 }
 
@@ -79,7 +82,7 @@ func anyRoutes(h http.HandlerFunc) []rest.Route {
 // (rest.NewServerless) on an http.Server of a loopback listener: Start
 // listens on a configured port only, and exits the process on an error.
 func start(t *testing.T, cfg config, app http.Handler) string {
-	server := newServer(t, cfg)
+	server := newServer(t, &cfg)
 	server.AddRoutes(anyRoutes(app.ServeHTTP))
 	h, err := rest.NewServerless(server)
 	if err != nil {
