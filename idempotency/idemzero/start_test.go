@@ -46,7 +46,7 @@ func newServer(t testing.TB, cfg *config, opts ...rest.RunOption) *rest.Server {
 	}
 	c.Log.Mode, c.Log.Stat = "console", false
 	c.DevServer.Enabled = false // on by default: a pprof and metrics server on :6060
-	c.Timeout = 30_000 // ms
+	c.Timeout = 30_000          // ms
 	c.Middlewares.Shedding = false
 	c.Middlewares.Log, c.Middlewares.Trace, c.Middlewares.Prometheus, c.Middlewares.Metrics = false, false, false, false
 	server, err := rest.NewServer(c, opts...)
