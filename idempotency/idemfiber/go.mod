@@ -1,0 +1,24 @@
+module github.com/onceguard/onceguard/idempotency/idemfiber
+
+go 1.26.0
+
+require (
+	github.com/gofiber/fiber/v2 v2.52.15
+	github.com/onceguard/onceguard v0.0.0-00010101000000-000000000000
+	github.com/valyala/fasthttp v1.51.0
+)
+
+require (
+	github.com/andybalholm/brotli v1.1.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/klauspost/compress v1.17.9 // indirect
+	github.com/mattn/go-colorable v0.1.13 // indirect
+	github.com/mattn/go-isatty v0.0.20 // indirect
+	github.com/mattn/go-runewidth v0.0.16 // indirect
+	github.com/rivo/uniseg v0.2.0 // indirect
+	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	github.com/valyala/tcplisten v1.0.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+)
+
+replace github.com/onceguard/onceguard => ../..
