@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cloudwego/hertz/pkg/app"
+	"github.com/cloudwego/hertz/pkg/app/middlewares/server/recovery"
 	"github.com/cloudwego/hertz/pkg/app/server"
 	"github.com/cloudwego/hertz/pkg/common/adaptor"
 	"github.com/cloudwego/hertz/pkg/common/hlog"
@@ -46,26 +47,16 @@ func start(t *testing.T, routes func(h *server.Hertz)) string {
 	return "http://" + ln.Addr().String()
 }
 
-// guarded serves handler behind the adapter (and hertz's recovery) for
+// guarded serves handler behind hertz's recovery and the adapter for
 // every path.
 func guarded(t *testing.T, o idempotency.Options[*app.RequestContext], handler app.HandlerFunc) string {
 	if o.Store == nil {
 		o.Store = &memstore.Store{}
 	}
 	return start(t, func(h *server.Hertz) {
-		h.Use(recovery, idemhertz.New(o))
+		h.Use(recovery.Recovery(), idemhertz.New(o))
 		h.Any("/*path", handler)
 	})
-}
-
-// recovery answers a panic 500, as hertz's recovery middleware does.
-func recovery(ctx context.Context, c *app.RequestContext) {
-	defer func() {
-		if v := recover(); v != nil {
-			c.AbortWithStatus(500)
-		}
-	}()
-	c.Next(ctx)
 }
 
 type answer struct {
