@@ -130,19 +130,11 @@ func serve(g *idempotency.Guard[*fiber.Ctx], c *fiber.Ctx) error {
 	}
 	status := resp.StatusCode()
 	rb := resp.Body()
-	h := make(http.Header)
-	resp.Header.VisitAll(func(k, v []byte) {
-		key := http.CanonicalHeaderKey(string(k))
-		switch {
-		case key == "Content-Length":
-			return
-		case key == "Content-Type" && len(rb) == 0 && string(v) == defaultContentType:
-			// fasthttp's default, which it does not send with an empty
-			// body: not stored, so that a replay does not send it either.
-			return
-		}
-		h[key] = append(h[key], string(v))
-	})
+	ah := answerHeaders.Get().(*answerHeader)
+	defer ah.recycle()
+	ah.emptyBody = len(rb) == 0
+	resp.Header.VisitAll(ah.visit)
+	h := ah.h
 	a := idempotency.Answer{Status: status, Header: h, Body: rb, Written: status != http.StatusOK || len(rb) > 0}
 	if p := g.Finish(c, call, a); p != nil {
 		saved.CopyTo(&resp.Header)
@@ -150,10 +142,10 @@ func serve(g *idempotency.Guard[*fiber.Ctx], c *fiber.Ctx) error {
 		return nil
 	}
 	// The answer is already in c.Response(): add what a first answer gets.
-	_, hadCC := h["Cache-Control"]
-	add := http.Header{}
+	cc, hadCC := h["Cache-Control"]
+	add := ah.first
 	if hadCC {
-		add["Cache-Control"] = h["Cache-Control"]
+		add["Cache-Control"] = cc
 	}
 	g.FirstHeader(add, out.Expires)
 	for k, vs := range add {
