@@ -36,6 +36,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"io"
 	"net/http"
 	"strings"
@@ -113,7 +114,11 @@ func serve(g *idempotency.Guard[*app.RequestContext], ctx context.Context, c *ap
 	capt := captures.Get().(*capture)
 	defer capt.recycle()
 	capt.Conn = conn
-	c.SetConn(capt)
+	if tc, ok := conn.(network.ConnTLSer); ok {
+		c.SetConn(&tlsCapture{capt, tc}) // the TLS state stays visible (adaptor.HertzHandler's r.TLS)
+	} else {
+		c.SetConn(capt)
+	}
 	next(g, ctx, c, call, conn)
 	c.SetConn(conn)
 
@@ -307,3 +312,12 @@ func (c *capture) Flush() error {
 	c.settle()
 	return nil
 }
+
+// tlsCapture is a capture of a TLS connection: its state stays visible.
+type tlsCapture struct {
+	*capture
+	tls network.ConnTLSer
+}
+
+func (c *tlsCapture) Handshake() error                     { return c.tls.Handshake() }
+func (c *tlsCapture) ConnectionState() tls.ConnectionState { return c.tls.ConnectionState() }

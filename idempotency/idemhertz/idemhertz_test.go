@@ -18,6 +18,7 @@ import (
 	"github.com/cloudwego/hertz/pkg/app/server"
 	"github.com/cloudwego/hertz/pkg/common/adaptor"
 	"github.com/cloudwego/hertz/pkg/common/hlog"
+	"github.com/cloudwego/hertz/pkg/common/test/mock"
 	"github.com/cloudwego/hertz/pkg/protocol/http1/resp"
 
 	"github.com/onceguard/onceguard/idempotency"
@@ -344,5 +345,28 @@ func TestWritesNothing(t *testing.T) {
 	if first.status != 200 || first.body != "" || again.status != 200 || again.body != "" ||
 		again.header.Get("Content-Type") != first.header.Get("Content-Type") || again.header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
 		t.Fatalf("%+v then %+v, runs %d", first, again, runs.Load())
+	}
+}
+
+// While the chain runs the connection is captured, but a TLS connection
+// still shows its state: a net/http handler behind hertz's adaptor sees
+// r.TLS.
+func TestCaptureKeepsTLS(t *testing.T) {
+	var sawTLS atomic.Bool
+	h := server.New()
+	h.Use(idemhertz.New(idempotency.Options[*app.RequestContext]{Store: &memstore.Store{}}))
+	h.POST("/p", adaptor.HertzHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sawTLS.Store(r.TLS != nil)
+		_, _ = io.WriteString(w, "ok")
+	})))
+	c := h.Engine.NewContext()
+	c.SetConn(mock.NewTLSConn(mock.NewConn("")))
+	c.Request.Header.SetMethod("POST")
+	c.Request.SetRequestURI("/p")
+	c.Request.Header.Set("Idempotency-Key", key)
+	c.Request.SetBodyString(`{}`)
+	h.Engine.ServeHTTP(context.Background(), c)
+	if c.Response.StatusCode() != 200 || string(c.Response.Body()) != "ok" || !sawTLS.Load() {
+		t.Fatalf("%d %q, r.TLS set: %v", c.Response.StatusCode(), c.Response.Body(), sawTLS.Load())
 	}
 }
