@@ -6,25 +6,17 @@ import (
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemecho"
-	"github.com/onceguard/onceguard/idempotency/idemstore"
-	"github.com/onceguard/onceguard/token"
 )
 
-// config is adaptertest.Config's shape.
-type config struct {
-	Store   idemstore.FullStore
-	Tokens  *token.Tokens
-	Purpose string
-	Window  time.Duration
-	Lease   time.Duration
-}
+// config is what the conformance suite asks of the adapter.
+type config = adaptertest.Config
 
 func options(cfg config) idempotency.Options[echo.Context] {
 	return idempotency.Options[echo.Context]{

@@ -10,19 +10,12 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemgin"
-	"github.com/onceguard/onceguard/idempotency/idemstore"
-	"github.com/onceguard/onceguard/token"
 )
 
-// config is adaptertest.Config's shape.
-type config struct {
-	Store   idemstore.FullStore
-	Tokens  *token.Tokens
-	Purpose string
-	Window  time.Duration
-	Lease   time.Duration
-}
+// config is what the conformance suite asks of the adapter.
+type config = adaptertest.Config
 
 func options(cfg config) idempotency.Options[*gin.Context] {
 	return idempotency.Options[*gin.Context]{

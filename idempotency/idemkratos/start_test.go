@@ -2,6 +2,8 @@ package idemkratos_test
 
 import (
 	"context"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"testing"
@@ -10,19 +12,12 @@ import (
 	khttp "github.com/go-kratos/kratos/v2/transport/http"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemkratos"
-	"github.com/onceguard/onceguard/idempotency/idemstore"
-	"github.com/onceguard/onceguard/token"
 )
 
-// config is adaptertest.Config's shape.
-type config struct {
-	Store   idemstore.FullStore
-	Tokens  *token.Tokens
-	Purpose string
-	Window  time.Duration
-	Lease   time.Duration
-}
+// config is what the conformance suite asks of the adapter.
+type config = adaptertest.Config
 
 func options(cfg config) idempotency.Config {
 	return idempotency.Config{
@@ -42,6 +37,7 @@ func start(t *testing.T, cfg config, app http.Handler) string {
 	}
 	srv := khttp.NewServer(khttp.Listener(lis), khttp.Timeout(30*time.Second), khttp.Filter(idemkratos.Filter(options(cfg))))
 	srv.HandlePrefix("/", app)
+	srv.ErrorLog = log.New(io.Discard, "", 0) // the suite's panicking handler: net/http logs its stack
 	done := make(chan error, 1)
 	go func() { done <- srv.Start(context.Background()) }()
 	t.Cleanup(func() {

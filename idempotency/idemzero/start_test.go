@@ -12,19 +12,12 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 
 	"github.com/onceguard/onceguard/idempotency"
-	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemzero"
-	"github.com/onceguard/onceguard/token"
 )
 
-// config is adaptertest.Config's shape.
-type config struct {
-	Store   idemstore.FullStore
-	Tokens  *token.Tokens
-	Purpose string
-	Window  time.Duration
-	Lease   time.Duration
-}
+// config is what the conformance suite asks of the adapter.
+type config = adaptertest.Config
 
 func options(cfg config) idempotency.Config {
 	return idempotency.Config{
