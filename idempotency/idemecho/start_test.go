@@ -13,6 +13,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemecho"
+	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
 // config is what the conformance suite asks of the adapter.
@@ -58,4 +59,20 @@ func serve(t *testing.T, e *echo.Echo) string {
 		}
 	})
 	return "http://" + lis.Addr().String()
+}
+
+// startKeyOptional is start with KeyOptional, telling unprotected about
+// each "unprotected" event.
+func startKeyOptional(t *testing.T, unprotected func(), app http.Handler) string {
+	o := options(config{Store: &memstore.Store{}})
+	o.KeyOptional = true
+	o.OnEvent = func(_ echo.Context, ev string) {
+		if ev == "unprotected" {
+			unprotected()
+		}
+	}
+	e := newEcho()
+	e.Use(idemecho.New(o))
+	e.Any("/*", echo.WrapHandler(app))
+	return serve(t, e)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemgin"
+	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
 // config is what the conformance suite asks of the adapter.
@@ -44,4 +45,20 @@ func serve(t *testing.T, h http.Handler) string {
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + lis.Addr().String()
+}
+
+// startKeyOptional is start with KeyOptional, telling unprotected about
+// each "unprotected" event.
+func startKeyOptional(t *testing.T, unprotected func(), app http.Handler) string {
+	o := options(config{Store: &memstore.Store{}})
+	o.KeyOptional = true
+	o.OnEvent = func(_ *gin.Context, ev string) {
+		if ev == "unprotected" {
+			unprotected()
+		}
+	}
+	r := gin.New()
+	r.Use(idemgin.New(o))
+	r.Any("/*path", gin.WrapH(app))
+	return serve(t, r)
 }

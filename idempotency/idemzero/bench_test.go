@@ -10,6 +10,7 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 	"github.com/zeromicro/go-zero/rest/chain"
 
+	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
@@ -18,9 +19,9 @@ import (
 // Timeout, MaxBytes, MaxConns, Breaker, Gunzip), or none (the router and
 // the middleware alone: the guard's own cost, less noise).
 func benchServer(b *testing.B, guarded, native bool) http.Handler {
-	var cfg *config
+	var cfg *idempotency.Config
 	if guarded {
-		cfg = &config{Store: &memstore.Store{}}
+		cfg = &idempotency.Config{Store: &memstore.Store{}}
 	}
 	var opts []rest.RunOption
 	if !native {

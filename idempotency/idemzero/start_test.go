@@ -14,6 +14,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemzero"
+	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
 // config is what the conformance suite asks of the adapter.
@@ -32,7 +33,7 @@ func options(cfg config) idempotency.Config {
 // machine, and CPU load shedding (it answers 503 when the shared
 // machine is busy, a flake unrelated to the guard), with the guard of
 // cfg on every route (none for nil).
-func newServer(t testing.TB, cfg *config, opts ...rest.RunOption) *rest.Server {
+func newServer(t testing.TB, cfg *idempotency.Config, opts ...rest.RunOption) *rest.Server {
 	var c rest.RestConf
 	if err := conf.FillDefault(&c); err != nil {
 		t.Fatal(err)
@@ -48,7 +49,7 @@ func newServer(t testing.TB, cfg *config, opts ...rest.RunOption) *rest.Server {
 	}
 	logx.Disable() // after NewServer, whose SetUp starts logging
 	if cfg != nil {
-		server.Use(idemzero.New(options(*cfg)))
+		server.Use(idemzero.New(*cfg))
 	}
 	return server
 }
@@ -75,7 +76,12 @@ func anyRoutes(h http.HandlerFunc) []rest.Route {
 // (rest.NewServerless) on an http.Server of a loopback listener: Start
 // listens on a configured port only, and exits the process on an error.
 func start(t *testing.T, cfg config, app http.Handler) string {
-	server := newServer(t, &cfg)
+	o := options(cfg)
+	return startConfig(t, &o, app)
+}
+
+func startConfig(t *testing.T, o *idempotency.Config, app http.Handler) string {
+	server := newServer(t, o)
 	server.AddRoutes(anyRoutes(app.ServeHTTP))
 	h, err := rest.NewServerless(server)
 	if err != nil {
@@ -89,4 +95,17 @@ func start(t *testing.T, cfg config, app http.Handler) string {
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + lis.Addr().String()
+}
+
+// startKeyOptional is start with KeyOptional, telling unprotected about
+// each "unprotected" event.
+func startKeyOptional(t *testing.T, unprotected func(), app http.Handler) string {
+	o := options(config{Store: &memstore.Store{}})
+	o.KeyOptional = true
+	o.OnEvent = func(_ *http.Request, ev string) {
+		if ev == "unprotected" {
+			unprotected()
+		}
+	}
+	return startConfig(t, &o, app)
 }
