@@ -15,12 +15,13 @@ import (
 // A native gin chain: the last status set before the body wins, as in
 // gin; the handler's writer reports gin's Status, Size and Written; a
 // handler after the guard's refusal never runs; the Call is in
-// c.Request's context.
+// c.Request's context, and in c's with ContextWithFallback.
 func TestGinHandlers(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
 	var runs atomic.Int32
 	var seen struct{ status, size int }
 	r := gin.New()
+	r.ContextWithFallback = true // so that c itself, as a context.Context, has the Call too
 	r.POST("/payments", idemgin.New(options(config{Store: &memstore.Store{}})), func(c *gin.Context) {
 		c.Next()
 		seen.status, seen.size = c.Writer.Status(), c.Writer.Size() // as a logging middleware reads them
@@ -28,6 +29,10 @@ func TestGinHandlers(t *testing.T) {
 		runs.Add(1)
 		if _, ok := idempotency.FromContext(c.Request.Context()); !ok {
 			c.String(http.StatusInternalServerError, "no call in c.Request's context")
+			return
+		}
+		if _, ok := idempotency.FromContext(c); !ok {
+			c.String(http.StatusInternalServerError, "no call in c's context (ContextWithFallback)")
 			return
 		}
 		if c.Writer.Written() || c.Writer.Size() != -1 {
