@@ -92,6 +92,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -325,8 +326,20 @@ func ReplyContentType(reply proto.Message) string {
 	return contentType(reply.ProtoReflect().Descriptor().FullName())
 }
 
-func contentType(name protoreflect.FullName) string {
-	return mime.FormatMediaType("application/x-protobuf", map[string]string{"messagetype": string(name)})
+// contentTypePrefix starts a stored answer's Content-Type; the message's
+// full name, a token ([A-Za-z0-9_.]), follows as the messagetype
+// parameter.
+const contentTypePrefix = "application/x-protobuf; messagetype="
+
+func contentType(name protoreflect.FullName) string { return contentTypePrefix + string(name) }
+
+// messageType returns the message type named by a stored Content-Type.
+func messageType(ct string) protoreflect.FullName {
+	if name, ok := strings.CutPrefix(ct, contentTypePrefix); ok {
+		return protoreflect.FullName(name)
+	}
+	_, params, _ := mime.ParseMediaType(ct) // not written by this package: read it as a media type
+	return protoreflect.FullName(params["messagetype"])
 }
 
 // answer returns the Answer that stores the handler's reply or error, and
@@ -399,8 +412,7 @@ func replay(ctx context.Context, resp *idemstore.Response, expires time.Time) (a
 		md[ExpiresMetadata] = []string{expires.UTC().Format(time.RFC3339)}
 	}
 	_ = grpc.SetHeader(ctx, md)
-	_, params, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	name := protoreflect.FullName(params["messagetype"])
+	name := messageType(resp.Header.Get("Content-Type"))
 	if resp.Status == http.StatusOK {
 		mt, err := protoregistry.GlobalTypes.FindMessageByName(name)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -41,6 +42,9 @@ func Run(t *testing.T, newStore func(t *testing.T) idemstore.Store) {
 		{"HandlerErrors", testHandlerErrors},
 		{"StoreServerErrors", testStoreServerErrors},
 		{"Panic", testPanic},
+		{"Principal", testPrincipal},
+		{"StoreUnavailable", testStoreUnavailable},
+		{"MessageTooLarge", testTooLarge},
 		{"MarkFirstExpiry", testMarkFirstExpiry},
 		{"Storm", testStorm},
 		{"StormWait", testStormWait},
@@ -436,6 +440,66 @@ func testPanic(t *testing.T, newStore func(*testing.T) idemstore.Store) {
 	if e.event("released") != 1 {
 		t.Errorf("events %v; want one released", e.events)
 	}
+}
+
+// Keys are scoped to the principal: another user's call with the same
+// key runs on its own; a Principal error is UNAUTHENTICATED, nothing runs.
+func testPrincipal(t *testing.T, newStore func(*testing.T) idemstore.Store) {
+	e := start(t, newStore, setup{server: func(o *idemgrpc.ServerOptions) {
+		o.Guard.Principal = func(r *idemgrpc.UnaryRequest) (string, error) {
+			user := first(metadata.ValueFromIncomingContext(r.Ctx, "x-user"))
+			if user == "" {
+				return "", errors.New("no user")
+			}
+			return user, nil
+		}
+	}})
+	ctx := t.Context()
+	alice := metadata.AppendToOutgoingContext(ctx, "x-user", "alice")
+	bob := metadata.AppendToOutgoingContext(ctx, "x-user", "bob")
+	a1 := e.charge(alice, e.plain, "k-shared", charge(10))
+	b1 := e.charge(bob, e.plain, "k-shared", charge(10))
+	a2 := e.charge(alice, e.plain, "k-shared", charge(10))
+	if a1.err != nil || b1.err != nil || a2.err != nil {
+		t.Fatal(a1.err, b1.err, a2.err)
+	}
+	if a1.reply.GetExecution() != 1 || b1.reply.GetExecution() != 2 || b1.replayed() || !a2.replayed() || !proto.Equal(a1.reply, a2.reply) {
+		t.Errorf("alice %v, bob %v (replayed %v), alice again %v (replayed %v); want a run each and alice's replay",
+			a1.reply, b1.reply, b1.replayed(), a2.reply, a2.replayed())
+	}
+	a := e.charge(ctx, e.plain, "k-shared", charge(10))
+	wantRefusal(t, "no user", a.err, codes.Unauthenticated, "unauthenticated", 0)
+	wantExecutions(t, e, 2)
+}
+
+// downStore is a store that cannot be reached.
+type downStore struct{ idemstore.Store }
+
+func (downStore) Begin(context.Context, idemstore.BeginRequest) (idemstore.BeginResult, error) {
+	return idemstore.BeginResult{}, idemstore.ErrUnavailable
+}
+
+// A store that cannot be reached is UNAVAILABLE with a RetryInfo, and
+// nothing runs unprotected.
+func testStoreUnavailable(t *testing.T, newStore func(*testing.T) idemstore.Store) {
+	e := start(t, func(t *testing.T) idemstore.Store { return downStore{newStore(t)} }, setup{})
+	a := e.charge(t.Context(), e.plain, "k-down", charge(1))
+	wantRefusal(t, "store down", a.err, codes.Unavailable, "store_unavailable", 2*time.Second)
+	wantExecutions(t, e, 0)
+}
+
+// A request over MaxBody is RESOURCE_EXHAUSTED (as gRPC answers a message
+// over its limit), and it is not a rate limit: the client does not retry.
+func testTooLarge(t *testing.T, newStore func(*testing.T) idemstore.Store) {
+	e := start(t, newStore, setup{client: &fastClient, server: func(o *idemgrpc.ServerOptions) { o.Guard.MaxBody = 64 }})
+	big := charge(1)
+	big.Currency = strings.Repeat("E", 100)
+	_, err := e.client.Charge(t.Context(), big)
+	wantRefusal(t, "a 100-byte message over MaxBody 64", err, codes.ResourceExhausted, "body_too_large", 0)
+	if got := e.attempts.Load(); got != 1 {
+		t.Errorf("%d attempts; want 1", got)
+	}
+	wantExecutions(t, e, 0)
 }
 
 // MarkFirst and ExpiryHeader: idempotent-replayed: false on the first
