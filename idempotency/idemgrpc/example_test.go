@@ -75,12 +75,14 @@ func ExampleUnaryServerInterceptor() {
 func ExampleUnaryClientInterceptor() {
 	pay := &payments{}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(idemgrpc.ServerOptions{
-		Guard: idempotency.Options[*idemgrpc.UnaryRequest]{Store: &memstore.Store{}},
+		Guard:   idempotency.Options[*idemgrpc.UnaryRequest]{Store: &memstore.Store{}}, // or redisstore, sqlstore
+		Methods: []string{paypb.Pay_Charge_FullMethodName},                             // nil: every unary method
 	})))
 	paypb.RegisterPayServer(srv, pay)
 	defer srv.Stop()
+	addr := serve(srv)
 
-	conn, err := grpc.NewClient("passthrough:///"+serve(srv), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(idemgrpc.ClientOptions{
 			Methods: []string{paypb.Pay_Charge_FullMethodName},
 		})))
