@@ -36,6 +36,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idemstore.Store) {
 		{"InFlight", testInFlight},
 		{"Mismatch", testMismatch},
 		{"KeyMissingInvalid", testKeyMissingInvalid},
+		{"KeyOptional", testKeyOptional},
 		{"RequestID", testRequestID},
 		{"RequestIDNotFingerprinted", testRequestIDWindow},
 		{"UnguardedMethod", testUnguarded},
@@ -50,6 +51,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idemstore.Store) {
 		{"StormWait", testStormWait},
 		{"ClientRetriesLostAnswer", testClientLostAnswer},
 		{"ClientRetriesUnavailable", testClientUnavailable},
+		{"ClientServerRestart", testClientServerRestart},
 		{"ClientRetriesInProgress", testClientInProgress},
 		{"ClientDuplicateSubmission", testClientDuplicate},
 		{"ClientResourceExhausted", testClientResourceExhausted},
@@ -222,6 +224,26 @@ func testKeyMissingInvalid(t *testing.T, newStore func(*testing.T) idemstore.Sto
 	a = e.charge(ctx, e.plain, "", r)
 	wantRefusal(t, "a request_id that is no key", a.err, codes.InvalidArgument, "idempotency_key_invalid", 0)
 	wantExecutions(t, e, 0)
+}
+
+// KeyOptional: a call without a key runs, unprotected, each time; one
+// with a key is guarded as always.
+func testKeyOptional(t *testing.T, newStore func(*testing.T) idemstore.Store) {
+	e := start(t, newStore, setup{server: func(o *idemgrpc.ServerOptions) { o.Guard.KeyOptional = true }})
+	ctx := t.Context()
+	for range 2 {
+		if a := e.charge(ctx, e.plain, "", charge(2)); a.err != nil || a.replayed() {
+			t.Fatalf("no key: %v, replayed %v; want a run", a.err, a.replayed())
+		}
+	}
+	e.charge(ctx, e.plain, "k-opt", charge(2))
+	if a := e.charge(ctx, e.plain, "k-opt", charge(2)); a.err != nil || !a.replayed() {
+		t.Errorf("a key on a KeyOptional route: %v, replayed %v; want the replay", a.err, a.replayed())
+	}
+	wantExecutions(t, e, 3)
+	if e.event("unprotected") != 2 {
+		t.Errorf("events %v; want two unprotected", e.events)
+	}
 }
 
 // AIP-155: without metadata, request_id is the key; metadata wins, and
