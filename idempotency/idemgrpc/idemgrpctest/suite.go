@@ -681,7 +681,10 @@ func testClientUnavailable(t *testing.T, newStore func(*testing.T) idemstore.Sto
 // call's answer can be replayed.
 func testClientInProgress(t *testing.T, newStore func(*testing.T) idemstore.Store) {
 	started, release := make(chan struct{}), make(chan struct{})
-	e := start(t, newStore, setup{client: &fastClient, charge: func(_ context.Context, n int64, req *paypb.ChargeRequest) (*paypb.ChargeReply, error) {
+	patient := fastClient
+	patient.MaxAttempts = 60 // a retry a second: the first call has a minute to finish on a loaded machine
+	patient.MaxElapsed = time.Minute
+	e := start(t, newStore, setup{client: &patient, charge: func(_ context.Context, n int64, req *paypb.ChargeRequest) (*paypb.ChargeReply, error) {
 		if n == 1 {
 			close(started)
 			<-release
@@ -791,29 +794,25 @@ func testClientExhausted(t *testing.T, newStore func(*testing.T) idemstore.Store
 	}
 }
 
-// No attempt starts whose wait would pass the call's deadline.
+// No attempt starts whose wait would pass the call's deadline: a
+// RetryInfo of a minute ends a call with 10s left at once, with the key,
+// though MaxElapsed (an hour) and attempts are left.
 func testClientDeadline(t *testing.T, newStore func(*testing.T) idemstore.Store) {
-	started, release := make(chan struct{}), make(chan struct{})
-	e := start(t, newStore, setup{client: &fastClient, charge: func(_ context.Context, n int64, req *paypb.ChargeRequest) (*paypb.ChargeReply, error) {
-		close(started)
-		<-release
-		return okReply(n, req), nil
+	opts := fastClient
+	opts.MaxElapsed = time.Hour
+	e := start(t, newStore, setup{client: &opts, charge: func(context.Context, int64, *paypb.ChargeRequest) (*paypb.ChargeReply, error) {
+		st, _ := status.New(codes.Aborted, "come back in a minute").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Minute)})
+		return nil, st.Err()
 	}})
-	ctx := t.Context()
-	done := make(chan answer, 1)
-	go func() { done <- e.charge(ctx, e.plain, "k-deadline", charge(6)) }()
-	defer func() {
-		close(release)
-		<-done
-	}()
-	<-started
-	// RetryInfo asks for 1s; the deadline is nearer.
-	dctx, cancel := context.WithTimeout(idemgrpc.WithKey(ctx, "k-deadline"), 500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(idemgrpc.WithKey(t.Context(), "k-deadline"), 10*time.Second)
 	defer cancel()
-	_, err := e.client.Charge(dctx, charge(6))
+	_, err := e.client.Charge(ctx, charge(6))
 	var ierr *idemgrpc.Error
 	if !errors.As(err, &ierr) || ierr.Attempts != 1 || ierr.Key != "k-deadline" || status.Code(err) != codes.Aborted {
 		t.Errorf("error %v; want an *idemgrpc.Error after 1 attempt, Aborted, with the key", err)
+	}
+	if ctx.Err() != nil {
+		t.Errorf("the call waited for its deadline: %v", ctx.Err())
 	}
 }
 
