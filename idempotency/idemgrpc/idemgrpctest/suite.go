@@ -20,6 +20,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency/idemgrpc"
 	"github.com/onceguard/onceguard/idempotency/idemgrpc/internal/paypb"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/token"
 )
 
 // Run runs the suite. newStore returns the store of one server: a fresh
@@ -44,6 +45,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idemstore.Store) {
 		{"StoreServerErrors", testStoreServerErrors},
 		{"Panic", testPanic},
 		{"Principal", testPrincipal},
+		{"SubmitTokens", testSubmitTokens},
 		{"StoreUnavailable", testStoreUnavailable},
 		{"MessageTooLarge", testTooLarge},
 		{"MarkFirstExpiry", testMarkFirstExpiry},
@@ -492,6 +494,46 @@ func testPrincipal(t *testing.T, newStore func(*testing.T) idemstore.Store) {
 	a := e.charge(ctx, e.plain, "k-shared", charge(10))
 	wantRefusal(t, "no user", a.err, codes.Unauthenticated, "unauthenticated", 0)
 	wantExecutions(t, e, 2)
+}
+
+// Submit tokens as keys: a token runs once and replays; an unknown or
+// another user's token is FAILED_PRECONDITION; with RequireToken a plain
+// key is INVALID_ARGUMENT.
+func testSubmitTokens(t *testing.T, newStore func(*testing.T) idemstore.Store) {
+	full, ok := newStore(t).(idemstore.FullStore)
+	if !ok {
+		t.Skip("the store keeps no tokens")
+	}
+	tokens := token.New(full, nil)
+	e := start(t, func(*testing.T) idemstore.Store { return full }, setup{server: func(o *idemgrpc.ServerOptions) {
+		o.Guard.Tokens, o.Guard.Purpose, o.Guard.RequireToken = tokens, "charge", true
+		o.Guard.Principal = func(r *idemgrpc.UnaryRequest) (string, error) {
+			return first(metadata.ValueFromIncomingContext(r.Ctx, "x-user")), nil
+		}
+	}})
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-user", "alice")
+	mine, err := tokens.Issue(ctx, "alice", "charge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobs, err := tokens.Issue(ctx, "bob", "charge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1 := e.charge(ctx, e.plain, mine.Token, charge(40))
+	a2 := e.charge(ctx, e.plain, mine.Token, charge(40))
+	if a1.err != nil || a2.err != nil || !a2.replayed() || !proto.Equal(a1.reply, a2.reply) {
+		t.Fatalf("a token twice: %v, %v (replayed %v); want a run and its replay", a1.err, a2.err, a2.replayed())
+	}
+	a := e.charge(ctx, e.plain, mine.Token, charge(41))
+	wantRefusal(t, "the token for another request", a.err, codes.FailedPrecondition, "idempotency_key_reused", 0)
+	a = e.charge(ctx, e.plain, "st_"+strings.Repeat("A", 32), charge(40))
+	wantRefusal(t, "an unknown token", a.err, codes.FailedPrecondition, "submit_token_invalid", 0)
+	a = e.charge(ctx, e.plain, bobs.Token, charge(42))
+	wantRefusal(t, "another user's token", a.err, codes.FailedPrecondition, "submit_token_invalid", 0)
+	a = e.charge(ctx, e.plain, "plain-key", charge(40))
+	wantRefusal(t, "a plain key under RequireToken", a.err, codes.InvalidArgument, "submit_token_required", 0)
+	wantExecutions(t, e, 1)
 }
 
 // downStore is a store that cannot be reached.
