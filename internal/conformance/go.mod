@@ -23,9 +23,13 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/grpc v1.85.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
@@ -33,3 +37,7 @@ require (
 )
 
 replace github.com/onceguard/onceguard/internal/dbtest => ../dbtest
+
+require github.com/onceguard/onceguard/idempotency/idemgrpc v0.0.0-00010101000000-000000000000
+
+replace github.com/onceguard/onceguard/idempotency/idemgrpc => ../../idempotency/idemgrpc
