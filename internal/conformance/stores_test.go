@@ -1,13 +1,19 @@
 package conformance_test
 
 import (
+	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/adaptertest"
+	"github.com/onceguard/onceguard/idempotency/idemgrpc/idemgrpctest"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 	"github.com/onceguard/onceguard/idempotency/redisstore"
@@ -78,4 +84,57 @@ func startNetHTTP(t *testing.T, cfg adaptertest.Config, app http.Handler) string
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// The gRPC interceptors' suite (its own: gRPC is not HTTP) on every
+// store.
+func TestGRPCConformance(t *testing.T) {
+	for _, s := range stores {
+		t.Run(s.name, func(t *testing.T) {
+			newStore := s.new(t)
+			var servers atomic.Int64
+			idemgrpctest.Run(t, func(t *testing.T) idemstore.Store {
+				// The suite's keys are fixed ("k-replay"): each server gets
+				// records of its own in the shared store.
+				return namespaced{newStore(t), fmt.Sprintf("%d.%d/", time.Now().UnixNano(), servers.Add(1))}
+			})
+		})
+	}
+}
+
+// namespaced gives a store's records and window entries a namespace of
+// their own (ns before every id), so that suites whose keys are fixed run
+// on one shared database. Tokens are random: they pass through.
+type namespaced struct {
+	idemstore.FullStore
+	ns string
+}
+
+func (n namespaced) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
+	r.ID = n.ns + r.ID
+	return n.FullStore.Begin(ctx, r)
+}
+
+func (n namespaced) Complete(ctx context.Context, id, lease string, resp idemstore.Response, now time.Time) error {
+	return n.FullStore.Complete(ctx, n.ns+id, lease, resp, now)
+}
+
+func (n namespaced) Abandon(ctx context.Context, id, lease string) error {
+	return n.FullStore.Abandon(ctx, n.ns+id, lease)
+}
+
+func (n namespaced) ClaimWindow(ctx context.Context, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
+	return n.FullStore.ClaimWindow(ctx, n.ns+id, owner, window, now)
+}
+
+func (n namespaced) FreeWindow(ctx context.Context, id, owner string) error {
+	return n.FullStore.FreeWindow(ctx, n.ns+id, owner)
+}
+
+func (n namespaced) Watch(ctx context.Context, id string) (<-chan struct{}, func(), error) {
+	w, ok := n.FullStore.(idemstore.Notifier)
+	if !ok {
+		return nil, nil, errors.New("conformance: the store does not notify")
+	}
+	return w.Watch(ctx, n.ns+id)
 }
