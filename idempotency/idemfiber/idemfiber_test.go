@@ -3,6 +3,8 @@ package idemfiber_test
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -98,7 +100,7 @@ func newApp(o idempotency.Options[*fiber.Ctx], h fiber.Handler) *fiber.App {
 func TestReplay(t *testing.T) {
 	var runs atomic.Int32
 	var sawCall atomic.Bool
-	url := start(t, newApp(idempotency.Options[*fiber.Ctx]{MarkFirst: true}, func(c *fiber.Ctx) error {
+	url := start(t, newApp(idempotency.Options[*fiber.Ctx]{MarkFirst: true, ExpiryHeader: true}, func(c *fiber.Ctx) error {
 		n := runs.Add(1)
 		if call, ok := idempotency.FromContext(c.UserContext()); ok && call.Key == key {
 			sawCall.Store(true)
@@ -118,6 +120,11 @@ func TestReplay(t *testing.T) {
 		again.header.Get("Content-Type") != "application/vnd.pay+json" || again.header.Get("Location") != "/payments/1" ||
 		again.header.Get("Set-Cookie") != "" || again.header.Get("Cache-Control") != "no-store" {
 		t.Fatalf("replay: %+v", again)
+	}
+	exp, err := http.ParseTime(first.header.Get("Idempotency-Key-Expires"))
+	if err != nil || time.Until(exp) < 23*time.Hour || again.header.Get("Idempotency-Key-Expires") != first.header.Get("Idempotency-Key-Expires") {
+		t.Fatalf("Idempotency-Key-Expires: first %q, replay %q; want the same date, a day ahead",
+			first.header.Get("Idempotency-Key-Expires"), again.header.Get("Idempotency-Key-Expires"))
 	}
 	if runs.Load() != 1 || !sawCall.Load() {
 		t.Fatalf("runs %d, saw its call %v", runs.Load(), sawCall.Load())
@@ -327,4 +334,31 @@ func TestWritesNothing(t *testing.T) {
 		again.header.Get("Content-Type") != first.header.Get("Content-Type") || again.header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
 		t.Fatalf("%+v then %+v, runs %d", first, again, runs.Load())
 	}
+}
+
+// Options.KeyField: the key in a form field when there is no header.
+func TestKeyField(t *testing.T) {
+	var runs atomic.Int32
+	url := start(t, newApp(idempotency.Options[*fiber.Ctx]{KeyField: "withdraw_token", Fingerprint: formFingerprint[*fiber.Ctx]}, func(c *fiber.Ctx) error {
+		runs.Add(1)
+		return c.SendString("paid " + c.FormValue("amount"))
+	}))
+	form := "withdraw_token=wt-1&amount=5"
+	first := send(t, "POST", url+"/w", "", form, "Content-Type", "application/x-www-form-urlencoded")
+	again := send(t, "POST", url+"/w", "", form, "Content-Type", "application/x-www-form-urlencoded")
+	if first.status != 200 || first.body != "paid 5" || again.body != "paid 5" || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("%+v then %+v", first, again)
+	}
+	if a := send(t, "POST", url+"/w", "", "amount=5", "Content-Type", "application/x-www-form-urlencoded"); a.status != 400 || problemCode(t, a) != "idempotency_key_missing" {
+		t.Fatalf("no field: %+v", a)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("runs %d", runs.Load())
+	}
+}
+
+// formFingerprint fingerprints a form body by its bytes.
+func formFingerprint[R any](_ R, body []byte) (string, error) {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:]), nil
 }

@@ -2,6 +2,8 @@ package idemhertz_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -111,7 +113,7 @@ const key = "8e03978e-40d5-43e8-bc93-6894a57f9324"
 func TestReplay(t *testing.T) {
 	var runs atomic.Int32
 	var sawCall atomic.Bool
-	url := guarded(t, idempotency.Options[*app.RequestContext]{MarkFirst: true}, func(ctx context.Context, c *app.RequestContext) {
+	url := guarded(t, idempotency.Options[*app.RequestContext]{MarkFirst: true, ExpiryHeader: true}, func(ctx context.Context, c *app.RequestContext) {
 		n := runs.Add(1)
 		if call, ok := idempotency.FromContext(ctx); ok && call.Key == key {
 			sawCall.Store(true)
@@ -130,6 +132,11 @@ func TestReplay(t *testing.T) {
 		again.header.Get("Content-Type") != "application/vnd.pay+json" || again.header.Get("Location") != "/payments/1" ||
 		again.header.Get("Set-Cookie") != "" || again.header.Get("Cache-Control") != "no-store" {
 		t.Fatalf("replay: %+v", again)
+	}
+	exp, err := http.ParseTime(first.header.Get("Idempotency-Key-Expires"))
+	if err != nil || time.Until(exp) < 23*time.Hour || again.header.Get("Idempotency-Key-Expires") != first.header.Get("Idempotency-Key-Expires") {
+		t.Fatalf("Idempotency-Key-Expires: first %q, replay %q; want the same date, a day ahead",
+			first.header.Get("Idempotency-Key-Expires"), again.header.Get("Idempotency-Key-Expires"))
 	}
 	if runs.Load() != 1 || !sawCall.Load() {
 		t.Fatalf("runs %d, saw its call %v", runs.Load(), sawCall.Load())
@@ -369,4 +376,31 @@ func TestCaptureKeepsTLS(t *testing.T) {
 	if c.Response.StatusCode() != 200 || string(c.Response.Body()) != "ok" || !sawTLS.Load() {
 		t.Fatalf("%d %q, r.TLS set: %v", c.Response.StatusCode(), c.Response.Body(), sawTLS.Load())
 	}
+}
+
+// Options.KeyField: the key in a form field when there is no header.
+func TestKeyField(t *testing.T) {
+	var runs atomic.Int32
+	url := guarded(t, idempotency.Options[*app.RequestContext]{KeyField: "withdraw_token", Fingerprint: formFingerprint[*app.RequestContext]}, func(ctx context.Context, c *app.RequestContext) {
+		runs.Add(1)
+		c.String(200, "paid %s", c.PostForm("amount"))
+	})
+	form := "withdraw_token=wt-1&amount=5"
+	first := send(t, "POST", url+"/w", "", form, "Content-Type", "application/x-www-form-urlencoded")
+	again := send(t, "POST", url+"/w", "", form, "Content-Type", "application/x-www-form-urlencoded")
+	if first.status != 200 || first.body != "paid 5" || again.body != "paid 5" || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("%+v then %+v", first, again)
+	}
+	if a := send(t, "POST", url+"/w", "", "amount=5", "Content-Type", "application/x-www-form-urlencoded"); a.status != 400 || problemCode(t, a) != "idempotency_key_missing" {
+		t.Fatalf("no field: %+v", a)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("runs %d", runs.Load())
+	}
+}
+
+// formFingerprint fingerprints a form body by its bytes.
+func formFingerprint[R any](_ R, body []byte) (string, error) {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:]), nil
 }
