@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -277,8 +278,15 @@ func (errReader) Read([]byte) (int, error) { return 0, errors.New("disk gone") }
 // time, without the replay headers; a key there is still checked.
 func TestKeyOptional(t *testing.T) {
 	var runs atomic.Int32
-	var events []string
-	o := idempotency.Options[*fiber.Ctx]{KeyOptional: true, OnEvent: func(_ *fiber.Ctx, ev string) { events = append(events, ev) }}
+	var (
+		mu     sync.Mutex // OnEvent runs on the server's goroutines
+		events []string
+	)
+	o := idempotency.Options[*fiber.Ctx]{KeyOptional: true, OnEvent: func(_ *fiber.Ctx, ev string) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, ev)
+	}}
 	url := start(t, newApp(o, func(c *fiber.Ctx) error {
 		_, keyed := idempotency.FromContext(c.UserContext())
 		return c.SendString(fmt.Sprintf("run %d keyed=%v", runs.Add(1), keyed))
@@ -291,6 +299,8 @@ func TestKeyOptional(t *testing.T) {
 	if c := send(t, "POST", url+"/p", "bad key", `{}`); c.status != 400 {
 		t.Fatalf("invalid key on an optional route: %+v", c)
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	if got := strings.Join(events, ","); got != "unprotected,unprotected,key_invalid" {
 		t.Fatalf("events %s", got)
 	}

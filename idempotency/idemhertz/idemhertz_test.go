@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -293,8 +294,15 @@ func (errReader) Read([]byte) (int, error) { return 0, errors.New("disk gone") }
 // time; a key there is still checked.
 func TestKeyOptional(t *testing.T) {
 	var runs atomic.Int32
-	var events []string
-	o := idempotency.Options[*app.RequestContext]{KeyOptional: true, OnEvent: func(_ *app.RequestContext, ev string) { events = append(events, ev) }}
+	var (
+		mu     sync.Mutex // OnEvent runs on the server's goroutines
+		events []string
+	)
+	o := idempotency.Options[*app.RequestContext]{KeyOptional: true, OnEvent: func(_ *app.RequestContext, ev string) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, ev)
+	}}
 	url := guarded(t, o, func(ctx context.Context, c *app.RequestContext) {
 		_, keyed := idempotency.FromContext(ctx)
 		c.String(200, "run %d keyed=%v", runs.Add(1), keyed)
@@ -307,6 +315,8 @@ func TestKeyOptional(t *testing.T) {
 	if c := send(t, "POST", url+"/p", "bad key", `{}`); c.status != 400 {
 		t.Fatalf("invalid key on an optional route: %+v", c)
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	if got := strings.Join(events, ","); got != "unprotected,unprotected,key_invalid" {
 		t.Fatalf("events %s", got)
 	}
