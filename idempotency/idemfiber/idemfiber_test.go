@@ -372,3 +372,57 @@ func formFingerprint[R any](_ R, body []byte) (string, error) {
 	sum := sha256.Sum256(body)
 	return hex.EncodeToString(sum[:]), nil
 }
+
+// ReplayHeaders "*": every header of the first answer is replayed but
+// Set-Cookie, Date, Content-Length and the hop-by-hop ones, each once.
+func TestReplayAllHeaders(t *testing.T) {
+	url := start(t, newApp(idempotency.Options[*fiber.Ctx]{ReplayHeaders: []string{"*"}}, func(c *fiber.Ctx) error {
+		c.Set("X-Request-Cost", "3")
+		c.Append("Vary", "Accept")
+		c.Append("Vary", "Origin")
+		c.Cookie(&fiber.Cookie{Name: "s", Value: "secret"})
+		return c.Status(201).JSON(fiber.Map{"ok": true})
+	}))
+	first := send(t, "POST", url+"/p", key, `{}`)
+	again := send(t, "POST", url+"/p", key, `{}`)
+	if again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("%+v then %+v", first, again)
+	}
+	for k, v := range first.header {
+		switch k {
+		case "Date", "Content-Length":
+			continue
+		case "Set-Cookie":
+			if again.header[k] != nil {
+				t.Errorf("replayed Set-Cookie %q", again.header[k])
+			}
+			continue
+		}
+		if fmt.Sprint(again.header[k]) != fmt.Sprint(v) {
+			t.Errorf("header %s: first %q, replay %q", k, v, again.header[k])
+		}
+	}
+}
+
+// A mounted app's own ErrorHandler answers its routes' errors, and that
+// answer is what is stored and replayed.
+func TestMountedErrorHandler(t *testing.T) {
+	var runs atomic.Int32
+	sub := fiber.New(fiber.Config{ErrorHandler: func(c *fiber.Ctx, err error) error {
+		return c.Status(409).SendString("sub: " + err.Error())
+	}})
+	sub.Post("/x", func(c *fiber.Ctx) error {
+		runs.Add(1)
+		return errors.New("taken")
+	})
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(idemfiber.New(idempotency.Options[*fiber.Ctx]{Store: &memstore.Store{}}))
+	app.Mount("/api", sub)
+	url := start(t, app)
+	first := send(t, "POST", url+"/api/x", key, `{}`)
+	again := send(t, "POST", url+"/api/x", key, `{}`)
+	if first.status != 409 || first.body != "sub: taken" || again.status != 409 || again.body != first.body ||
+		again.header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+		t.Fatalf("%+v then %+v, runs %d", first, again, runs.Load())
+	}
+}

@@ -414,3 +414,34 @@ func formFingerprint[R any](_ R, body []byte) (string, error) {
 	sum := sha256.Sum256(body)
 	return hex.EncodeToString(sum[:]), nil
 }
+
+// ReplayHeaders "*": every header of the first answer is replayed but
+// Set-Cookie, Date, Content-Length and the hop-by-hop ones, each once.
+func TestReplayAllHeaders(t *testing.T) {
+	url := guarded(t, idempotency.Options[*app.RequestContext]{ReplayHeaders: []string{"*"}}, func(ctx context.Context, c *app.RequestContext) {
+		c.Header("X-Request-Cost", "3")
+		c.Response.Header.Add("Vary", "Accept")
+		c.Response.Header.Add("Vary", "Origin")
+		c.Response.Header.Set("Set-Cookie", "s=secret")
+		c.JSON(201, map[string]bool{"ok": true})
+	})
+	first := send(t, "POST", url+"/p", key, `{}`)
+	again := send(t, "POST", url+"/p", key, `{}`)
+	if again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("%+v then %+v", first, again)
+	}
+	for k, v := range first.header {
+		switch k {
+		case "Date", "Content-Length":
+			continue
+		case "Set-Cookie":
+			if again.header[k] != nil {
+				t.Errorf("replayed Set-Cookie %q", again.header[k])
+			}
+			continue
+		}
+		if fmt.Sprint(again.header[k]) != fmt.Sprint(v) {
+			t.Errorf("header %s: first %q, replay %q", k, v, again.header[k])
+		}
+	}
+}
