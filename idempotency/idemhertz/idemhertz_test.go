@@ -445,3 +445,45 @@ func TestReplayAllHeaders(t *testing.T) {
 		}
 	}
 }
+
+// watchedStore tells when a Begin found its key in flight.
+type watchedStore struct {
+	*memstore.Store
+	inFlight chan struct{}
+}
+
+func (s *watchedStore) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
+	res, err := s.Store.Begin(ctx, r)
+	if err == nil && res.Outcome == idemstore.InProgress {
+		select {
+		case s.inFlight <- struct{}{}:
+		default:
+		}
+	}
+	return res, err
+}
+
+// Options.Wait: a retry that arrives while the first is in flight waits
+// for its answer and replays it, instead of a 409.
+func TestWait(t *testing.T) {
+	store := &watchedStore{Store: &memstore.Store{}, inFlight: make(chan struct{}, 1)}
+	var runs atomic.Int32
+	release, entered := make(chan struct{}), make(chan struct{}, 1)
+	url := guarded(t, idempotency.Options[*app.RequestContext]{Store: store, Wait: time.Minute}, func(ctx context.Context, c *app.RequestContext) {
+		runs.Add(1)
+		entered <- struct{}{}
+		<-release
+		c.String(201, "done")
+	})
+	first := make(chan answer, 1)
+	go func() { first <- send(t, "POST", url+"/p", key, `{}`) }()
+	<-entered // the first is in its handler
+	second := make(chan answer, 1)
+	go func() { second <- send(t, "POST", url+"/p", key, `{}`) }()
+	<-store.inFlight // the retry found the key in flight: it waits
+	close(release)
+	f, s := <-first, <-second
+	if f.status != 201 || s.status != 201 || s.body != "done" || s.header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+		t.Fatalf("first %+v, waiting retry %+v, runs %d", f, s, runs.Load())
+	}
+}
