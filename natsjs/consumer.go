@@ -105,7 +105,7 @@ func (in *Inbox) Process(ctx context.Context, msg jetstream.Msg, h Handler) (ran
 		if !errors.Is(err, ErrNoID) {
 			err = fmt.Errorf("%w: %w", ErrNoID, err)
 		}
-		_ = msg.TermWithReason("natsjs: no message id")
+		_ = msg.Term()
 		return false, err
 	}
 	ran, err = in.Store.OnceTx(ctx, in.Source, id, &idempotency.DoOptions{Lease: in.Lease, TTL: in.TTL},

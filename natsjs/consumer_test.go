@@ -428,3 +428,33 @@ func (m *stallingMsg) Ack() error {
 	}
 	return m.Msg.Ack()
 }
+
+// A message whose id cannot be had is terminated, never handled: no
+// redelivery could handle it once.
+func TestInboxNoID(t *testing.T) {
+	js := jsFor(t)
+	d := databases[0]
+	driver, dsn := d.dsn(t)
+	a := openApp(t, d.dialect, driver, dsn, tableFor(t, d), fmt.Sprint("test/", time.Now().UnixNano()))
+	a.inbox.ID = func(jetstream.Msg) (string, error) { return "", nil }
+	stream, name := newStream(t, js)
+	ctx := context.Background()
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "app", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, name+".x", 1)
+	msg, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	handled := false
+	ran, err := a.inbox.Process(ctx, msg, func(context.Context, *sql.Tx, jetstream.Msg) error { handled = true; return nil })
+	if !errors.Is(err, natsjs.ErrNoID) || ran || handled {
+		t.Fatalf("Process without an id = %v, %v (handled %v); want ErrNoID, not handled", ran, err, handled)
+	}
+	drained(t, cons, a, 0) // terminated: neither pending nor redelivered
+	if n, _ := a.rows(t); n != 0 {
+		t.Errorf("%d rows; want none", n)
+	}
+}
