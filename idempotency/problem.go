@@ -30,13 +30,18 @@ func WriteProblem(w http.ResponseWriter, p *Problem) {
 		h.Set("Retry-After", strconv.Itoa(p.RetryAfter))
 	}
 	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(struct {
+	_ = json.NewEncoder(w).Encode(problemJSON(p))
+}
+
+// problemJSON is p's RFC 9457 body.
+func problemJSON(p *Problem) any {
+	return struct {
 		Type   string `json:"type"`
 		Title  string `json:"title"`
 		Status int    `json:"status"`
 		Detail string `json:"detail"`
 		Code   string `json:"code"`
-	}{"urn:onceguard:problem:" + p.Code, p.Title, p.Status, p.Detail, p.Code})
+	}{"urn:onceguard:problem:" + p.Code, p.Title, p.Status, p.Detail, p.Code}
 }
 
 // The problems Middleware answers with (docs/api.md's codes).

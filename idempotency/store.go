@@ -20,11 +20,12 @@
 // business tables stay the last line of defence: they make even a retry
 // after a lost record harmless.
 //
-// Middleware serves the HTTP contract; Do serves queue consumers and jobs;
-// Once serves webhook and callback receivers and event consumers, which
-// must act on each event id once (sqlstore.Store.OnceTx does it in the
-// transaction of the event's effect; package natsjs, its own module, does
-// it for JetStream messages).
+// Middleware serves the HTTP contract on net/http; Guard is the same
+// checks for any other transport (the framework adapters are built on
+// it); Do serves queue consumers and jobs; Once serves webhook and
+// callback receivers and event consumers, which must act on each event id
+// once (sqlstore.Store.OnceTx does it in the transaction of the event's
+// effect; package natsjs, its own module, does it for JetStream messages).
 package idempotency
 
 import (

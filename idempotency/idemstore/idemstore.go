@@ -157,3 +157,15 @@ type FullStore interface {
 	WindowStore
 	token.Store
 }
+
+// Notifier is a Store that can tell a waiter when a record may have
+// changed (completed, abandoned, taken over), so that a request waiting
+// for a key's in-flight first request (idempotency.Options.Wait) asks
+// again then instead of polling. A Store without it is polled.
+type Notifier interface {
+	// Watch returns a channel that receives (or is closed) after the
+	// record id may have changed, until stop is called or ctx ends. A
+	// wake-up may be spurious; one may also be missed on a lost
+	// connection, so the waiter still polls, slowly.
+	Watch(ctx context.Context, id string) (changed <-chan struct{}, stop func(), err error)
+}

@@ -28,6 +28,7 @@ type Store struct {
 	windows   map[string]window
 	nextSweep time.Time
 	leases    string // random hex, cut into lease ids (see newLease)
+	watchers  map[string][]chan struct{}
 }
 
 // entry is a key's record, with its answer once completed.
@@ -207,6 +208,7 @@ func (s *Store) Complete(ctx context.Context, id, lease string, resp idemstore.R
 	e.state, e.lease = idemstore.Completed, ""
 	e.status, e.body = resp.Status, append([]byte(nil), resp.Body...)
 	e.keepHeader(resp.Header)
+	s.wake(id)
 	return nil
 }
 
@@ -223,7 +225,48 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 		t.rec.Scope = ""
 		t.keep = t.rec.ExpiresAt
 	}
+	s.wake(id)
 	return nil
+}
+
+// Watch implements idemstore.Notifier: the channel is closed when the
+// record id is completed or abandoned.
+func (s *Store) Watch(ctx context.Context, id string) (<-chan struct{}, func(), error) {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.watchers == nil {
+		s.watchers = make(map[string][]chan struct{})
+	}
+	s.watchers[id] = append(s.watchers[id], ch)
+	stop := func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		w := s.watchers[id]
+		for i, c := range w {
+			if c == ch {
+				w = append(w[:i:i], w[i+1:]...)
+				break
+			}
+		}
+		if len(w) == 0 {
+			delete(s.watchers, id)
+		} else {
+			s.watchers[id] = w
+		}
+	}
+	return ch, stop, nil
+}
+
+// wake closes the channels watching id; s.mu is held.
+func (s *Store) wake(id string) {
+	if len(s.watchers) == 0 {
+		return
+	}
+	for _, c := range s.watchers[id] {
+		close(c)
+	}
+	delete(s.watchers, id)
 }
 
 // ClaimWindow implements idemstore.WindowStore.

@@ -32,6 +32,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -87,17 +88,19 @@ if not r[1] or tonumber(r[7]) <= tonumber(ARGV[4]) then
   return {1}
 end
 if r[1] ~= ARGV[1] then return {4} end
-if r[2] == '2' then return {2, r[4], r[5], r[6]} end
+if r[2] == '2' then return {2, r[4], r[5], r[6], r[7]} end
 if tonumber(r[3]) > tonumber(ARGV[4]) then return {3} end
 redis.call('HSET', KEYS[1], 'lease', ARGV[2], 'until', ARGV[3])
 return {5}
 `)
 	// completeLua: KEYS[1] the record; ARGV lease, status, header, body.
+	// It tells Watch's subscribers (the record's key is the channel).
 	completeLua = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'state', 'lease')
 if r[1] ~= '1' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', '2', 'status', ARGV[2], 'header', ARGV[3], 'body', ARGV[4])
 redis.call('HDEL', KEYS[1], 'lease', 'until')
+redis.call('PUBLISH', KEYS[1], '2')
 return 1
 `)
 	// abandonLua: KEYS[1] the record; ARGV lease. Deletes it and returns
@@ -106,6 +109,7 @@ return 1
 local r = redis.call('HMGET', KEYS[1], 'state', 'lease', 'token')
 if r[1] ~= '1' or r[2] ~= ARGV[1] then return false end
 redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', KEYS[1], '0')
 return r[3] or ''
 `)
 	// bindLua: KEYS[1] the token; ARGV subject, purpose, scope, now ms,
@@ -205,9 +209,49 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 		b, _ := res[3].(string)
 		resp.Body = []byte(b)
 		rec.State, rec.Response = idemstore.Completed, resp
+		if len(res) > 4 {
+			if e, _ := res[4].(string); e != "" {
+				if n, err := strconv.ParseInt(e, 10, 64); err == nil {
+					rec.ExpiresAt = time.UnixMilli(n)
+				}
+			}
+		}
 		return idemstore.BeginResult{Outcome: idemstore.Replay, Record: rec}, nil
 	}
 	return idemstore.BeginResult{}, fmt.Errorf("redisstore: begin: unexpected reply %v", res)
+}
+
+// Watch implements idemstore.Notifier with Redis pub/sub: the record's
+// Complete and Abandon publish on its key. The subscription is confirmed
+// before Watch returns, so a change after it is not missed.
+func (s *Store) Watch(ctx context.Context, id string) (<-chan struct{}, func(), error) {
+	ps := s.rdb.Subscribe(ctx, s.recKey(id))
+	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
+		_ = ps.Close()
+		return nil, nil, wrap("watch", err)
+	}
+	ch := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() {
+		msgs := ps.Channel()
+		for {
+			select {
+			case _, ok := <-msgs:
+				if !ok {
+					return
+				}
+				select {
+				case ch <- struct{}{}:
+				default:
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	stop := func() { once.Do(func() { close(done); _ = ps.Close() }) }
+	return ch, stop, nil
 }
 
 // Complete implements idemstore.Store.

@@ -70,6 +70,11 @@ func Run(t *testing.T, newStore func(t *testing.T) idemstore.FullStore) {
 		if r.Status != 201 || !bytes.Equal(r.Body, resp.Body) || r.Header.Get("Content-Type") != "application/json" {
 			t.Errorf("replayed %d %q %v; want %d %q %v", r.Status, r.Body, r.Header, resp.Status, resp.Body, resp.Header)
 		}
+		// The record expires TTL after it was created: a client is told
+		// how long its retries get this answer (Options.ExpiryHeader).
+		if exp := got.Record.ExpiresAt; exp.Sub(now.Add(time.Hour)).Abs() > time.Millisecond {
+			t.Errorf("replayed record expires at %v; want %v (created + TTL)", exp, now.Add(time.Hour))
+		}
 		if got := begin(t, s, id, "fp2", now, nil); got.Outcome != idemstore.Mismatch {
 			t.Errorf("completed key with another fingerprint = %v; want Mismatch", got.Outcome)
 		}
@@ -397,6 +402,39 @@ func Run(t *testing.T, newStore func(t *testing.T) idemstore.FullStore) {
 	})
 
 	t.Run("MiddlewareStorms", func(t *testing.T) { storms(t, newStore(t)) })
+
+	t.Run("Notifier", func(t *testing.T) {
+		s := newStore(t)
+		n, ok := s.(idemstore.Notifier)
+		if !ok {
+			t.Skip("not an idemstore.Notifier: a waiting retry polls it")
+		}
+		for _, end := range []string{"Complete", "Abandon"} {
+			id, now := uniq(t, end), time.Now()
+			res := begin(t, s, id, "fp", now, nil)
+			ch, stop, err := n.Watch(ctx, id)
+			if err != nil {
+				// A store that notifies only when configured to (sqlstore
+				// with a Listener) says so; a waiting retry polls it.
+				t.Skipf("Watch = %v: a waiting retry polls this store", err)
+			}
+			if end == "Complete" {
+				err = s.Complete(ctx, id, res.Lease, idemstore.Response{Status: 200}, now)
+			} else {
+				err = s.Abandon(ctx, id, res.Lease)
+			}
+			if err != nil {
+				t.Fatalf("%s = %v", end, err)
+			}
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+				t.Errorf("Watch was not woken by %s within 10s", end)
+			}
+			stop()
+			stop() // twice is harmless
+		}
+	})
 
 	t.Run("Once", func(t *testing.T) { once(t, newStore) })
 
