@@ -5,7 +5,9 @@
 // Because the records live next to the business tables, a handler can
 // complete a key's record in the same transaction as its business change
 // (CompleteTx): a crash then leaves either both or neither, never money
-// moved without its record or a record without its money.
+// moved without its record or a record without its money. DoTx and
+// OnceTx (an event id acted on once, for webhook receivers and queue
+// consumers) run the caller's function in such a transaction themselves.
 //
 // Begin binds a submit token and creates the key's record in one
 // transaction; concurrent Begins of one key are serialised by the primary
@@ -351,6 +353,37 @@ func (s *Store) DoTx(ctx context.Context, scope idempotency.Scope, key, fingerpr
 		call.MarkCompleted()
 		return out, nil
 	})
+}
+
+// OnceTx is idempotency.Once for a receiver whose effect lives in this
+// store's database: fn runs in a transaction of the store's *sql.DB, and
+// the event is recorded in that same transaction (under the records'
+// primary key), so that fn's effect and the record commit together or not
+// at all. A delivery of an event already committed does not run fn
+// (ran = false, err nil: answer it as done); one while another delivery
+// holds the event returns idempotency.ErrInProgress (answer "retry later");
+// fn's error or panic rolls the transaction back and frees the event for a
+// redelivery at once. A process killed before its commit leaves nothing
+// done, and its event is taken over once its lease (DoOptions.Lease) has
+// run out; should a delivery outlive its lease and another take the event
+// over, only one of the two can commit (the other gets ErrLeaseLost and
+// rolls back). So neither a crash nor a duplicate, concurrent or late,
+// makes fn's effect twice, whatever fn writes. ran is true only once fn's
+// transaction has committed: acknowledge the event (a 2xx, an ack) after
+// OnceTx returns, never inside fn. Events are remembered for DoOptions.TTL
+// (default 24h). opts may be nil.
+func (s *Store) OnceTx(ctx context.Context, source, eventID string, opts *idempotency.DoOptions,
+	fn func(ctx context.Context, tx *sql.Tx) error) (ran bool, err error) {
+	if source == "" || eventID == "" {
+		return false, fmt.Errorf("idempotency/sqlstore: once: %w", idempotency.ErrKeyMissing)
+	}
+	_, replayed, err := s.DoTx(ctx, idempotency.OnceScope(source), eventID, "", opts, func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+		return nil, fn(ctx, tx)
+	})
+	if err != nil || replayed {
+		return false, err
+	}
+	return true, nil
 }
 
 type execer interface {
