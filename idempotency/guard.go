@@ -492,16 +492,24 @@ func (g *Guard[R]) keeps(k string, h http.Header) bool {
 	if !g.allHeaders {
 		return slices.Contains(g.replayHeaders, k)
 	}
+	// Any case: net/http sends a non-canonical name as it is, and a
+	// client reads it as the canonical one (h["set-cookie"] is a cookie).
+	k = http.CanonicalHeaderKey(k)
 	switch k {
 	case "Set-Cookie", "Date", "Content-Length", "Connection", "Keep-Alive", "Proxy-Connection",
 		"Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 		"Idempotent-Replayed", "Idempotency-Key-Expires":
 		return false
 	}
-	for _, v := range h["Connection"] { // the headers a Connection header names are hop-by-hop too
-		for _, f := range splitComma(v) {
-			if http.CanonicalHeaderKey(f) == k {
-				return false
+	for name, vs := range h { // the headers a Connection header names are hop-by-hop too
+		if http.CanonicalHeaderKey(name) != "Connection" {
+			continue
+		}
+		for _, v := range vs {
+			for _, f := range splitComma(v) {
+				if http.CanonicalHeaderKey(f) == k {
+					return false
+				}
 			}
 		}
 	}
