@@ -60,16 +60,17 @@ type Options[R any] struct {
 	Fingerprint func(r R, body []byte) (string, error)
 
 	// KeyField, when set, names a field of the body that carries the key
-	// when the request has no Idempotency-Key header (the header wins when
-	// both are there): a field of an application/x-www-form-urlencoded
-	// body, or a top-level string member of a JSON object (any other
-	// Content-Type). Its syntax is the header's. Default: "", the header
-	// only.
+	// when the request has no Idempotency-Key header (when both are there,
+	// they must name the same key, else 400 idempotency_key_invalid): a
+	// field of an application/x-www-form-urlencoded body, or a top-level
+	// string member of a JSON object (any other Content-Type). Its syntax
+	// is the header's. Default: "", the header only.
 	KeyField string
 	// KeyOptional runs a request without a key once, unprotected, instead
 	// of answering 400 idempotency_key_missing; it is counted as the event
-	// "unprotected". A key that is present is checked as always. Default:
-	// false.
+	// "unprotected". A key that is present is checked as always; one that
+	// is present but empty (an empty header or field) is invalid, not
+	// absent. Default: false.
 	KeyOptional bool
 
 	// Lease protects an in-flight request: a retry within it gets 409; after
@@ -235,14 +236,26 @@ func (g *Guard[R]) Begin(ctx context.Context, r R, req *Request) Outcome {
 
 	// 2. The key's syntax.
 	keys := req.Key
-	if len(keys) == 0 && o.KeyField != "" {
-		keys = keyField(req.ContentType, req.Body, o.KeyField)
+	if o.KeyField != "" {
+		field := keyField(req.ContentType, req.Body, o.KeyField)
+		if len(keys) == 0 {
+			keys = field
+		} else if fk, err := ParseKey(field); !errors.Is(err, ErrKeyMissing) {
+			// Both: they must name one key. If the header won, a retry that
+			// adds a header to the field's first attempt would run again.
+			if hk, herr := ParseKey(keys); err != nil || herr != nil || hk != fk {
+				return g.fail(r, "key_invalid", probInvalid)
+			}
+		}
 	}
 	key, err := ParseKey(keys)
 	if errors.Is(err, ErrKeyMissing) {
-		if o.KeyOptional {
+		if o.KeyOptional && len(keys) == 0 {
 			g.event(r, "unprotected")
 			return Outcome{}
+		}
+		if o.KeyOptional { // sent, but empty: not run unprotected
+			return g.fail(r, "key_invalid", probInvalid)
 		}
 		return g.fail(r, "key_missing", probMissing)
 	} else if err != nil {
