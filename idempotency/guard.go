@@ -386,8 +386,12 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 	for {
 		select {
 		case <-wctx.Done():
-			if ctx.Err() != nil {
-				return idemstore.BeginResult{}, ctx.Err() // the client went away
+			if err := ctx.Err(); errors.Is(err, context.DeadlineExceeded) {
+				// The request's own deadline came first: the key is still
+				// in flight, as far as anyone knows; no store failed.
+				return idemstore.BeginResult{Outcome: idemstore.InProgress}, nil
+			} else if err != nil {
+				return idemstore.BeginResult{}, err // the client went away
 			}
 			// The wait ran out: one last look, then 409 as without it.
 			req.Now = g.o.Now()
@@ -403,6 +407,9 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 		}
 		req.Now = g.o.Now()
 		res, err := g.o.Store.Begin(ctx, req)
+		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return idemstore.BeginResult{Outcome: idemstore.InProgress}, nil // as above
+		}
 		if err != nil || res.Outcome != idemstore.InProgress {
 			if err == nil && res.Outcome == idemstore.Replay {
 				g.event(r, "waited")
