@@ -19,6 +19,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency/pgnotify"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
+	"github.com/onceguard/onceguard/internal/leakcheck"
 	"github.com/onceguard/onceguard/sqldialect"
 )
 
@@ -180,4 +181,128 @@ func TestStoreWithListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.Run(t, func(*testing.T) idemstore.FullStore { return s })
+}
+
+// Watch honours its context while the LISTEN connection is being opened:
+// with the pool exhausted (every connection busy), a waiting retry gives
+// up when its wait (or its client) ends, instead of blocking until a
+// connection frees, and a second watcher is not held behind the first.
+func TestWatchPoolExhausted(t *testing.T) {
+	db := open(t)
+	db.SetMaxOpenConns(1)
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "pgnotify_", Listener: pgnotify.Listener(db)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := db.Conn(t.Context()) // the pool's only connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := true
+	free := func() {
+		if held {
+			held = false
+			_ = busy.Close()
+		}
+	}
+	defer free()
+	done := make(chan error, 2)
+	for _, id := range []string{"a", "b"} {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			_, stop, err := s.Watch(ctx, id)
+			if err == nil {
+				stop()
+			}
+			done <- err
+		}()
+	}
+	for range 2 {
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Error("Watch succeeded without a connection")
+			}
+		case <-time.After(30 * time.Second):
+			free() // let it finish, to tell how it ended
+			t.Fatal("Watch still blocked 30 s after its context ended, for as long as the pool is busy")
+		}
+	}
+	free()
+	// Once a connection is free, watching works again.
+	_, stop, err := s.Watch(t.Context(), "c")
+	if err != nil {
+		t.Fatalf("Watch after the pool freed: %v", err)
+	}
+	stop()
+}
+
+// A LISTEN connection that breaks wakes every watcher (each asks the
+// store again and watches anew, on a new LISTEN), watching then works
+// again, and once nobody watches no goroutine is left behind.
+func TestBrokenListenAndNoLeak(t *testing.T) {
+	db := open(t)
+	// A channel of its own: the connection this test cuts is no other
+	// test's.
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "pgnotify_brk_", Listener: pgnotify.Listener(db)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	listening := func() int {
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %pgnotify_brk_idempotency%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ignore := leakcheck.IgnoreCurrent()
+	ch, stop, err := s.Watch(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %pgnotify_brk_idempotency%' AND pid <> pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a watcher was not woken when its LISTEN connection broke")
+	}
+	stop()
+
+	// Watching again works: a Complete wakes it.
+	id := fmt.Sprint("brk", time.Now().UnixNano())
+	res, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: time.Now()})
+	if err != nil || res.Outcome != idemstore.Started {
+		t.Fatalf("Begin: %v %v", res, err)
+	}
+	ch, stop, err = s.Watch(ctx, id)
+	if err != nil {
+		t.Fatalf("Watch after the broken LISTEN: %v", err)
+	}
+	if err := s.Complete(ctx, id, res.Lease, idemstore.Response{Status: 201}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the new LISTEN did not wake its watcher")
+	}
+	stop()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for listening() != 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := listening(); n != 0 {
+		t.Fatalf("%d LISTEN connections after the watchers stopped", n)
+	}
+	if err := leakcheck.Find(ignore); err != nil {
+		t.Error(err)
+	}
 }
