@@ -306,3 +306,71 @@ func TestBrokenListenAndNoLeak(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// The LISTEN connection is not one of the pool's: with a pool of one
+// connection, a waiting retry must not hold it while the first request
+// needs it to store its answer. (On the pool, the first request's
+// Complete timed out: its 201 was sent unstored and the key stayed in
+// flight, so a retry after the lease would run the handler again; the
+// waiter got 503.)
+func TestListenOutsidePool(t *testing.T) {
+	db := open(t)
+	db.SetMaxOpenConns(1)
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "pgnotify_", Listener: pgnotify.Listener(db), Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	watch := open(t) // to look at the server without the pool under test
+	listening := func() int {
+		var n int
+		if err := watch.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %pgnotify_idempotency%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	base := listening()
+	release, started := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	h := idempotency.Middleware(idempotency.Config{Store: s, Wait: time.Minute, Lease: time.Minute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		close(started)
+		<-release
+		w.WriteHeader(201)
+		_, _ = w.Write([]byte("paid"))
+	}))
+	key := fmt.Sprint("pool1-", time.Now().UnixNano())
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	first, waiter := make(chan *httptest.ResponseRecorder, 1), make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- send() }()
+	<-started
+	go func() { waiter <- send() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for listening() == base && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if listening() == base {
+		t.Fatal("the waiter did not LISTEN within 30 s")
+	}
+	close(release)
+	if w := <-first; w.Code != 201 {
+		t.Fatalf("first: %d", w.Code)
+	}
+	if w := <-waiter; w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Errorf("waiter: %d %q; want the replay of the 201", w.Code, w.Body)
+	}
+	if w := send(); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Errorf("a retry afterwards: %d %q; want the replay: the first answer was stored", w.Code, w.Body)
+	}
+	if runs.Load() != 1 {
+		t.Errorf("%d runs; want 1", runs.Load())
+	}
+}
