@@ -383,6 +383,7 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 	}
 	t := time.NewTimer(next)
 	defer t.Stop()
+	rewatch := false
 	for {
 		select {
 		case <-wctx.Done():
@@ -398,7 +399,11 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 			return g.o.Store.Begin(ctx, req)
 		case _, ok := <-woken:
 			if !ok {
-				watch() // a closed channel is used up: watch again
+				// A closed channel is used up; watched again below only if
+				// the key is still in flight (usually it is not: the
+				// wake-up was its answer, and a new watch, a LISTEN
+				// connection on PostgreSQL, would be for nothing).
+				woken, rewatch = nil, true
 			}
 		case <-t.C:
 			if woken == nil {
@@ -421,6 +426,13 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 			case <-t.C:
 			default:
 			}
+		}
+		if rewatch {
+			// Watch anew, then one look at once, as after the first Watch.
+			watch()
+			rewatch = false
+			t.Reset(0)
+			continue
 		}
 		t.Reset(poll)
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,5 +44,71 @@ func TestWaitRequestDeadline(t *testing.T) {
 	defer mu.Unlock()
 	if got := strings.Join(events, ","); strings.Contains(got, "store_unavailable") {
 		t.Errorf("events %s: no store failed", got)
+	}
+}
+
+// A waiter woken by an abandoned first request (a 5xx frees the key)
+// finds that another waiter took the key over, watches again and is
+// woken by that one's answer: the handler ran twice (the 5xx, then the
+// taker's), every other waiter replays the taker's answer.
+func TestWaitRewatchAfterTakeOver(t *testing.T) {
+	store := &notified{Store: &memstore.Store{}}
+	var runs atomic.Int32
+	firstIn, release := make(chan struct{}), make(chan struct{})
+	secondIn, release2 := make(chan struct{}), make(chan struct{})
+	h := idempotency.Middleware(idempotency.Config{Store: store, Wait: time.Minute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch runs.Add(1) {
+		case 1:
+			close(firstIn)
+			<-release
+			w.WriteHeader(503) // frees the key
+		case 2:
+			close(secondIn)
+			<-release2
+			w.WriteHeader(201)
+			_, _ = w.Write([]byte("second"))
+		default:
+			t.Error("a third run")
+		}
+	}))
+	sendAs := func(i int) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
+		r = r.WithContext(context.WithValue(r.Context(), requestID{}, i))
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- sendAs(0) }()
+	<-firstIn
+	const waiters = 3
+	answers := make(chan *httptest.ResponseRecorder, waiters)
+	for i := 1; i <= waiters; i++ {
+		go func() { answers <- sendAs(i) }()
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for store.inFlight() < waiters && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if w := <-first; w.Code != 503 {
+		t.Fatalf("first: %d; want its 503", w.Code)
+	}
+	<-secondIn // a waiter took the key over and runs
+	close(release2)
+	var created, replayed int
+	for range waiters {
+		switch w := <-answers; {
+		case w.Code == 201 && w.Header().Get("Idempotent-Replayed") == "true" && w.Body.String() == "second":
+			replayed++
+		case w.Code == 201 && w.Header().Get("Idempotent-Replayed") == "":
+			created++
+		default:
+			t.Errorf("waiter: %d %v %q", w.Code, w.Header(), w.Body)
+		}
+	}
+	if created != 1 || replayed != waiters-1 || runs.Load() != 2 {
+		t.Errorf("%d taken over, %d replayed, %d runs; want 1, %d, 2", created, replayed, runs.Load(), waiters-1)
 	}
 }

@@ -98,6 +98,14 @@ func TestWaitWokenByNotify(t *testing.T) {
 			waiter := make(chan *httptest.ResponseRecorder)
 			before := store.begins.Load()
 			go func() { waiter <- send() }()
+			// The hold below starts once the waiter asked the store (found
+			// the key in flight), not when its goroutine was started: on a
+			// loaded machine that may be much later, and the polled case's
+			// lower bound would fail.
+			deadline := time.Now().Add(60 * time.Second)
+			for store.begins.Load() == before && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
 			time.Sleep(1500 * time.Millisecond)
 			close(release)
 			<-first
@@ -372,5 +380,61 @@ func TestListenOutsidePool(t *testing.T) {
 	}
 	if runs.Load() != 1 {
 		t.Errorf("%d runs; want 1", runs.Load())
+	}
+}
+
+// countListen counts the LISTEN connections opened.
+type countListen struct {
+	sqlstore.Listener
+	n atomic.Int32
+}
+
+func (c *countListen) Listen(ctx context.Context, channel string, notify func(string)) (func() error, error) {
+	c.n.Add(1)
+	return c.Listener.Listen(ctx, channel, notify)
+}
+
+// A waiter woken by the NOTIFY of its key's answer replays it without
+// opening another LISTEN first: a connection set up and torn down for
+// nothing, on every waited request.
+func TestWokenWaiterListensOnce(t *testing.T) {
+	db := open(t)
+	l := &countListen{Listener: pgnotify.Listener(db)}
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "pgnotify_", Listener: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &counting{Store: s}
+	release, started := make(chan struct{}), make(chan struct{})
+	h := idempotency.Middleware(idempotency.Config{Store: store, Wait: time.Minute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		w.WriteHeader(201)
+	}))
+	key := fmt.Sprint("once-", time.Now().UnixNano())
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	first, waiter := make(chan *httptest.ResponseRecorder, 1), make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- send() }()
+	<-started
+	before := store.begins.Load()
+	go func() { waiter <- send() }()
+	// Waiting: its first Begin, then the look right after the LISTEN.
+	deadline := time.Now().Add(60 * time.Second)
+	for store.begins.Load() < before+2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	<-first
+	if w := <-waiter; w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("waiter: %d %v; want the replay", w.Code, w.Header())
+	}
+	if n := l.n.Load(); n != 1 {
+		t.Errorf("%d LISTEN connections opened for one waited request; want 1", n)
 	}
 }
