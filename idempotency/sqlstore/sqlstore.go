@@ -388,6 +388,7 @@ func (s *Store) OnceTx(ctx context.Context, source, eventID string, opts *idempo
 
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
 func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp idemstore.Response) error {
@@ -398,6 +399,26 @@ func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp i
 	if err != nil {
 		return err
 	}
+	if s.opts.Listener != nil {
+		// The NOTIFY in the same statement: a NOTIFY that fails fails the
+		// completion, never the other way round (an answer stored, yet
+		// reported as not).
+		rows, err := e.QueryContext(ctx, s.q.completeNotify, append(args, s.channel())...)
+		if err != nil {
+			return wrap("complete", err)
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return wrap("complete", err)
+		}
+		if n == 0 {
+			return idempotency.ErrLeaseLost
+		}
+		return nil
+	}
 	out, err := e.ExecContext(ctx, s.q.complete, args...)
 	if err != nil {
 		return wrap("complete", err)
@@ -405,7 +426,7 @@ func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp i
 	if n, err := out.RowsAffected(); err != nil || n == 0 {
 		return idempotency.ErrLeaseLost
 	}
-	return wrap("complete", s.notify(ctx, e, id))
+	return nil
 }
 
 // completeArgs are the arguments of the complete query.
