@@ -60,11 +60,11 @@ type Options[R any] struct {
 	Fingerprint func(r R, body []byte) (string, error)
 
 	// KeyField, when set, names a field of the body that carries the key
-	// when the request has no Idempotency-Key header (when both are there,
-	// they must name the same key, else 400 idempotency_key_invalid): a
-	// field of an application/x-www-form-urlencoded body, or a top-level
-	// string member of a JSON object (any other Content-Type). Its syntax
-	// is the header's. Default: "", the header only.
+	// when the request has no Idempotency-Key header (the header wins when
+	// both are there): a field of an application/x-www-form-urlencoded
+	// body, or a top-level string member of a JSON object (any other
+	// Content-Type). Its syntax is the header's. Default: "", the header
+	// only.
 	KeyField string
 	// KeyOptional runs a request without a key once, unprotected, instead
 	// of answering 400 idempotency_key_missing; it is counted as the event
@@ -236,17 +236,12 @@ func (g *Guard[R]) Begin(ctx context.Context, r R, req *Request) Outcome {
 
 	// 2. The key's syntax.
 	keys := req.Key
-	if o.KeyField != "" {
-		field := keyField(req.ContentType, req.Body, o.KeyField)
-		if len(keys) == 0 {
-			keys = field
-		} else if fk, err := ParseKey(field); !errors.Is(err, ErrKeyMissing) {
-			// Both: they must name one key. If the header won, a retry that
-			// adds a header to the field's first attempt would run again.
-			if hk, herr := ParseKey(keys); err != nil || herr != nil || hk != fk {
-				return g.fail(r, "key_invalid", probInvalid)
-			}
-		}
+	if len(keys) == 0 && o.KeyField != "" {
+		// The header wins when both are there, as the gateway's contract
+		// (docs/gateway.md) says; the repeat-submit window, whose
+		// fingerprint leaves the field out, still sees the same form
+		// sent under a second key.
+		keys = keyField(req.ContentType, req.Body, o.KeyField)
 	}
 	key, err := ParseKey(keys)
 	if errors.Is(err, ErrKeyMissing) {
