@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -12,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/redisstore"
 	"github.com/onceguard/onceguard/internal/leakcheck"
 	"github.com/onceguard/onceguard/internal/redistest"
@@ -20,9 +22,9 @@ import (
 // A hundred retries waiting (Options.Wait) for one key's first request
 // are all woken by its completion and replay its answer, the handler ran
 // once, and once they are answered no subscription, connection or
-// goroutine is left. It logs what the waiting costs: one subscription,
-// so one connection, per waiter (on a server of its own, so that the
-// count is this test's).
+// goroutine is left. The waiters share one subscription, so one
+// connection (on a server of its own, so that the counts are this
+// test's).
 func TestWaitManyWaiters(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a redis-server")
@@ -67,7 +69,7 @@ func TestWaitManyWaiters(t *testing.T) {
 	ignore := leakcheck.IgnoreCurrent()
 	baseClients, baseG := clients(), runtime.NumGoroutine()
 
-	store := redisstore.New(rdb, nil)
+	store := &counted{Store: redisstore.New(rdb, nil)}
 	release, started := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int32
 	h := idempotency.Middleware(idempotency.Config{Store: store, Wait: 5 * time.Minute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -93,12 +95,20 @@ func TestWaitManyWaiters(t *testing.T) {
 	for range n {
 		go func() { answers <- send() }()
 	}
+	// Each waiter asks twice before it sleeps: its Begin, and one look
+	// once its Watch is subscribed.
 	deadline := time.Now().Add(60 * time.Second)
-	for subscribers() < n && time.Now().Before(deadline) {
+	for store.inProgress.Load() < 2*n && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if got := subscribers(); got != n {
-		t.Fatalf("%d subscriptions; want %d, one per waiter", got, n)
+	if got := store.inProgress.Load(); got < 2*n {
+		t.Fatalf("%d Begins found the key in flight; want %d, two per waiter", got, 2*n)
+	}
+	if got := subscribers(); got != 1 {
+		t.Errorf("%d subscriptions for %d waiters on one key; want 1, shared", got, n)
+	}
+	if got := clients() - baseClients; got > 25 {
+		t.Errorf("%d connections more for %d waiters; want the pool's few and one for pub/sub", got, n)
 	}
 	t.Logf("%d waiters: %d subscriptions, %d connections more, %d goroutines more (%d are the requests)",
 		n, subscribers(), clients()-baseClients, runtime.NumGoroutine()-baseG, n+1)
@@ -130,4 +140,18 @@ func TestWaitManyWaiters(t *testing.T) {
 		t.Error(err)
 	}
 	t.Logf("after: %d connections more than before", clients()-baseClients)
+}
+
+// counted counts the Begins that found the key in flight.
+type counted struct {
+	*redisstore.Store
+	inProgress atomic.Int32
+}
+
+func (c *counted) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
+	res, err := c.Store.Begin(ctx, r)
+	if err == nil && res.Outcome == idemstore.InProgress {
+		c.inProgress.Add(1)
+	}
+	return res, err
 }
