@@ -67,7 +67,7 @@ func clientOptions(addr string) *redis.Options {
 // own client of the server at addr; admin (a client of its own) samples the
 // server's CPU and cleans up after each cell.
 func newRedisLibraries(addr string, admin *redis.Client) []*library {
-	libs := []*library{newOnceguard(addr), newOnceguardRueidis(addr), newMinimalGoRedis(addr), newMinimalRueidis(addr, false), newMinimalRueidis(addr, true), newBSM(addr), newBSM1ms(addr), newRedsync(addr)}
+	libs := []*library{newOnceguard(addr), newOnceguardRueidis(addr), newMinimalGoRedis(addr, false), newMinimalGoRedis(addr, true), newMinimalRueidis(addr, false), newMinimalRueidis(addr, true), newBSM(addr), newBSM1ms(addr), newRedsync(addr)}
 	for _, l := range libs {
 		l.group = groupRedis
 		l.serverCPU = func() (time.Duration, bool) { return redisCPU(admin) }

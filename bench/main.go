@@ -127,7 +127,7 @@ func exactName(s string) bool {
 	if s == groupRedis || s == groupBackends || s == "ceiling/redis-benchmark" {
 		return true
 	}
-	libs := map[string][]string{groupRedis: {"onceguard", libOGRueidis, libMinGoRedis, libMinRueidis, libMinFenced, "bsm/redislock", libBSM1ms, "redsync", "ceiling"}, groupBackends: backendLibs}
+	libs := map[string][]string{groupRedis: {"onceguard", libOGRueidis, libMinGoRedis, libMinRueidis, libMinGoRedisFenced, libMinFenced, "bsm/redislock", libBSM1ms, "redsync", "ceiling"}, groupBackends: backendLibs}
 	for group, names := range libs {
 		for _, l := range names {
 			if s == l {
@@ -186,7 +186,7 @@ func run(cfg config, out, progress io.Writer) error {
 	serverVersion := ""
 	var admin *redis.Client
 	needRedis := cfg.selected("ceiling", "redis-benchmark", groupRedis)
-	for _, l := range []string{"onceguard", libOGRueidis, libMinGoRedis, libMinRueidis, libMinFenced, "bsm/redislock", libBSM1ms, "redsync"} {
+	for _, l := range []string{"onceguard", libOGRueidis, libMinGoRedis, libMinRueidis, libMinGoRedisFenced, libMinFenced, "bsm/redislock", libBSM1ms, "redsync"} {
 		needRedis = needRedis || cfg.libSelected(l, groupRedis)
 	}
 	where := "same machine"

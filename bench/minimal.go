@@ -28,6 +28,9 @@ const (
 	// onceguard's try does. Not a baseline: it shows what the fence alone
 	// costs, the part of onceguard's cycle no design can skip.
 	libMinFenced = "minimal-rueidis+fence"
+	// libMinGoRedisFenced is the same on go-redis: SET and INCR in one
+	// pipeline (the worker's own, reused), then the script.
+	libMinGoRedisFenced = "minimal-goredis+fence"
 )
 
 // minimalRelease deletes KEYS[1] if it holds ARGV[1].
@@ -57,26 +60,47 @@ func (t *minToken) next() string {
 
 // --- on go-redis --------------------------------------------------------------
 
-func newMinimalGoRedis(addr string) *library {
+func newMinimalGoRedis(addr string, fenced bool) *library {
+	name := libMinGoRedis
+	if fenced {
+		name = libMinGoRedisFenced
+	}
 	rdb := redis.NewClient(clientOptions(addr))
 	release := redis.NewScript(minimalRelease)
-	return &library{name: libMinGoRedis, tryOnly: true, close: func() { _ = rdb.Close() }, newWorker: func(key string) worker {
-		return &minGoRedisWorker{rdb: rdb, release: release, key: key, keys: []string{key}, tok: minToken{prefix: tokenPrefix()}}
+	return &library{name: name, tryOnly: true, close: func() { _ = rdb.Close() }, newWorker: func(key string) worker {
+		w := &minGoRedisWorker{rdb: rdb, release: release, key: key, keys: []string{key}, tok: minToken{prefix: tokenPrefix()}}
+		if fenced {
+			w.fenceKey, w.pipe = key+":fence", rdb.Pipeline()
+		}
+		return w
 	}}
 }
 
 type minGoRedisWorker struct {
-	rdb     *redis.Client
-	release *redis.Script
-	key     string
-	keys    []string
-	tok     minToken
-	held    string
+	rdb      *redis.Client
+	release  *redis.Script
+	key      string
+	fenceKey string          // fenced: INCR it with the SET
+	pipe     redis.Pipeliner // fenced
+	keys     []string
+	tok      minToken
+	held     string
+	fence    int64
 }
 
 func (w *minGoRedisWorker) try(ctx context.Context) (bool, error) {
 	v := w.tok.next()
-	err := w.rdb.Do(ctx, "set", w.key, v, "nx", "px", cycleTTL.Milliseconds()).Err()
+	var err error
+	if w.pipe == nil {
+		err = w.rdb.Do(ctx, "set", w.key, v, "nx", "px", cycleTTL.Milliseconds()).Err()
+	} else {
+		set := w.pipe.Do(ctx, "set", w.key, v, "nx", "px", cycleTTL.Milliseconds())
+		incr := w.pipe.Incr(ctx, w.fenceKey)
+		_, _ = w.pipe.Exec(ctx)
+		if err = set.Err(); err == nil {
+			w.fence, err = incr.Result()
+		}
+	}
 	if errors.Is(err, redis.Nil) {
 		return false, nil
 	}

@@ -363,15 +363,20 @@ func printTargets(w io.Writer, rep *report) {
 		}
 	}
 	for _, og := range ogRedis {
-		for _, m := range append(slices.Clone(minimalLibs), libMinFenced) {
+		for _, m := range append(slices.Clone(minimalLibs), libMinGoRedisFenced, libMinFenced) {
 			paired(og, m)
 		}
 	}
-	// What the fence alone costs: the minimal design with onceguard's
-	// INCR, against the minimal design (info: it bounds the targets above).
+	// What the fence alone costs: each minimal design with onceguard's
+	// INCR in the SET's round trip, against itself without (info: it
+	// bounds the targets above), and the best fenced one against the best
+	// minimal one.
+	paired(libMinGoRedisFenced, libMinGoRedis)
 	paired(libMinFenced, libMinRueidis)
+	fenced := []string{libMinGoRedisFenced, libMinFenced}
 	for _, sc := range []string{"paired-1", "distinct-16", "distinct-64"} {
-		bestOf(w, rep, "  "+sc+": minimal-rueidis+fence / best minimal (info: the fence's cost)", sc, []string{libMinFenced}, minimalLibs, 1)
+		bestOf(w, rep, "  "+sc+": best minimal+fence / best minimal (info: the fence's cost)", sc, fenced, minimalLibs, 1)
+		bestOf(w, rep, "  "+sc+": fastest onceguard / best minimal+fence (info)", sc, ogRedis, fenced, 1)
 	}
 	bestOf(w, rep, "distinct-64 cycles/s: fastest onceguard Redis backend / bsm/redislock", "distinct-64", ogRedis, []string{"bsm/redislock"}, 2.5)
 	label := "onekey-16-block fairness (Jain) of onceguard"
@@ -460,6 +465,8 @@ func short(lib string) string {
 		return "min-rueidis"
 	case libMinFenced:
 		return "min-rueidis+fence"
+	case libMinGoRedisFenced:
+		return "min-goredis+fence"
 	}
 	return lib
 }
