@@ -268,6 +268,9 @@ func printNotes(w io.Writer) {
 	fmt.Fprintln(w, "processes; mariadbd; the 3 redlock redis-servers; '-' for SQLite, which runs in the bench) / of this")
 	fmt.Fprintln(w, "process over the measured window, in % of one core; ceiling rows are redis-benchmark SET requests/s, not")
 	fmt.Fprintln(w, "lock cycles; pg-xact-baseline is BEGIN; SELECT pg_try_advisory_xact_lock(key); COMMIT per cycle.")
+	fmt.Fprintln(w, "÷ best minimal: per round, cycles/s over the better of minimal-goredis and minimal-rueidis (median, range);")
+	fmt.Fprintln(w, "allocs/cycle: this process's heap objects per cycle over the window; cmds/cycle: commands the server ran")
+	fmt.Fprintln(w, "per cycle (INFO total_commands_processed: calls inside scripts count; '-' in paired cells).")
 }
 
 func fmtRatio(x, y float64) string {
