@@ -232,15 +232,50 @@ func (o *Outbox) Prune(ctx context.Context, sentBefore time.Time, limit int) (in
 	if limit <= 0 {
 		limit = 1000
 	}
-	res, err := o.db.ExecContext(ctx, o.q.prune, sentBefore.UnixMicro(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: prune: %w", err)
+	var n int64
+	var err error
+	if o.dialect == sqldialect.MySQL {
+		err = o.readCommitted(ctx, o.q.prune, sentBefore.UnixMicro(), limit, &n)
+	} else {
+		var res sql.Result
+		if res, err = o.db.ExecContext(ctx, o.q.prune, sentBefore.UnixMicro(), limit); err == nil {
+			n, err = res.RowsAffected()
+		}
 	}
-	n, err := res.RowsAffected()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: prune: %w", err)
 	}
 	return n, nil
+}
+
+// readCommitted runs one statement on MySQL in a READ COMMITTED
+// transaction, whose locking reads take record locks only: under
+// REPEATABLE READ the claim's and the prune's range scans would take gap
+// locks, and a writer inserting its event (in a transaction holding the
+// writer's own rows) would wait on them, up to a deadlock or its lock
+// wait timeout. A last *int64 argument receives the rows affected.
+func (o *Outbox) readCommitted(ctx context.Context, q string, args ...any) error {
+	var affected *int64
+	if len(args) > 0 {
+		if p, ok := args[len(args)-1].(*int64); ok {
+			affected, args = p, args[:len(args)-1]
+		}
+	}
+	tx, err := o.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	if affected != nil {
+		if *affected, err = res.RowsAffected(); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
 }
 
 // claim marks up to limit due rows as claimed by token until leaseEnd and
@@ -253,7 +288,7 @@ func (o *Outbox) claim(ctx context.Context, token string, now, leaseEnd time.Tim
 		// MySQL has no UPDATE ... RETURNING: the conditional UPDATE takes
 		// the rows (row locks serialise two relays; the second sees them
 		// claimed), then the claim token finds them.
-		if _, err = o.db.ExecContext(ctx, o.q.claim, token, leaseEnd.UnixMicro(), now.UnixMicro(), limit); err != nil {
+		if err = o.readCommitted(ctx, o.q.claim, token, leaseEnd.UnixMicro(), now.UnixMicro(), limit); err != nil {
 			return nil, fmt.Errorf("outbox: claim: %w", err)
 		}
 		rows, err = o.db.QueryContext(ctx, o.q.claimed, token)

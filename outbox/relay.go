@@ -195,7 +195,7 @@ func (r *Relay) publish(ctx context.Context, c claimed, token string) bool {
 	cancel()
 	// The outcome is recorded even when ctx ended meanwhile: a bounded
 	// write, so that an ack is not thrown away.
-	bg, cancelBG := context.WithTimeout(context.WithoutCancel(ctx), r.opts.PublishTimeout)
+	bg, cancelBG := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancelBG()
 	if err == nil {
 		if merr := r.o.markSent(bg, c, time.Now()); merr != nil {
@@ -221,9 +221,13 @@ func (r *Relay) publish(ctx context.Context, c claimed, token string) bool {
 	return false
 }
 
+// recordTimeout bounds the writes that record a publish's outcome or give
+// rows back, which run even when the relay's context ended.
+const recordTimeout = 10 * time.Second
+
 // giveBack releases claimed rows unpublished, due at once.
 func (r *Relay) giveBack(ctx context.Context, rows []claimed, token string) {
-	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.PublishTimeout)
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
 	now := time.Now()
 	for _, c := range rows {
