@@ -16,13 +16,13 @@ import (
 	"github.com/onceguard/onceguard/outbox"
 )
 
-var streams atomic.Int64
+var pubStreams atomic.Int64
 
-// fresh names a stream and a subject prefix of its own on the shared
+// pubStream names a stream and a subject prefix of its own on the shared
 // server, and deletes the stream when t ends.
-func fresh(t *testing.T, js jetstream.JetStream) (name, prefix string) {
+func pubStream(t *testing.T, js jetstream.JetStream) (name, prefix string) {
 	t.Helper()
-	n := fmt.Sprintf("%d_%d", time.Now().UnixNano()%1e9, streams.Add(1))
+	n := fmt.Sprintf("%d_%d", time.Now().UnixNano()%1e9, pubStreams.Add(1))
 	name, prefix = "NATSJSTEST_"+n, "natsjstest."+n
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -32,7 +32,7 @@ func fresh(t *testing.T, js jetstream.JetStream) (name, prefix string) {
 	return name, prefix
 }
 
-func connect(t *testing.T, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+func pubConnect(t *testing.T, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
@@ -46,9 +46,9 @@ func connect(t *testing.T, url string, opts ...nats.Option) (*nats.Conn, jetstre
 	return nc, js
 }
 
-// count returns how many messages the stream holds, and how many carry
+// pubCount returns how many messages the stream holds, and how many carry
 // each Nats-Msg-Id.
-func count(t *testing.T, js jetstream.JetStream, stream string) (int, map[string]int) {
+func pubCount(t *testing.T, js jetstream.JetStream, stream string) (int, map[string]int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -74,8 +74,8 @@ func count(t *testing.T, js jetstream.JetStream, stream string) (int, map[string
 }
 
 func TestPublishDeduplicatesByID(t *testing.T) {
-	_, js := connect(t, natstest.URL(t))
-	name, prefix := fresh(t, js)
+	_, js := pubConnect(t, natstest.URL(t))
+	name, prefix := pubStream(t, js)
 	p, err := natsjs.NewPublisher(js, &natsjs.PublisherOptions{Stream: &jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +90,7 @@ func TestPublishDeduplicatesByID(t *testing.T) {
 	if err := p.Publish(ctx, outbox.Message{ID: "evt_2", Subject: prefix + ".thing.done", Payload: []byte(`{"x":2}`)}); err != nil {
 		t.Fatal(err)
 	}
-	n, ids := count(t, js, name)
+	n, ids := pubCount(t, js, name)
 	if n != 2 || ids["evt_1"] != 1 || ids["evt_2"] != 1 {
 		t.Errorf("stream holds %d messages, by id %v; want evt_1 and evt_2 once each", n, ids)
 	}
@@ -108,8 +108,8 @@ func TestPublishDeduplicatesByID(t *testing.T) {
 }
 
 func TestPublishWithoutStreamFails(t *testing.T) {
-	_, js := connect(t, natstest.URL(t))
-	_, prefix := fresh(t, js)
+	_, js := pubConnect(t, natstest.URL(t))
+	_, prefix := pubStream(t, js)
 	p, err := natsjs.NewPublisher(js, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -123,8 +123,8 @@ func TestPublishWithoutStreamFails(t *testing.T) {
 }
 
 func TestEnsureStreamAddsWhatIsMissing(t *testing.T) {
-	_, js := connect(t, natstest.URL(t))
-	name, prefix := fresh(t, js)
+	_, js := pubConnect(t, natstest.URL(t))
+	name, prefix := pubStream(t, js)
 	ctx := context.Background()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".theirs.>"}, Duplicates: time.Minute, MaxMsgs: 1000}); err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestEnsureStreamAddsWhatIsMissing(t *testing.T) {
 		t.Fatalf("EnsureStream = %v", err)
 	}
 	c := s.CachedInfo().Config
-	if !equalSet(c.Subjects, []string{prefix + ".theirs.>", prefix + ".ours.>"}) || c.Duplicates != natsjs.DefaultDuplicates || c.MaxMsgs != 1000 {
+	if !pubSameSet(c.Subjects, []string{prefix + ".theirs.>", prefix + ".ours.>"}) || c.Duplicates != natsjs.DefaultDuplicates || c.MaxMsgs != 1000 {
 		t.Errorf("config after EnsureStream: subjects %v, duplicates %v, max msgs %d; want both subjects, 10m, the owner's 1000", c.Subjects, c.Duplicates, c.MaxMsgs)
 	}
 	// Again: nothing to change, no error.
@@ -143,7 +143,7 @@ func TestEnsureStreamAddsWhatIsMissing(t *testing.T) {
 	}
 }
 
-func equalSet(a, b []string) bool {
+func pubSameSet(a, b []string) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -165,7 +165,7 @@ func equalSet(a, b []string) bool {
 // and again after it is stored once.
 func TestPublishAcrossRestart(t *testing.T) {
 	srv := natstest.Start(t)
-	_, js := connect(t, srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	_, js := pubConnect(t, srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	p, err := natsjs.NewPublisher(js, &natsjs.PublisherOptions{Stream: &jetstream.StreamConfig{Name: "RESTART", Subjects: []string{"restart.>"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -199,7 +199,7 @@ func TestPublishAcrossRestart(t *testing.T) {
 	if err := p.Publish(ctx, first); err != nil { // the republish of an unknown outcome
 		t.Fatal(err)
 	}
-	n, ids := count(t, js, "RESTART")
+	n, ids := pubCount(t, js, "RESTART")
 	if n != 2 || ids["evt_before"] != 1 || ids["evt_during"] != 1 {
 		t.Errorf("stream holds %d, by id %v; want each id once", n, ids)
 	}
