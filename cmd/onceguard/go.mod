@@ -10,16 +10,25 @@ require github.com/onceguard/onceguard/internal/dbtest v0.0.0-00010101000000-000
 
 replace github.com/onceguard/onceguard/internal/dbtest => ../../internal/dbtest
 
+require github.com/onceguard/onceguard/natsjs v0.0.0-00010101000000-000000000000
+
 require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
+	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/redis/go-redis/v9 v9.23.0
-	golang.org/x/crypto v0.50.0
+	golang.org/x/crypto v0.57.0
 	modernc.org/sqlite v1.62.0
+)
+
+require (
+	github.com/klauspost/compress v1.20.1 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 )
 
 require (
@@ -47,3 +56,5 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
+
+replace github.com/onceguard/onceguard/natsjs => ../../natsjs

@@ -30,6 +30,7 @@ import (
 	_ "modernc.org/sqlite" // driver "sqlite"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/events"
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/obs"
@@ -108,7 +109,7 @@ type serveConfig struct {
 	tokenTTL, keyTTL, keyLease, requestTimeout, lockTTL, repeatWindow, reconcileEvery time.Duration
 	dbConns, rateBurst, loginAttempts, signupLimit                                    int
 	rateLimit                                                                         float64
-	logLevel, logFormat, clientIPHeader, notifySecret                                 string
+	logLevel, logFormat, clientIPHeader, notifySecret, events                         string
 	secureCookies                                                                     bool
 }
 
@@ -141,6 +142,7 @@ func serveFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *serveConfig) {
 	fs.BoolVar(&c.secureCookies, "secure-cookies", env.bool("ONCEGUARD_SECURE_COOKIES", false), "mark the session cookie Secure on every sign-in, for a service reached only over TLS through a proxy that sends neither X-Forwarded-Proto nor Forwarded; default: Secure when the request came over TLS or such a proxy says so [ONCEGUARD_SECURE_COOKIES]")
 	fs.StringVar(&c.clientIPHeader, "client-ip-header", env.str("ONCEGUARD_CLIENT_IP_HEADER", ""), "header a trusted proxy sets to the client's address (e.g. X-Real-IP), for the limits; default the connection's address [ONCEGUARD_CLIENT_IP_HEADER]")
 	fs.StringVar(&c.notifySecret, "psp-notify-secret", env.str("ONCEGUARD_PSP_NOTIFY_SECRET", ""), "secret of the provider's signed callbacks; turns on POST /api/v1/psp/notifications (default: off, 404) [ONCEGUARD_PSP_NOTIFY_SECRET]")
+	fs.StringVar(&c.events, "events", env.str("ONCEGUARD_EVENTS", ""), "NATS URL (nats://HOST:PORT): publish an event for every deposit and withdrawal settled and every order paid to the JetStream stream ONCEGUARD, through an outbox written in the change's transaction (default: off, no events written) [ONCEGUARD_EVENTS]")
 	fs.StringVar(&c.logLevel, "log-level", env.str("ONCEGUARD_LOG_LEVEL", "info"), "debug, info, warn or error [ONCEGUARD_LOG_LEVEL]")
 	fs.StringVar(&c.logFormat, "log-format", env.str("ONCEGUARD_LOG_FORMAT", "auto"), "json, text, or auto: text on a terminal, else JSON [ONCEGUARD_LOG_FORMAT]")
 	return fs, c
@@ -195,6 +197,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 			return fmt.Errorf("--require-submit-token %q: %q is not a purpose; want a comma-separated list of withdrawal, deposit, order, payment, or none", c.requireToken, p)
 		}
 	}
+	if c.events != "" {
+		if err := events.CheckURL(c.events); err != nil {
+			return err
+		}
+	}
 	db, dialect, where, err := openDB(c)
 	if err != nil {
 		return err
@@ -236,6 +243,22 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	store := sqlstore.Open(db, dialect)
 	store.Observe = metrics.DBObserver()
 	store.Records = timedKeys // the key's record completes in the settlement's transaction
+	var relay *events.Relay
+	eventsWhere := "off"
+	if c.events != "" {
+		// Connects in the background when NATS does not answer: an outage
+		// delays the events (they wait in the outbox), never the service.
+		relay, err = events.Open(events.Config{URL: c.events, DB: db, Dialect: dialect, Metrics: metrics, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer relay.Close()           // after the relay stopped (deferred below)
+		store.Events = relay.Writer() // each settlement and payment writes its event in its transaction
+		comps = append(comps, httpapi.Component{Name: "events", Check: relay.Check})
+		eventsWhere = c.events
+	} else {
+		comps = append(comps, httpapi.Component{Name: "events", Check: func(context.Context) (string, bool) { return "not configured", true }})
+	}
 	svc := app.New(app.Config{
 		Store: store, Provider: psp.Port(provider), Currency: c.currency, MaxAmount: maxAmount,
 		Locks: coord.locks, LockTTL: c.lockTTL, LockBackend: coord.backend,
@@ -259,7 +282,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 32<<10 - 4096}
 	fmt.Fprintf(stdout, "onceguard %s: listening on http://%s; database %s (keys and submit tokens too); %s; payment provider %s\n",
 		version, ln.Addr(), where, coord.describe, pspWhere)
-	log.Info("listening", "version", version, "addr", "http://"+ln.Addr().String(), "database", where, "coordination", coord.describe, "provider", pspWhere)
+	log.Info("listening", "version", version, "addr", "http://"+ln.Addr().String(), "database", where, "coordination", coord.describe, "provider", pspWhere, "events", eventsWhere)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	// The reconciler settles what a provider timeout left pending; it stops before the database closes.
@@ -270,6 +293,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		(&app.Reconciler{Service: svc, Limit: 100, Metrics: metrics}).Run(rctx, c.reconcileEvery)
 	}()
 	defer func() { stopReconciler(); <-reconciled }()
+	if relay != nil { // the outbox's relay; it too stops before the database closes
+		relayed := make(chan struct{})
+		go func() {
+			defer close(relayed)
+			relay.Run(rctx)
+		}()
+		defer func() { stopReconciler(); <-relayed }()
+	}
 	select {
 	case err := <-errc:
 		return err

@@ -292,13 +292,14 @@ func logLines(t *testing.T, text string) []map[string]any {
 }
 
 // /readyz on the embedded default names every component: the database,
-// Redis (not configured), the locks (in process) and the provider; a
-// provider that does not answer makes it degraded, still 200.
+// Redis (not configured), the locks (in process), the provider and the
+// events (not configured); a provider that does not answer makes it
+// degraded, still 200.
 func TestServeReadyz(t *testing.T) {
 	base := startServe(t)
 	anon := &client{t: t, base: base}
 	r := anon.do("GET", "/readyz", "", "")
-	want := map[string]any{"database": "ok", "redis": "not configured", "locks": "memory", "provider": "ok"}
+	want := map[string]any{"database": "ok", "redis": "not configured", "locks": "memory", "provider": "ok", "events": "not configured"}
 	if c, _ := r.body["components"].(map[string]any); r.status != 200 || r.body["status"] != "ok" || fmt.Sprint(c) != fmt.Sprint(want) {
 		t.Errorf("readyz = %d %s; want 200 ok with components %v", r.status, r.raw, want)
 	}

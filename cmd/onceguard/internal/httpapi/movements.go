@@ -108,6 +108,10 @@ func (s *server) answerMovement(w http.ResponseWriter, r *http.Request, m app.Mo
 	writeJSON(w, http.StatusCreated, movementJSON(m))
 }
 
+// MovementResource is a deposit or withdrawal as its GET answers it (and
+// as its event carries it).
+func MovementResource(m app.Movement) map[string]any { return movementJSON(m) }
+
 func movementJSON(m app.Movement) map[string]any {
 	return map[string]any{"id": m.ID, "amount": m.Amount, "status": m.Status, "created_at": ts(m.CreatedAt)}
 }

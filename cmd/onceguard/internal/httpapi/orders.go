@@ -73,6 +73,10 @@ func (s *server) paymentFingerprint(_ *http.Request, body []byte) (string, error
 	return "payment:wallet", nil
 }
 
+// OrderResource is an order as its GET answers it (and as its event
+// carries it).
+func OrderResource(o app.Order) map[string]any { return orderJSON(o) }
+
 func orderJSON(o app.Order) map[string]any {
 	m := map[string]any{"id": o.ID, "order_no": o.OrderNo, "amount": o.Amount, "description": o.Description, "status": o.Status, "created_at": ts(o.CreatedAt)}
 	if o.PaymentID != "" {

@@ -79,6 +79,15 @@ func (m *Metrics) CountMoney(kind, outcome string) { m.Money.WithLabelValues(kin
 // CountNotification counts one provider callback's answer (app.NotifyMetrics).
 func (m *Metrics) CountNotification(outcome string) { m.Notifications.WithLabelValues(outcome).Inc() }
 
+// EventPublished counts an event the relay published (events.Metrics).
+func (m *Metrics) EventPublished() { m.EventsPublished.Inc() }
+
+// EventRetried counts a failed publish put back for a retry (events.Metrics).
+func (m *Metrics) EventRetried() { m.EventsRetried.Inc() }
+
+// EventsPending sets the outbox's backlog (events.Metrics).
+func (m *Metrics) EventsPending(n int) { m.EventsBacklog.Set(float64(n)) }
+
 // CountReconciled counts a reconciler pass's results (app.ReconcilerMetrics).
 func (m *Metrics) CountReconciled(succeeded, failed, stillPending int) {
 	m.ReconcilerSettle.WithLabelValues("succeeded").Add(float64(succeeded))

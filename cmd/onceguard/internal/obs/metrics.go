@@ -38,6 +38,9 @@ type Metrics struct {
 	ReconcilerSettle *prometheus.CounterVec   // result: succeeded, failed, still_pending
 	Money            *prometheus.CounterVec   // kind, outcome
 	Notifications    *prometheus.CounterVec   // outcome: provider callbacks by answer
+	EventsPublished  prometheus.Counter       // events the relay published (the stream's ack, a duplicate's too)
+	EventsRetried    prometheus.Counter       // publishes that failed and were put back for a retry
+	EventsBacklog    prometheus.Gauge         // events in the outbox not yet published
 
 	vecs []vec // every labelled metric, for Exemplify
 }
@@ -145,6 +148,11 @@ func NewMetrics() *Metrics {
 		vecs = append(vecs, vec{"onceguard_" + name, labels, func(v ...string) { h.WithLabelValues(v...) }})
 		return h
 	}
+	plain := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "onceguard", Name: name, Help: help})
+		r.MustRegister(c)
+		return c
+	}
 	gauge := func(name, help string) prometheus.Gauge {
 		g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "onceguard", Name: name, Help: help})
 		r.MustRegister(g)
@@ -168,6 +176,9 @@ func NewMetrics() *Metrics {
 		ReconcilerPend:   gauge("reconciler_pending", "Deposits and withdrawals pending (the reconciler's backlog), counted after each of its passes."),
 		ReconcilerSettle: counter("reconciler_settled_total", "Pending movements the reconciler looked at, by result.", "result"),
 		Money:            counter("money_movements_total", "Money movement requests by kind and outcome.", "kind", "outcome"),
+		EventsPublished:  plain("events_published_total", "Events (--events) the outbox relay published to JetStream: acknowledged by the stream, a duplicate's ack included."),
+		EventsRetried:    plain("events_retried_total", "Event publishes that failed (NATS away, no ack in time) and were put back in the outbox for a retry with backoff."),
+		EventsBacklog:    gauge("events_pending", "Events in the outbox not yet published: counted every 5 s by the relay and on each /readyz."),
 		Notifications:    counter("psp_notifications_total", "Provider callbacks by answer: settled (this one moved the movement), agreed (already so, or seen before), conflict, not_found, invalid_signature, signature_expired, invalid_request.", "outcome"),
 	}
 	m.vecs = vecs

@@ -16,3 +16,17 @@ func Migrations(d sqldialect.Dialect) int {
 	}
 	return len(ms)
 }
+
+// MigrationStatements returns the statements of d's migration version.
+func MigrationStatements(d sqldialect.Dialect, version int) []string {
+	ms, err := migrations(d)
+	if err != nil {
+		panic(err)
+	}
+	for _, m := range ms {
+		if m.version == version {
+			return m.stmts
+		}
+	}
+	return nil
+}

@@ -205,6 +205,10 @@ func (s *Store) movementByKeyCreated(ctx context.Context, k app.Kind, userID, ke
 // (app.ErrDuplicateEvent, nothing changes), also when two deliveries of it
 // run at once on two instances. A callback whose outcome contradicts the
 // movement's final status commits nothing, not even its event.
+//
+// With Events set, the movement's event is written in the same
+// transaction when this call moved it: one event per settlement, whoever
+// settled it (a request, a callback or the reconciler).
 func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome app.Status, now time.Time, rec *app.Record, event string) (moved bool, status app.Status, err error) {
 	defer s.timed("settle", time.Now(), &err)
 	var credit bool
@@ -252,6 +256,15 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 			return false, "", err
 		}
 	}
+	if moved && s.Events != nil { // the event of this change, in its transaction
+		m, err := scanMovement(tx.QueryRowContext(ctx, s.q(`SELECT id, user_id, idempotency_key, amount, status, created_at FROM `+t+` WHERE id = ?`), id), kind)
+		if err != nil {
+			return false, "", err
+		}
+		if err := s.Events.Settled(ctx, tx, m, now); err != nil {
+			return false, "", err
+		}
+	}
 	if rec != nil {
 		resp := idemstore.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
 		if err := s.Records.CompleteTx(ctx, tx, rec.ID, rec.Lease, resp); err != nil {
@@ -260,6 +273,9 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 	}
 	if err := tx.Commit(); err != nil {
 		return false, "", err
+	}
+	if moved && s.Events != nil {
+		s.Events.Committed()
 	}
 	return moved, status, nil
 }

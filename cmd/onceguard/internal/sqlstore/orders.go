@@ -77,6 +77,7 @@ func (s *Store) Orders(ctx context.Context, userID string, limit int) (out []app
 //
 // fence is the fencing token of the caller's lock on the order (0: none);
 // the order refuses an older one than it accepted (app.ErrStaleFence).
+// With Events set, the order's event is written in the same transaction.
 func (s *Store) PayOrder(ctx context.Context, p app.Payment, fence int64) (got app.Payment, created bool, err error) {
 	defer s.timed("pay_order", time.Now(), &err)
 	o, err := s.OrderByID(ctx, p.UserID, p.OrderID)
@@ -129,5 +130,17 @@ func (s *Store) PayOrder(ctx context.Context, p app.Payment, fence int64) (got a
 	if err := s.ledger(ctx, tx, p.UserID, app.EntryPayment, -p.Amount, after, p.ID, now); err != nil {
 		return p, false, err
 	}
-	return p, true, tx.Commit()
+	if s.Events != nil { // the order's event, in the transaction that paid it
+		o.Status, o.PaymentID = app.OrderPaid, p.ID
+		if err := s.Events.Paid(ctx, tx, o, p.CreatedAt); err != nil {
+			return p, false, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return p, false, err
+	}
+	if s.Events != nil {
+		s.Events.Committed()
+	}
+	return p, true, nil
 }

@@ -26,6 +26,21 @@ type Store struct {
 	// Records completes Idempotency-Key records inside settlements (nil: a
 	// settlement with a record fails). Set it before use.
 	Records RecordCompleter
+	// Events, if set, writes an event for each deposit or withdrawal that
+	// settles and each order paid, in the transaction of that change (an
+	// outbox), and is told after it committed. Nil: no events. Set it
+	// before use.
+	Events EventWriter
+}
+
+// EventWriter writes the event of a state change on its transaction.
+type EventWriter interface {
+	// Settled writes the event of m reaching its final Status at at.
+	Settled(ctx context.Context, tx *sql.Tx, m app.Movement, at time.Time) error
+	// Paid writes the event of o (its Status paid) paid at at.
+	Paid(ctx context.Context, tx *sql.Tx, o app.Order, at time.Time) error
+	// Committed is told that a transaction with events committed.
+	Committed()
 }
 
 var _ app.Store = (*Store)(nil)
