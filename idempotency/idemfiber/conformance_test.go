@@ -10,7 +10,6 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
 
-	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemfiber"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
@@ -25,12 +24,17 @@ import (
 func startConformance(t *testing.T, cfg adaptertest.Config, app http.Handler) string {
 	f := fiber.New(fiber.Config{DisableStartupMessage: true})
 	f.Use(recover.New())
-	f.Use(idemfiber.New(idempotency.Options[*fiber.Ctx]{
-		Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose, Window: cfg.Window, Lease: cfg.Lease,
+	f.Use(idemfiber.New(adaptertest.Options(cfg,
 		// c.Get's string is fasthttp's buffer: a hook copies what it returns.
-		Principal: func(c *fiber.Ctx) (string, error) { return strings.Clone(c.Get("X-User")), nil },
-	}))
-	f.Use(adaptor.HTTPHandler(app))
+		func(c *fiber.Ctx) (string, error) { return strings.Clone(c.Get("X-User")), nil })))
+	// fiber's adaptor gives a net/http handler fasthttp's context, not
+	// c.UserContext() where the adapter puts the Call: passed on here, as
+	// an application mounting a net/http handler behind the guard does.
+	f.Use(func(c *fiber.Ctx) error {
+		return adaptor.HTTPHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			app.ServeHTTP(w, r.WithContext(c.UserContext()))
+		}))(c)
+	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

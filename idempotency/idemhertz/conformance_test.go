@@ -9,7 +9,6 @@ import (
 	"github.com/cloudwego/hertz/pkg/app/server"
 	"github.com/cloudwego/hertz/pkg/common/adaptor"
 
-	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemhertz"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
@@ -25,10 +24,8 @@ import (
 func startConformance(t *testing.T, cfg adaptertest.Config, handler http.Handler) string {
 	return start(t, func(h *server.Hertz) {
 		h.Use(recovery.Recovery())
-		h.Use(idemhertz.New(idempotency.Options[*app.RequestContext]{
-			Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose, Window: cfg.Window, Lease: cfg.Lease,
-			Principal: func(c *app.RequestContext) (string, error) { return string(c.GetHeader("X-User")), nil },
-		}))
+		h.Use(idemhertz.New(adaptertest.Options(cfg,
+			func(c *app.RequestContext) (string, error) { return string(c.GetHeader("X-User")), nil })))
 		h.Any("/*path", adaptor.HertzHandler(handler))
 	})
 }

@@ -14,17 +14,13 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemkratos"
-	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
 // config is what the conformance suite asks of the adapter.
 type config = adaptertest.Config
 
 func options(cfg config) idempotency.Config {
-	return idempotency.Config{
-		Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose, Window: cfg.Window, Lease: cfg.Lease,
-		Principal: func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil },
-	}
+	return adaptertest.Options(cfg, func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil })
 }
 
 // start serves app behind the guard on a real kratos HTTP server (Start
@@ -54,17 +50,4 @@ func startConfig(t *testing.T, o idempotency.Config, app http.Handler) string {
 		}
 	})
 	return "http://" + lis.Addr().String()
-}
-
-// startKeyOptional is start with KeyOptional, telling unprotected about
-// each "unprotected" event.
-func startKeyOptional(t *testing.T, unprotected func(), app http.Handler) string {
-	o := options(config{Store: &memstore.Store{}})
-	o.KeyOptional = true
-	o.OnEvent = func(_ *http.Request, ev string) {
-		if ev == "unprotected" {
-			unprotected()
-		}
-	}
-	return startConfig(t, o, app)
 }
