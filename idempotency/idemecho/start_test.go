@@ -9,35 +9,13 @@ import (
 	"testing"
 
 	"github.com/labstack/echo/v4"
-	"github.com/labstack/echo/v4/middleware"
-
-	"github.com/onceguard/onceguard/idempotency"
-	"github.com/onceguard/onceguard/idempotency/adaptertest"
-	"github.com/onceguard/onceguard/idempotency/idemecho"
 )
-
-// config is what the conformance suite asks of the adapter.
-type config = adaptertest.Config
-
-func options(cfg config) idempotency.Options[echo.Context] {
-	return adaptertest.Options(cfg, func(c echo.Context) (string, error) { return c.Request().Header.Get("X-User"), nil })
-}
 
 func newEcho() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.Logger.SetOutput(io.Discard)
 	return e
-}
-
-// start serves app behind the guard on a real Echo server (e.Start on a
-// loopback listener), for every method and path, with Recover in front
-// as a service has it.
-func start(t *testing.T, cfg config, app http.Handler) string {
-	e := newEcho()
-	e.Use(middleware.Recover(), idemecho.New(options(cfg)))
-	e.Any("/*", echo.WrapHandler(app))
-	return serve(t, e)
 }
 
 // serve runs e.Start on a loopback listener until t ends.

@@ -7,30 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/gin-gonic/gin"
-
-	"github.com/onceguard/onceguard/idempotency"
-	"github.com/onceguard/onceguard/idempotency/adaptertest"
-	"github.com/onceguard/onceguard/idempotency/idemgin"
 )
-
-// config is what the conformance suite asks of the adapter.
-type config = adaptertest.Config
-
-func options(cfg config) idempotency.Options[*gin.Context] {
-	return adaptertest.Options(cfg, func(c *gin.Context) (string, error) { return c.GetHeader("X-User"), nil })
-}
-
-// start serves app behind the guard on a real gin server, for every
-// method and path, with gin's Recovery in front as a service has it.
-func start(t *testing.T, cfg config, app http.Handler) string {
-	gin.SetMode(gin.ReleaseMode)
-	r := gin.New()
-	r.Use(gin.RecoveryWithWriter(io.Discard), idemgin.New(options(cfg)))
-	r.Any("/*path", gin.WrapH(app))
-	return serve(t, r)
-}
 
 // serve serves h on a loopback port until t ends.
 func serve(t *testing.T, h http.Handler) string {

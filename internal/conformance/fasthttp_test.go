@@ -22,8 +22,8 @@ import (
 	"github.com/onceguard/onceguard/idempotency/idemhertz"
 )
 
-// The adapters on HTTP stacks that are not net/http. Their own modules
-// run the suite on memory and Redis; here it runs on every store.
+// The adapters on HTTP stacks that are not net/http, on every store: the
+// only run of the suite for them.
 func init() {
 	hlog.SetLevel(hlog.LevelWarn) // no start and shutdown lines for every server
 	adapters = append(adapters,

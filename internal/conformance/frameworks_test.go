@@ -25,8 +25,9 @@ import (
 	"github.com/onceguard/onceguard/idempotency/idemzero"
 )
 
-// The gin, Echo, go-zero and kratos adapters on every store: each
-// server as its module's own conformance test starts it.
+// The gin, Echo, go-zero and kratos adapters on every store: the only
+// run of the suite for them (their modules test what is their
+// framework's own).
 func init() {
 	adapters = append(adapters, []struct {
 		name  string
