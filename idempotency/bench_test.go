@@ -9,16 +9,18 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
 // What the middleware adds to a trivial handler on the memory store: run
 // with -benchmem and subtract BenchmarkBaseline from BenchmarkMiddleware*
-// (ns/op and allocs/op). All three run the same harness: one reused
-// request whose body and Idempotency-Key are reset before each call, and
-// one reused response writer whose header map is emptied, so that the
-// harness itself allocates nothing per request and the difference is the
-// middleware's alone. Every iteration of BenchmarkBaseline and
+// (ns/op and allocs/op). All three run the harness every adapter's
+// benchmarks run, adaptertest.Benchmark: one reused request whose body
+// and Idempotency-Key are reset before each call, and one reused response
+// writer whose header map is emptied, so that the harness itself
+// allocates nothing per request and the difference is the middleware's
+// alone. Every iteration of BenchmarkBaseline and
 // BenchmarkMiddlewareFirstUse uses a fresh key (made before the timer
 // starts); BenchmarkMiddlewareReplay replays one.
 func benchHandler() http.Handler {
@@ -53,58 +55,16 @@ func newRequest(b testing.TB) *http.Request {
 	return r.WithContext(b.Context())
 }
 
-// bench sends b.N requests to h, the i-th with the key key(i), and checks
-// the last answer. The keys are made before the timer starts, into one
-// string: no allocation per request, and no pointers for the collector
-// to scan on every cycle (a slice of b.N strings would make the middleware,
-// which allocates more than the baseline, pay for the harness's heap).
-func bench(b *testing.B, h http.Handler, key func(i int) string, wantReplayed string) {
-	var (
-		all    strings.Builder
-		bounds = make([]int32, b.N+1) // key i is all[bounds[i]:bounds[i+1]]
-	)
-	for i := range b.N {
-		all.WriteString(key(i))
-		bounds[i+1] = int32(all.Len())
-	}
-	keys := all.String()
-	var bd body
-	r := newRequest(b)
-	value := []string{""}
-	r.Header["Idempotency-Key"] = value
-	w := &sink{header: make(http.Header)}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		bd.Reset(benchBody)
-		r.Body = &bd
-		value[0] = keys[bounds[i]:bounds[i+1]]
-		clear(w.header)
-		w.code = 0
-		h.ServeHTTP(w, r)
-	}
-	b.StopTimer()
-	if w.code != http.StatusCreated || w.header.Get("Idempotent-Replayed") != wantReplayed {
-		b.Fatalf("last answer %d, Idempotent-Replayed %q; want 201, %q", w.code, w.header.Get("Idempotent-Replayed"), wantReplayed)
-	}
-}
-
 func BenchmarkBaseline(b *testing.B) {
-	bench(b, benchHandler(), func(i int) string { return "key-" + strconv.Itoa(i) }, "")
+	adaptertest.Benchmark(b, benchHandler(), false)
 }
 
 func BenchmarkMiddlewareFirstUse(b *testing.B) {
-	h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}})(benchHandler())
-	bench(b, h, func(i int) string { return "key-" + strconv.Itoa(i) }, "")
+	adaptertest.Benchmark(b, idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}})(benchHandler()), false)
 }
 
 func BenchmarkMiddlewareReplay(b *testing.B) {
-	h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}})(benchHandler())
-	r := newRequest(b) // the first use, untimed
-	r.Body = &body{*strings.NewReader(benchBody)}
-	r.Header.Set("Idempotency-Key", "same")
-	h.ServeHTTP(&sink{header: make(http.Header)}, r)
-	bench(b, h, func(int) string { return "same" }, "true")
+	adaptertest.Benchmark(b, idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}})(benchHandler()), true)
 }
 
 // BenchmarkMiddlewareFirstUseSteady is BenchmarkMiddlewareFirstUse on a
@@ -130,5 +90,5 @@ func BenchmarkMiddlewareFirstUseSteady(b *testing.B) {
 		clear(w.header)
 		tick.ServeHTTP(w, fill)
 	}
-	bench(b, tick, func(i int) string { return "key-" + strconv.Itoa(i) }, "")
+	adaptertest.Benchmark(b, tick, false)
 }

@@ -15,7 +15,8 @@
 // The cases: a replay byte for byte with Idempotent-Replayed: true and the
 // original Content-Type, no Set-Cookie in it, and Cache-Control: no-store;
 // keys scoped to their principal; 409 request_in_progress while in flight;
-// 422 idempotency_key_reused; 400 for a missing or invalid key; submit
+// 422 idempotency_key_reused; 400 for a missing or invalid key; a
+// request without a key on a KeyOptional route runs unprotected; submit
 // tokens; the repeat-submit window; a 5xx and a panic free the key; a
 // handler that writes nothing; streamed and large answers; a storm of 200
 // same-key requests runs the handler once.
@@ -47,8 +48,28 @@ type Config struct {
 	Purpose string
 	Window  time.Duration // the repeat-submit window; 0 for none
 	Lease   time.Duration // the in-flight lease; 0 for the default
+	// KeyOptional runs a request without a key, unprotected.
+	KeyOptional bool
+	// OnEvent, when set, is told each of the Guard's events.
+	OnEvent func(event string)
 	// The adapter's Principal hook returns the request's "X-User" header
 	// ("" when it is absent).
+}
+
+// Options returns the options of a Guard that cfg asks for, with
+// principal as the Principal hook (it returns the request's "X-User"
+// header): a Start builds its adapter from them, so that every field of
+// Config reaches every adapter. idempotency.Config is Options of
+// *http.Request.
+func Options[R any](cfg Config, principal func(R) (string, error)) idempotency.Options[R] {
+	o := idempotency.Options[R]{
+		Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose, Window: cfg.Window, Lease: cfg.Lease,
+		KeyOptional: cfg.KeyOptional, Principal: principal,
+	}
+	if ev := cfg.OnEvent; ev != nil {
+		o.OnEvent = func(_ R, event string) { ev(event) }
+	}
+	return o
 }
 
 // Start starts a real server of the framework on 127.0.0.1:0 with the
@@ -61,8 +82,8 @@ type Start func(t *testing.T, cfg Config, app http.Handler) (baseURL string)
 //
 //	/ok      201, Content-Type: application/json; charset=utf-8, Set-Cookie,
 //	         Location, a body naming the run: {"run":N,"user":...,"body":...,
-//	         "call":true} (the body it read, and whether its context has the
-//	         Call)
+//	         "call":true,"principal":...} (the body it read, whether its
+//	         context has the Call, and the Call's principal)
 //	/slow    as /ok, once the test releases it
 //	/fail    500 on its first run, then as /ok
 //	/panic   panics on its first run, then as /ok
@@ -127,8 +148,12 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Set-Cookie", "session=secret")
 	w.Header().Set("Location", "/things/"+strconv.Itoa(int(run)))
 	w.WriteHeader(http.StatusCreated)
-	_, call := idempotency.FromContext(r.Context())
-	out, _ := json.Marshal(map[string]any{"run": run, "user": r.Header.Get("X-User"), "body": string(body), "call": call})
+	call, ok := idempotency.FromContext(r.Context())
+	principal := ""
+	if ok {
+		principal = call.Scope.Principal
+	}
+	out, _ := json.Marshal(map[string]any{"run": run, "user": r.Header.Get("X-User"), "body": string(body), "call": ok, "principal": principal})
 	_, _ = w.Write(out)
 }
 
@@ -231,13 +256,16 @@ func Run(t *testing.T, start Start, newStore func(t *testing.T) idemstore.FullSt
 		}
 		// The handler read the body the client sent (the adapter read it
 		// first), in a context that carries the Call (FromContext, which
-		// CompleteTx, Forget and MarkCompleted need).
+		// CompleteTx, Forget and MarkCompleted need), scoped to the
+		// principal of the Principal hook.
 		var seen struct {
-			Body string `json:"body"`
-			Call bool   `json:"call"`
+			Body      string `json:"body"`
+			Call      bool   `json:"call"`
+			Principal string `json:"principal"`
 		}
-		if err := json.Unmarshal(first.body, &seen); err != nil || seen.Body != `{"amount":1}` || !seen.Call {
-			t.Errorf("the handler read body %q, Call in its context %v (%v); want the request's body and the Call", seen.Body, seen.Call, err)
+		if err := json.Unmarshal(first.body, &seen); err != nil || seen.Body != `{"amount":1}` || !seen.Call || seen.Principal != "ann" {
+			t.Errorf("the handler read body %q, Call in its context %v, principal %q (%v); want the request's body and the Call of ann",
+				seen.Body, seen.Call, seen.Principal, err)
 		}
 		for range 3 {
 			again := c.send("/ok", "ann", key, "", `{"amount":1}`)
@@ -309,12 +337,15 @@ func Run(t *testing.T, start Start, newStore func(t *testing.T) idemstore.FullSt
 
 	t.Run("KeyMissingOrInvalid400", func(t *testing.T) {
 		c, a := setup(t, Config{})
-		if got := c.send("/ok", "ann", "", "", `{}`); got.status != 400 || got.code() != "idempotency_key_missing" {
-			t.Errorf("no key: %v; want 400 idempotency_key_missing", got)
+		problem := func(a answer) bool {
+			return strings.HasPrefix(a.header.Get("Content-Type"), "application/problem+json")
+		}
+		if got := c.send("/ok", "ann", "", "", `{}`); got.status != 400 || got.code() != "idempotency_key_missing" || !problem(got) {
+			t.Errorf("no key: %v; want 400 idempotency_key_missing, problem+json", got)
 		}
 		for _, k := range []string{"has space", strings.Repeat("k", 256), "\"unterminated"} {
-			if got := c.send("/ok", "ann", k, "", `{}`); got.status != 400 || got.code() != "idempotency_key_invalid" {
-				t.Errorf("key %q: %v; want 400 idempotency_key_invalid", k, got)
+			if got := c.send("/ok", "ann", k, "", `{}`); got.status != 400 || got.code() != "idempotency_key_invalid" || !problem(got) {
+				t.Errorf("key %q: %v; want 400 idempotency_key_invalid, problem+json", k, got)
 			}
 		}
 		if got := c.send("/ok", "ann", uniq(t, "k"), "", `{"amount":`); got.status != 400 || got.code() != "invalid_json" {
@@ -322,6 +353,42 @@ func Run(t *testing.T, start Start, newStore func(t *testing.T) idemstore.FullSt
 		}
 		if a.runs.Load() != 0 {
 			t.Errorf("%d runs; want 0", a.runs.Load())
+		}
+	})
+
+	t.Run("KeyOptional", func(t *testing.T) {
+		var unprotected atomic.Int32
+		c, a := setup(t, Config{KeyOptional: true, OnEvent: func(ev string) {
+			if ev == "unprotected" {
+				unprotected.Add(1)
+			}
+		}})
+		var seen struct {
+			Run  int    `json:"run"`
+			Body string `json:"body"`
+			Call bool   `json:"call"`
+		}
+		// Without a key: each request runs, unprotected (no Call), with
+		// its whole body, and the Guard tells it.
+		for i := range 2 {
+			got := c.send("/ok", "ann", "", "", `{"a":1}`)
+			if err := json.Unmarshal(got.body, &seen); got.status != 201 || err != nil || seen.Run != i+1 || seen.Body != `{"a":1}` || seen.Call ||
+				got.header.Get("Idempotent-Replayed") != "" {
+				t.Errorf("no key, request %d: %v; want run %d's 201, unprotected, with the body", i+1, got, i+1)
+			}
+		}
+		// With a key: guarded as always.
+		key := uniq(t, "k")
+		first := c.send("/ok", "ann", key, "", `{"a":1}`)
+		again := c.send("/ok", "ann", key, "", `{"a":1}`)
+		if err := json.Unmarshal(first.body, &seen); first.status != 201 || err != nil || !seen.Call || seen.Body != `{"a":1}` {
+			t.Errorf("a key: %v; want 201 with the Call and the body", first)
+		}
+		if again.status != 201 || again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, first.body) {
+			t.Errorf("its retry: %v; want the replay of %v", again, first)
+		}
+		if r, u := a.runs.Load(), unprotected.Load(); r != 3 || u != 2 {
+			t.Errorf("%d runs, %d told unprotected; want 3 (two without a key, one with), 2", r, u)
 		}
 	})
 

@@ -21,10 +21,8 @@ import (
 // startNetHTTP is the net/http adapter's Start: Middleware in front of
 // the application, on an httptest server.
 func startNetHTTP(t *testing.T, cfg adaptertest.Config, app http.Handler) string {
-	h := idempotency.Middleware(idempotency.Config{
-		Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose, Window: cfg.Window, Lease: cfg.Lease,
-		Principal: func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil },
-	})(app)
+	h := idempotency.Middleware(adaptertest.Options(cfg,
+		func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }))(app)
 	srv := httptest.NewServer(h)
 	srv.Config.ErrorLog = quiet // the panic case's stack
 	t.Cleanup(srv.Close)

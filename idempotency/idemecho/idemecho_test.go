@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemecho"
 	"github.com/onceguard/onceguard/idempotency/memstore"
 )
@@ -18,7 +19,7 @@ import (
 func TestEchoErrors(t *testing.T) {
 	var runs atomic.Int32
 	e := newEcho()
-	e.Use(idemecho.New(options(config{Store: &memstore.Store{}})))
+	e.Use(idemecho.New(idempotency.Options[echo.Context]{Store: &memstore.Store{}}))
 	e.POST("/payments", func(c echo.Context) error {
 		n := runs.Add(1)
 		switch c.Request().Header.Get("Idempotency-Key") {

@@ -22,7 +22,7 @@ func TestGinHandlers(t *testing.T) {
 	var seen struct{ status, size int }
 	r := gin.New()
 	r.ContextWithFallback = true // so that c itself, as a context.Context, has the Call too
-	r.POST("/payments", idemgin.New(options(config{Store: &memstore.Store{}})), func(c *gin.Context) {
+	r.POST("/payments", idemgin.New(idempotency.Options[*gin.Context]{Store: &memstore.Store{}}), func(c *gin.Context) {
 		c.Next()
 		seen.status, seen.size = c.Writer.Status(), c.Writer.Size() // as a logging middleware reads them
 	}, func(c *gin.Context) {

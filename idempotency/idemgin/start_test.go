@@ -4,36 +4,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/gin-gonic/gin"
-
-	"github.com/onceguard/onceguard/idempotency"
-	"github.com/onceguard/onceguard/idempotency/adaptertest"
-	"github.com/onceguard/onceguard/idempotency/idemgin"
-	"github.com/onceguard/onceguard/idempotency/memstore"
 )
-
-// config is what the conformance suite asks of the adapter.
-type config = adaptertest.Config
-
-func options(cfg config) idempotency.Options[*gin.Context] {
-	return idempotency.Options[*gin.Context]{
-		Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose, Window: cfg.Window, Lease: cfg.Lease,
-		Principal: func(c *gin.Context) (string, error) { return c.GetHeader("X-User"), nil },
-	}
-}
-
-// start serves app behind the guard on a real gin server, for every
-// method and path, with gin's Recovery in front as a service has it.
-func start(t *testing.T, cfg config, app http.Handler) string {
-	gin.SetMode(gin.ReleaseMode)
-	r := gin.New()
-	r.Use(gin.RecoveryWithWriter(io.Discard), idemgin.New(options(cfg)))
-	r.Any("/*path", gin.WrapH(app))
-	return serve(t, r)
-}
 
 // serve serves h on a loopback port until t ends.
 func serve(t *testing.T, h http.Handler) string {
@@ -47,18 +21,28 @@ func serve(t *testing.T, h http.Handler) string {
 	return "http://" + lis.Addr().String()
 }
 
-// startKeyOptional is start with KeyOptional, telling unprotected about
-// each "unprotected" event.
-func startKeyOptional(t *testing.T, unprotected func(), app http.Handler) string {
-	o := options(config{Store: &memstore.Store{}})
-	o.KeyOptional = true
-	o.OnEvent = func(_ *gin.Context, ev string) {
-		if ev == "unprotected" {
-			unprotected()
-		}
+// post sends body to url+"/payments" as alice, with key unless it is
+// empty, and returns the answer and its body (nil and the error's text
+// when the request failed).
+func post(t *testing.T, url, key, body string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/payments", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
 	}
-	r := gin.New()
-	r.Use(idemgin.New(o))
-	r.Any("/*path", gin.WrapH(app))
-	return serve(t, r)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-User", "alice")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
 }

@@ -4,12 +4,7 @@ go 1.26.0
 
 require github.com/onceguard/onceguard v0.0.0-00010101000000-000000000000
 
-require (
-	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/redis/go-redis/v9 v9.23.0 // indirect
-	github.com/stretchr/objx v0.5.3 // indirect
-	go.uber.org/atomic v1.12.0 // indirect
-)
+require github.com/stretchr/testify v1.12.1 // indirect
 
 require (
 	github.com/bytedance/gopkg v0.1.3 // indirect

@@ -41,7 +41,6 @@ import (
 	"crypto/tls"
 	"io"
 	"net/http"
-	"strings"
 	"sync"
 
 	"github.com/cloudwego/hertz/pkg/app"
@@ -68,24 +67,9 @@ var probStream = &idempotency.Problem{Status: http.StatusInternalServerError, Co
 
 func serve(g *idempotency.Guard[*app.RequestContext], ctx context.Context, c *app.RequestContext) {
 	hr := &c.Request
-	raw := hr.Body()
-	// Begin needs at most MaxBody+1 bytes to tell a body over the limit;
-	// the copy is what the Guard may keep (hertz reuses its buffers).
-	body := bytes.Clone(raw[:min(int64(len(raw)), g.MaxBody()+1)])
-	if body == nil {
-		body = []byte{}
-	}
-	req := idempotency.Request{Method: method(hr.Header.Method()), Path: string(hr.URI().Path())}
-	if n := hr.Header.PeekAll("Idempotency-Key"); len(n) > 0 {
-		req.Key = make([]string, len(n))
-		for i, v := range n {
-			req.Key[i] = string(v)
-		}
-	}
-	if len(req.Key) == 0 { // the header wins over Options.KeyField
-		req.ContentType = string(hr.Header.ContentType())
-	}
-	req.Body = body
+	// Begin keeps a copy: the stack reuses its buffers.
+	req := g.RawRequest(hr.Header.Method(), hr.URI().Path(), hr.Header.PeekAll("Idempotency-Key"),
+		hr.Header.ContentType(), hr.Body())
 
 	out := g.Begin(ctx, c, &req)
 	switch {
@@ -132,28 +116,25 @@ func serve(g *idempotency.Guard[*app.RequestContext], ctx context.Context, c *ap
 	}
 	status := resp.StatusCode()
 	rb := resp.Body()
-	ah := answerHeaders.Get().(*answerHeader)
-	defer ah.recycle()
-	ah.emptyBody = len(rb) == 0
-	resp.Header.VisitAll(ah.visit)
-	h := ah.h
-	a := idempotency.Answer{Status: status, Header: h, Body: rb, Written: status != http.StatusOK || len(rb) > 0}
+	ah := idempotency.NewHeaderCollector()
+	defer ah.Release()
+	empty := len(rb) == 0
+	resp.Header.VisitAll(func(k, v []byte) {
+		if empty && string(k) == "Content-Type" && string(v) == defaultContentType {
+			// hertz's default, which it does not send with an empty
+			// body: not stored, so that a replay does not send it either.
+			return
+		}
+		ah.Add(k, v)
+	})
+	a := ah.Answer(status, rb)
 	if p := g.Finish(c, call, a); p != nil {
 		saved.CopyTo(&resp.Header)
 		writeProblem(c, p)
 		return
 	}
 	// The answer is already in c.Response: add what a first answer gets.
-	cc, hadCC := h["Cache-Control"]
-	add := ah.first
-	if hadCC {
-		add["Cache-Control"] = cc
-	}
-	g.FirstHeader(add, out.Expires)
-	for k, vs := range add {
-		if k == "Cache-Control" && hadCC {
-			continue
-		}
+	for k, vs := range g.FirstExtra(ah, out.Expires) {
 		setHeader(&resp.Header, k, vs)
 	}
 }
@@ -241,23 +222,6 @@ func setHeader(h *protocol.ResponseHeader, k string, vs []string) {
 			h.Add(k, v)
 		}
 	}
-}
-
-// method returns m as a string, without allocating for the usual ones.
-func method(m []byte) string {
-	switch string(m) {
-	case http.MethodGet:
-		return http.MethodGet
-	case http.MethodPost:
-		return http.MethodPost
-	case http.MethodPut:
-		return http.MethodPut
-	case http.MethodPatch:
-		return http.MethodPatch
-	case http.MethodDelete:
-		return http.MethodDelete
-	}
-	return strings.Clone(string(m))
 }
 
 // before keeps a response's header as it was before the chain ran, to

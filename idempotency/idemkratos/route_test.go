@@ -24,7 +24,7 @@ func TestRouteFilter(t *testing.T) {
 			return ctx.String(http.StatusInternalServerError, "no call")
 		}
 		return ctx.String(http.StatusCreated, "paid")
-	}, idemkratos.Filter(options(config{Store: &memstore.Store{}})))
+	}, idemkratos.Filter(idempotency.Config{Store: &memstore.Store{}}))
 	srv.Route("/").POST("/search", func(ctx khttp.Context) error { return ctx.String(http.StatusOK, "found") })
 
 	send := func(path, key string) *httptest.ResponseRecorder {

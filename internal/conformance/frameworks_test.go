@@ -25,8 +25,9 @@ import (
 	"github.com/onceguard/onceguard/idempotency/idemzero"
 )
 
-// The gin, Echo, go-zero and kratos adapters on every store: each
-// server as its module's own conformance test starts it.
+// The gin, Echo, go-zero and kratos adapters on every store: the only
+// run of the suite for them (their modules test what is their
+// framework's own).
 func init() {
 	adapters = append(adapters, []struct {
 		name  string
@@ -40,8 +41,7 @@ func init() {
 }
 
 func config(cfg adaptertest.Config) idempotency.Config {
-	return idempotency.Config{Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose,
-		Window: cfg.Window, Lease: cfg.Lease, Principal: principal}
+	return adaptertest.Options(cfg, principal)
 }
 
 // serveHTTP serves h on a loopback listener until t ends.
@@ -59,10 +59,8 @@ func serveHTTP(t *testing.T, h http.Handler) string {
 func startGin(t *testing.T, cfg adaptertest.Config, app http.Handler) string {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
-	r.Use(gin.RecoveryWithWriter(io.Discard), idemgin.New(idempotency.Options[*gin.Context]{
-		Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose, Window: cfg.Window, Lease: cfg.Lease,
-		Principal: func(c *gin.Context) (string, error) { return c.GetHeader("X-User"), nil },
-	}))
+	r.Use(gin.RecoveryWithWriter(io.Discard), idemgin.New(adaptertest.Options(cfg,
+		func(c *gin.Context) (string, error) { return c.GetHeader("X-User"), nil })))
 	r.Any("/*path", gin.WrapH(app))
 	return serveHTTP(t, r)
 }
@@ -71,10 +69,8 @@ func startEcho(t *testing.T, cfg adaptertest.Config, app http.Handler) string {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.Logger.SetOutput(io.Discard)
-	e.Use(middleware.Recover(), idemecho.New(idempotency.Options[echo.Context]{
-		Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose, Window: cfg.Window, Lease: cfg.Lease,
-		Principal: func(c echo.Context) (string, error) { return c.Request().Header.Get("X-User"), nil },
-	}))
+	e.Use(middleware.Recover(), idemecho.New(adaptertest.Options(cfg,
+		func(c echo.Context) (string, error) { return c.Request().Header.Get("X-User"), nil })))
 	e.Any("/*", echo.WrapHandler(app))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -77,8 +77,7 @@ func TestConformance(t *testing.T) {
 func principal(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }
 
 func startNetHTTP(t *testing.T, cfg adaptertest.Config, app http.Handler) string {
-	h := idempotency.Middleware(idempotency.Config{Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose,
-		Window: cfg.Window, Lease: cfg.Lease, Principal: principal})(app)
+	h := idempotency.Middleware(adaptertest.Options(cfg, principal))(app)
 	srv := httptest.NewUnstartedServer(h)
 	srv.Config.ErrorLog = quiet
 	srv.Start()
