@@ -94,18 +94,18 @@ func (c *HeaderCollector) Release() {
 // dropped: the length of the answer is its body's. A second value of a
 // name (Set-Cookie) is appended to the first.
 func (c *HeaderCollector) Add(name, value []byte) {
-	key := headerName(name)
-	if key == "Content-Length" {
+	canon := headerName(name)
+	if canon == "Content-Length" {
 		return
 	}
 	s := string(value)
-	if old, ok := c.h[key]; ok { // a second value: rare
-		c.h[key] = append(old[:len(old):len(old)], s)
+	if old, ok := c.h[canon]; ok { // a second value: rare
+		c.h[canon] = append(old[:len(old):len(old)], s)
 		return
 	}
 	c.vals = append(c.vals, s)
 	n := len(c.vals)
-	c.h[key] = c.vals[n-1 : n : n]
+	c.h[canon] = c.vals[n-1 : n : n]
 }
 
 // Header returns the header collected so far; it is c's, valid until
