@@ -79,8 +79,10 @@ type Options[R any] struct {
 	// Wait, when positive, makes a retry that arrives while the key's
 	// first request is in flight wait up to Wait for its answer (and then
 	// replay it) instead of answering 409 at once. The store wakes it
-	// where it can (idemstore.Notifier); else it polls, every 10 ms at
-	// first, backing off to 200 ms. Default: 0, no wait.
+	// where it can (idemstore.Notifier: memstore, redisstore, sqlstore on
+	// PostgreSQL with a Listener), asking it again once a second besides;
+	// else it polls, every 10 ms at first, backing off to 200 ms. Default:
+	// 0, no wait.
 	Wait time.Duration
 	// TTL is how long a key's record is kept. Default: DefaultTTL, 24h.
 	TTL time.Duration
@@ -360,11 +362,11 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 	}
 	watch()
 	// Watched: one look at once (a change between the first Begin and the
-	// Watch), then a slow poll, a safety net for a lost wake-up. Else a
-	// poll that backs off.
+	// Watch), then a slow poll, a safety net for a lost wake-up (a Redis
+	// reconnect). Else a poll that backs off.
 	poll, next := 10*time.Millisecond, 10*time.Millisecond
 	if woken != nil {
-		poll, next = 200*time.Millisecond, 0
+		poll, next = time.Second, 0
 	}
 	t := time.NewTimer(next)
 	defer t.Stop()

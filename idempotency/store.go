@@ -20,7 +20,9 @@
 // business tables stay the last line of defence: they make even a retry
 // after a lost record harmless.
 //
-// Middleware serves the HTTP contract; Do serves queue consumers and jobs.
+// Middleware serves the HTTP contract on net/http; Guard is the same
+// checks for any other transport (the framework adapters are built on
+// it); Do serves queue consumers and jobs.
 package idempotency
 
 import (

@@ -10,6 +10,7 @@ import (
 type queries struct {
 	create                                                       []string
 	insertRecord, selectRecord, deleteRecord, takeOver, complete string
+	notify                                                       string
 	insertFresh                                                  string // "" where the dialect has no INSERT ... RETURNING
 	selectLease, bindToken, bindFresh, unbind, unbindAny         string
 	putToken, getToken, claimWindow, selectWindow, freeWindow    string
@@ -25,6 +26,7 @@ func buildQueries(d sqldialect.Dialect, p string) queries {
 	q := queries{
 		selectRecord: `SELECT fingerprint, state, lease, lease_until, expires_at, status, header, body FROM {p}idempotency WHERE id = ?` + forUpdate,
 		deleteRecord: `DELETE FROM {p}idempotency WHERE id = ?`,
+		notify:       `SELECT pg_notify(?, ?)`,
 		takeOver:     `UPDATE {p}idempotency SET lease = ?, lease_until = ? WHERE id = ?`,
 		complete:     `UPDATE {p}idempotency SET state = 2, lease = NULL, status = ?, header = ?, body = ? WHERE id = ? AND state = 1 AND lease = ?`,
 		selectLease:  `SELECT token_hash FROM {p}idempotency WHERE id = ? AND state = 1 AND lease = ?` + forUpdate,
@@ -111,7 +113,7 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 		}
 		return s
 	}
-	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete,
+	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete, &q.notify,
 		&q.selectLease, &q.bindToken, &q.bindFresh, &q.unbind, &q.unbindAny, &q.putToken, &q.getToken,
 		&q.claimWindow, &q.selectWindow, &q.freeWindow, &q.inspect, &q.settle} {
 		*sp = fix(*sp)

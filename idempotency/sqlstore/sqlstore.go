@@ -53,6 +53,12 @@ type Options struct {
 	// generous because SQLite's writers queue (its busy timeout applies to
 	// each wait). Default: 30s; negative: none.
 	Timeout time.Duration
+	// Listener, on PostgreSQL, makes the store wake a retry that waits for
+	// a key's in-flight first request (idempotency.Options.Wait) by
+	// LISTEN/NOTIFY instead of being polled: Complete, CompleteTx and
+	// Abandon then also send a NOTIFY (one statement more each). Default:
+	// nil, no notifications. Other dialects: New refuses one.
+	Listener Listener
 }
 
 // Store implements idemstore.FullStore on a *sql.DB. It is safe for
@@ -66,6 +72,7 @@ type Store struct {
 	migrateMu sync.Mutex
 	migrated  atomic.Bool
 	begins    atomic.Uint64
+	hub       hub // Watch's, with a Listener
 }
 
 var _ idemstore.FullStore = (*Store)(nil)
@@ -89,6 +96,10 @@ func New(db *sql.DB, dialect sqldialect.Dialect, opts *Options) (*Store, error) 
 		if opts.PruneEvery > 0 {
 			o.PruneEvery = opts.PruneEvery
 		}
+		o.Listener = opts.Listener
+	}
+	if o.Listener != nil && dialect != sqldialect.Postgres {
+		return nil, errors.New("sqlstore: a Listener needs PostgreSQL (LISTEN/NOTIFY)")
 	}
 	if !prefixRE.MatchString(o.Prefix) {
 		return nil, fmt.Errorf("sqlstore: table prefix %q: want letters, digits and underscores", o.Prefix)
@@ -361,7 +372,7 @@ func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp i
 	if n, err := out.RowsAffected(); err != nil || n == 0 {
 		return idempotency.ErrLeaseLost
 	}
-	return nil
+	return wrap("complete", s.notify(ctx, e, id))
 }
 
 // completeArgs are the arguments of the complete query.
@@ -407,6 +418,9 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 		if _, err := tx.ExecContext(ctx, s.q.unbindAny, tokenHash.String); err != nil {
 			return wrap("abandon", err)
 		}
+	}
+	if err := s.notify(ctx, tx, id); err != nil {
+		return wrap("abandon", err)
 	}
 	return wrap("abandon", tx.Commit())
 }
