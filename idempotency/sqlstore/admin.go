@@ -97,5 +97,8 @@ func (s *Store) Resolve(ctx context.Context, id string, resp *idemstore.Response
 			return before, wrap("resolve", err)
 		}
 	}
+	if err := s.notify(ctx, tx, id); err != nil { // wake requests waiting on the key (Options.Wait)
+		return before, wrap("resolve", err)
+	}
 	return before, wrap("resolve", tx.Commit())
 }
