@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	mrand "math/rand/v2"
 	"sort"
 	"sync"
@@ -65,6 +66,18 @@ type result struct {
 	// CPU use over the measured window, in cores: the lock server's and
 	// this process's (-1: unknown; cpuNA: no server process).
 	serverCPU, benchCPU float64
+
+	// Over the measured window: heap objects this process allocated, and
+	// commands the lock's server processed (-1: unknown).
+	allocs, cmds int64
+}
+
+// perCycle returns n per cycle of the window, NaN when unknown.
+func (r *result) perCycle(n int64) float64 {
+	if n < 0 || r.cycles == 0 {
+		return math.NaN()
+	}
+	return float64(n) / float64(r.cycles)
 }
 
 func (r *result) cyclesPerSec() float64   { return float64(r.cycles) / r.window.Seconds() }
@@ -99,7 +112,7 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // start and end inside the measured window count. keyBase is fresh for
 // every cell, and every key under it is deleted afterwards.
 func runCell(lib *library, sc scenario, keyBase string, warmup, duration time.Duration) *result {
-	res := &result{window: duration, perG: make([]int64, sc.goroutines), serverCPU: -1, benchCPU: -1}
+	res := &result{window: duration, perG: make([]int64, sc.goroutines), serverCPU: -1, benchCPU: -1, allocs: -1, cmds: -1}
 	start := time.Now()
 	t0 := start.Add(warmup)
 	t1 := t0.Add(duration)
@@ -113,6 +126,10 @@ func runCell(lib *library, sc scenario, keyBase string, warmup, duration time.Du
 		time.Sleep(time.Until(t1))
 		b := sampleCPU(lib)
 		res.serverCPU, res.benchCPU = cpuShare(a, b)
+		res.allocs = int64(b.mallocs - a.mallocs)
+		if a.cmdsOK && b.cmdsOK {
+			res.cmds = b.cmds - a.cmds - 2 // less the first sample's INFO stats and INFO cpu
+		}
 	}()
 
 	// opCtx bounds every call of the cell (a hung server cannot hang the
@@ -234,13 +251,17 @@ func runPaired(libs []*library, keyBase func(*library) string, warmup, duration 
 	res := make([]*result, len(libs))
 	ws := make([]worker, len(libs))
 	for i, l := range libs {
-		res[i] = &result{perG: make([]int64, 1), serverCPU: -1, benchCPU: -1}
+		res[i] = &result{perG: make([]int64, 1), serverCPU: -1, benchCPU: -1, cmds: -1}
 		ws[i] = l.newWorker(keyBase(l))
 	}
 	block := func(i int, measured bool) {
 		r := res[i]
 		var took time.Duration
 		failed := false
+		if measured {
+			m0 := mallocs()
+			defer func() { r.allocs += int64(mallocs() - m0) }()
+		}
 		for range pairBlock {
 			begin := time.Now()
 			ok, err := ws[i].try(ctx)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,10 +22,18 @@ type cpuSample struct {
 	at          time.Time
 	server, own time.Duration
 	ok, na      bool
+	// mallocs: heap objects this process allocated so far; cmds: commands
+	// the lock's server processed so far (cmdsOK false: unknown).
+	mallocs uint64
+	cmds    int64
+	cmdsOK  bool
 }
 
 func sampleCPU(lib *library) cpuSample {
-	s := cpuSample{at: time.Now()}
+	s := cpuSample{at: time.Now(), mallocs: mallocs()}
+	if lib.serverCmds != nil {
+		s.cmds, s.cmdsOK = lib.serverCmds()
+	}
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		s.own = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
@@ -57,6 +66,37 @@ func redisCPU(c *redis.Client) (time.Duration, bool) {
 		}
 	}
 	return time.Duration(secs * float64(time.Second)), true
+}
+
+// mallocs is the number of heap objects this process has allocated so far
+// (runtime/metrics, which, unlike runtime.ReadMemStats, does not stop the
+// world).
+func mallocs() uint64 {
+	m := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+	metrics.Read(m)
+	if m[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return m[0].Value.Uint64()
+}
+
+// redisCommands is a Redis server's count of commands processed so far
+// (INFO stats total_commands_processed, which counts a command after it
+// ran: the reply does not count the INFO that asked).
+func redisCommands(c *redis.Client) (int64, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "stats").Result()
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 // procCPU is the CPU time (utime+stime from /proc/PID/stat, all threads) of

@@ -48,6 +48,13 @@ type library struct {
 	// blockingOnly: the library runs only the blocking scenarios (its try
 	// is another library's).
 	blockingOnly bool
+	// tryOnly: the library has no blocking acquire (the minimal designs)
+	// and skips the blocking scenarios.
+	tryOnly bool
+	// serverCmds returns how many commands the lock's server has
+	// processed so far (Redis: INFO stats total_commands_processed); nil
+	// when not known.
+	serverCmds func() (int64, bool)
 }
 
 // clientOptions is the one go-redis configuration every library gets (a
@@ -60,10 +67,11 @@ func clientOptions(addr string) *redis.Options {
 // own client of the server at addr; admin (a client of its own) samples the
 // server's CPU and cleans up after each cell.
 func newRedisLibraries(addr string, admin *redis.Client) []*library {
-	libs := []*library{newOnceguard(addr), newOnceguardRueidis(addr), newBSM(addr), newBSM1ms(addr), newRedsync(addr)}
+	libs := []*library{newOnceguard(addr), newOnceguardRueidis(addr), newMinimalGoRedis(addr, false), newMinimalGoRedis(addr, true), newMinimalRueidis(addr, false), newMinimalRueidis(addr, true), newBSM(addr), newBSM1ms(addr), newRedsync(addr)}
 	for _, l := range libs {
 		l.group = groupRedis
 		l.serverCPU = func() (time.Duration, bool) { return redisCPU(admin) }
+		l.serverCmds = func() (int64, bool) { return redisCommands(admin) }
 		l.cleanup = redisCleanup(admin)
 	}
 	return libs
@@ -81,7 +89,7 @@ func redisCleanup(admin *redis.Client) func(ctx context.Context, prefix string) 
 		for iter.Next(ctx) {
 			k := iter.Val()
 			keys = append(keys, k)
-			if !strings.HasSuffix(k, ":fence") && !strings.HasSuffix(k, ":q") && !strings.HasSuffix(k, ":qx") {
+			if !strings.HasSuffix(k, ":fence") && !strings.HasSuffix(k, ":q") && !strings.HasSuffix(k, ":qx") { // minimal-rueidis+fence's counters end in ":fence" too
 				held++
 			}
 		}

@@ -52,7 +52,7 @@ type config struct {
 func main() {
 	var cfg config
 	var only string
-	flag.StringVar(&cfg.addr, "redis", "127.0.0.1:6379", "Redis `host:port` (shared: the bench only touches keys of its own run)")
+	flag.StringVar(&cfg.addr, "redis", "127.0.0.1:6379", "Redis `host:port` (shared: the bench only touches keys of its own run), or \"private\": a redis-server (-redis-server) the bench starts on a free loopback port for the Redis group")
 	flag.DurationVar(&cfg.duration, "duration", 1500*time.Millisecond, "measured `time` per cell (library × scenario × round) of the Redis group")
 	flag.DurationVar(&cfg.backendDuration, "backend-duration", 2*time.Second, "measured `time` per cell of the backends group")
 	flag.DurationVar(&cfg.warmup, "warmup", 250*time.Millisecond, "unmeasured warm-up per cell, same workers")
@@ -108,7 +108,7 @@ func (c *config) selected(lib, sc, group string) bool {
 // runs reports whether lib runs scenario sc: selected, and blocking if
 // the library runs only those.
 func (c *config) runs(lib *library, sc scenario) bool {
-	return c.selected(lib.name, sc.name, sc.group) && (sc.blocking || !lib.blockingOnly)
+	return c.selected(lib.name, sc.name, sc.group) && (sc.blocking || !lib.blockingOnly) && !(sc.blocking && lib.tryOnly)
 }
 
 // libSelected reports whether any cell of lib is to run.
@@ -127,7 +127,7 @@ func exactName(s string) bool {
 	if s == groupRedis || s == groupBackends || s == "ceiling/redis-benchmark" {
 		return true
 	}
-	libs := map[string][]string{groupRedis: {"onceguard", libOGRueidis, "bsm/redislock", libBSM1ms, "redsync", "ceiling"}, groupBackends: backendLibs}
+	libs := map[string][]string{groupRedis: {"onceguard", libOGRueidis, libMinGoRedis, libMinRueidis, libMinGoRedisFenced, libMinFenced, "bsm/redislock", libBSM1ms, "redsync", "ceiling"}, groupBackends: backendLibs}
 	for group, names := range libs {
 		for _, l := range names {
 			if s == l {
@@ -186,8 +186,27 @@ func run(cfg config, out, progress io.Writer) error {
 	serverVersion := ""
 	var admin *redis.Client
 	needRedis := cfg.selected("ceiling", "redis-benchmark", groupRedis)
-	for _, l := range []string{"onceguard", libOGRueidis, "bsm/redislock", libBSM1ms, "redsync"} {
+	for _, l := range []string{"onceguard", libOGRueidis, libMinGoRedis, libMinRueidis, libMinGoRedisFenced, libMinFenced, "bsm/redislock", libBSM1ms, "redsync"} {
 		needRedis = needRedis || cfg.libSelected(l, groupRedis)
+	}
+	where := "same machine"
+	if needRedis && cfg.addr == "private" {
+		dir, err := os.MkdirTemp("", "ogbench-redis-")
+		if err != nil {
+			return err
+		}
+		cl.add(func() { _ = os.RemoveAll(dir) })
+		path, err := exec.LookPath(cfg.redisServer)
+		if err != nil {
+			return fmt.Errorf("-redis private: %w", err)
+		}
+		nodes, err := startRedisNodes(ctx, path, 1, dir)
+		if err != nil {
+			return fmt.Errorf("-redis private: %w", err)
+		}
+		cl.add(func() { stopRedisNodes(nodes) })
+		cfg.addr = nodes[0].addr
+		where = "a private redis-server started by the bench, same machine, no persistence"
 	}
 	if needRedis {
 		admin = redis.NewClient(clientOptions(cfg.addr))
@@ -334,7 +353,7 @@ func run(cfg config, out, progress io.Writer) error {
 	fmt.Fprintf(out, "\nonceguard lock benchmark, %s\n", time.Now().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(out, "%s/%s, %d CPUs, GOMAXPROCS=%d, %s\n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
 	if needRedis {
-		fmt.Fprintf(out, "Redis group: Redis %s at %s (same machine)\n", serverVersion, cfg.addr)
+		fmt.Fprintf(out, "Redis group: Redis %s at %s (%s)\n", serverVersion, cfg.addr, where)
 	}
 	for _, s := range bs.servers {
 		fmt.Fprintf(out, "backends group: %s\n", s)

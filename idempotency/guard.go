@@ -68,8 +68,9 @@ type Options[R any] struct {
 	KeyField string
 	// KeyOptional runs a request without a key once, unprotected, instead
 	// of answering 400 idempotency_key_missing; it is counted as the event
-	// "unprotected". A key that is present is checked as always. Default:
-	// false.
+	// "unprotected". A key that is present is checked as always; one that
+	// is present but empty (an empty header or field) is invalid, not
+	// absent. Default: false.
 	KeyOptional bool
 
 	// Lease protects an in-flight request: a retry within it gets 409; after
@@ -236,13 +237,20 @@ func (g *Guard[R]) Begin(ctx context.Context, r R, req *Request) Outcome {
 	// 2. The key's syntax.
 	keys := req.Key
 	if len(keys) == 0 && o.KeyField != "" {
+		// The header wins when both are there, as the gateway's contract
+		// (docs/gateway.md) says; the repeat-submit window, whose
+		// fingerprint leaves the field out, still sees the same form
+		// sent under a second key.
 		keys = keyField(req.ContentType, req.Body, o.KeyField)
 	}
 	key, err := ParseKey(keys)
 	if errors.Is(err, ErrKeyMissing) {
-		if o.KeyOptional {
+		if o.KeyOptional && len(keys) == 0 {
 			g.event(r, "unprotected")
 			return Outcome{}
+		}
+		if o.KeyOptional { // sent, but empty: not run unprotected
+			return g.fail(r, "key_invalid", probInvalid)
 		}
 		return g.fail(r, "key_missing", probMissing)
 	} else if err != nil {
@@ -370,18 +378,27 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 	}
 	t := time.NewTimer(next)
 	defer t.Stop()
+	rewatch := false
 	for {
 		select {
 		case <-wctx.Done():
-			if ctx.Err() != nil {
-				return idemstore.BeginResult{}, ctx.Err() // the client went away
+			if err := ctx.Err(); errors.Is(err, context.DeadlineExceeded) {
+				// The request's own deadline came first: the key is still
+				// in flight, as far as anyone knows; no store failed.
+				return idemstore.BeginResult{Outcome: idemstore.InProgress}, nil
+			} else if err != nil {
+				return idemstore.BeginResult{}, err // the client went away
 			}
 			// The wait ran out: one last look, then 409 as without it.
 			req.Now = g.o.Now()
 			return g.o.Store.Begin(ctx, req)
 		case _, ok := <-woken:
 			if !ok {
-				watch() // a closed channel is used up: watch again
+				// A closed channel is used up; watched again below only if
+				// the key is still in flight (usually it is not: the
+				// wake-up was its answer, and a new watch, a LISTEN
+				// connection on PostgreSQL, would be for nothing).
+				woken, rewatch = nil, true
 			}
 		case <-t.C:
 			if woken == nil {
@@ -390,6 +407,9 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 		}
 		req.Now = g.o.Now()
 		res, err := g.o.Store.Begin(ctx, req)
+		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return idemstore.BeginResult{Outcome: idemstore.InProgress}, nil // as above
+		}
 		if err != nil || res.Outcome != idemstore.InProgress {
 			if err == nil && res.Outcome == idemstore.Replay {
 				g.event(r, "waited")
@@ -401,6 +421,13 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 			case <-t.C:
 			default:
 			}
+		}
+		if rewatch {
+			// Watch anew, then one look at once, as after the first Watch.
+			watch()
+			rewatch = false
+			t.Reset(0)
+			continue
 		}
 		t.Reset(poll)
 	}
@@ -492,16 +519,24 @@ func (g *Guard[R]) keeps(k string, h http.Header) bool {
 	if !g.allHeaders {
 		return slices.Contains(g.replayHeaders, k)
 	}
+	// Any case: net/http sends a non-canonical name as it is, and a
+	// client reads it as the canonical one (h["set-cookie"] is a cookie).
+	k = http.CanonicalHeaderKey(k)
 	switch k {
 	case "Set-Cookie", "Date", "Content-Length", "Connection", "Keep-Alive", "Proxy-Connection",
 		"Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 		"Idempotent-Replayed", "Idempotency-Key-Expires":
 		return false
 	}
-	for _, v := range h["Connection"] { // the headers a Connection header names are hop-by-hop too
-		for _, f := range splitComma(v) {
-			if http.CanonicalHeaderKey(f) == k {
-				return false
+	for name, vs := range h { // the headers a Connection header names are hop-by-hop too
+		if http.CanonicalHeaderKey(name) != "Connection" {
+			continue
+		}
+		for _, v := range vs {
+			for _, f := range splitComma(v) {
+				if http.CanonicalHeaderKey(f) == k {
+					return false
+				}
 			}
 		}
 	}

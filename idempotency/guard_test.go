@@ -60,7 +60,8 @@ func codeOf(w *httptest.ResponseRecorder) string {
 	return code
 }
 
-// The key from a field of the body, form or JSON; the header wins.
+// The key from a field of the body, form or JSON; a header too must
+// name the same key.
 func TestKeyField(t *testing.T) {
 	c := &counting{status: 201}
 	h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}, KeyField: "withdraw_token",
@@ -79,7 +80,9 @@ func TestKeyField(t *testing.T) {
 		{"", "application/json", `{"withdraw_token":"t3","amount":1}`, 201, "", false, 3},
 		{"", "application/json", `{"withdraw_token":"t1","amount":1}`, 422, "idempotency_key_reused", false, 3}, // t1 named a form
 		{"", "application/json", `{"withdraw_token":"t3","amount":1}`, 201, "", true, 3},
-		{"h1", form, "amount=1&withdraw_token=t1", 201, "", false, 4}, // the header wins: another key
+		{"h1", form, "amount=1&withdraw_token=t1", 201, "", false, 4},     // the header wins: another key
+		{`"t1"`, form, "amount=1&withdraw_token=t1", 201, "", true, 4},    // the header names the field's key
+		{"h1", form, "amount=1", 422, "idempotency_key_reused", false, 4}, // h1 named a body with the field
 		{"", form, "amount=1", 400, "idempotency_key_missing", false, 4},
 		{"", "application/json", `{"amount":1}`, 400, "idempotency_key_missing", false, 4},
 		{"", "application/json", `{"withdraw_token":7}`, 400, "idempotency_key_invalid", false, 4},
@@ -199,12 +202,64 @@ func TestMarkFirstAndExpiry(t *testing.T) {
 // polled hides a store's Notifier: a waiting retry polls it.
 type polled struct {
 	idemstore.Store
-	begins atomic.Int32
+	waiting inFlight
 }
 
 func (p *polled) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
-	p.begins.Add(1)
-	return p.Store.Begin(ctx, r)
+	res, err := p.Store.Begin(ctx, r)
+	p.waiting.saw(ctx, res)
+	return res, err
+}
+
+func (p *polled) inFlight() int { return p.waiting.n() }
+
+// notified is a memstore, with its Notifier, that tells which requests
+// found their key in flight.
+type notified struct {
+	*memstore.Store
+	waiting inFlight
+}
+
+func (n *notified) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
+	res, err := n.Store.Begin(ctx, r)
+	n.waiting.saw(ctx, res)
+	return res, err
+}
+
+func (n *notified) inFlight() int { return n.waiting.n() }
+
+var _ idemstore.Notifier = (*notified)(nil)
+
+// requestID tags a request's context, for inFlight.
+type requestID struct{}
+
+// inFlight is the set of requests (by their requestID) that found their
+// key in flight: those that are waiting, under Wait.
+type inFlight struct {
+	mu   sync.Mutex
+	seen map[any]bool
+}
+
+func (f *inFlight) saw(ctx context.Context, res idemstore.BeginResult) {
+	if id := ctx.Value(requestID{}); id != nil && res.Outcome == idemstore.InProgress {
+		f.mu.Lock()
+		if f.seen == nil {
+			f.seen = map[any]bool{}
+		}
+		f.seen[id] = true
+		f.mu.Unlock()
+	}
+}
+
+func (f *inFlight) n() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.seen)
+}
+
+type waitStore interface {
+	idemstore.Store
+	inFlight() int
 }
 
 // With Wait, a retry that arrives while the first is in flight waits for
@@ -213,10 +268,10 @@ func (p *polled) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore
 func TestWait(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		store func() idemstore.Store
+		store func() waitStore
 	}{
-		{"notified", func() idemstore.Store { return &memstore.Store{} }},
-		{"polled", func() idemstore.Store { return &polled{Store: &memstore.Store{}} }},
+		{"notified", func() waitStore { return &notified{Store: &memstore.Store{}} }},
+		{"polled", func() waitStore { return &polled{Store: &memstore.Store{}} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			release := make(chan struct{})
@@ -239,22 +294,27 @@ func TestWait(t *testing.T) {
 			<-started
 			const waiters = 5
 			answers := make(chan *httptest.ResponseRecorder, waiters)
-			for range waiters {
-				go func() { answers <- send(h, "k", "", `{}`) }()
+			for i := range waiters {
+				go func() {
+					r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
+					r = r.WithContext(context.WithValue(r.Context(), requestID{}, i))
+					r.Header.Set("Idempotency-Key", "k")
+					w := httptest.NewRecorder()
+					h.ServeHTTP(w, r)
+					answers <- w
+				}()
 			}
-			// The waiters are waiting (not answered 409): give them time to
-			// get there, then let the first finish.
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				mu.Lock()
-				n := len(events)
-				mu.Unlock()
-				if n >= 1 || time.Now().After(deadline) {
-					break
-				}
+			// Every waiter found the key in flight: they are waiting. Only
+			// then the first may finish, else a late waiter is a plain
+			// replay, not a wait (a fixed sleep was not enough on a loaded
+			// machine).
+			deadline := time.Now().Add(60 * time.Second)
+			for store.inFlight() < waiters && time.Now().Before(deadline) {
 				time.Sleep(time.Millisecond)
 			}
-			time.Sleep(50 * time.Millisecond)
+			if n := store.inFlight(); n < waiters {
+				t.Fatalf("%d waiters found the key in flight in 60 s; want %d", n, waiters)
+			}
 			select {
 			case w := <-answers:
 				t.Fatalf("a waiter was answered %d before the first finished", w.Code)

@@ -22,7 +22,10 @@
 //
 // Middleware serves the HTTP contract on net/http; Guard is the same
 // checks for any other transport (the framework adapters are built on
-// it); Do serves queue consumers and jobs.
+// it); Do serves queue consumers and jobs; Once serves webhook and
+// callback receivers and event consumers, which must act on each event id
+// once (sqlstore.Store.OnceTx does it in the transaction of the event's
+// effect; package natsjs, its own module, does it for JetStream messages).
 package idempotency
 
 import (

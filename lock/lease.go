@@ -164,7 +164,8 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 }
 
 // Release gives the lock back. It runs on a context detached from ctx's
-// cancellation, bounded by Options.ReleaseTimeout, so that a cancelled
+// cancellation (with ctx's values), bounded by Options.ReleaseTimeout
+// (rounded up by at most 1/64 of it), so that a cancelled
 // request still releases. It returns nil, ErrExpired when the TTL had
 // already passed, ErrNotHeld when another owner holds the lock or the lease
 // was already released, or the backend's error; retrying after a backend
@@ -178,8 +179,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 	ls.mu.Unlock()
 	ls.stopWatchdog()
 
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ls.locker.opts.ReleaseTimeout)
-	defer cancel()
+	ctx = ls.locker.release.detach(ctx, time.Now())
 	err := ls.locker.backend.Release(ctx, ls.key, ls.owner)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()

@@ -33,7 +33,8 @@ type Options struct {
 
 	// ReleaseTimeout bounds Release, which runs on a context detached from
 	// the caller's cancellation so that a cancelled request never leaves
-	// the lock held until its TTL. Default: 5s.
+	// the lock held until its TTL. Releases share deadlines: one may get
+	// up to ReleaseTimeout/64 more. Default: 5s.
 	ReleaseTimeout time.Duration
 
 	// Observe, if set, is told of every acquire, release and lost lease,
@@ -118,6 +119,7 @@ type Locker struct {
 	backend Backend
 	waiter  Waiter // backend as a Waiter, or nil
 	opts    Options
+	release *deadlines // Release's contexts
 }
 
 // New returns a Locker on backend. opts may be nil. It panics on a nil
@@ -127,6 +129,7 @@ func New(backend Backend, opts *Options) *Locker {
 		panic("lock: New needs a Backend")
 	}
 	l := &Locker{backend: backend, opts: opts.withDefaults()}
+	l.release = newDeadlines(l.opts.ReleaseTimeout)
 	l.waiter, _ = backend.(Waiter)
 	return l
 }

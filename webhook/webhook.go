@@ -12,7 +12,8 @@
 //
 // A valid signature says who sent a callback, not that it is new: senders
 // deliver at least once, so record each event id once, in the transaction
-// that acts on it.
+// that acts on it: idempotency.Once does that on any idempotency store,
+// and sqlstore.Store.OnceTx in the SQL transaction of the effect.
 package webhook
 
 import (

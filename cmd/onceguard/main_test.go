@@ -159,6 +159,12 @@ func TestEnvFlagPrecedence(t *testing.T) {
 			args: []string{"--n", "6"}, want: map[string]string{"n": "6", "json": "true"}},
 		{name: "psp: valid env, flag given", cmd: "psp", env: map[string]string{"ONCEGUARD_PSP_ADDR": "127.0.0.1:1"},
 			args: []string{"--addr", "127.0.0.1:2"}, want: map[string]string{"addr": "127.0.0.1:2"}},
+		// One variable holds the callbacks' secret for both sides: the
+		// provider signs with it, the service verifies with it.
+		{name: "serve: the shared callback secret", cmd: "serve", env: map[string]string{"ONCEGUARD_PSP_NOTIFY_SECRET": "whsec_shared"},
+			want: map[string]string{"psp-notify-secret": "whsec_shared"}},
+		{name: "psp: the shared callback secret", cmd: "psp", env: map[string]string{"ONCEGUARD_PSP_NOTIFY_SECRET": "whsec_shared"},
+			want: map[string]string{"notify-secret": "whsec_shared"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := &envVars{getenv: func(n string) string { return tc.env[n] }}

@@ -35,6 +35,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/token"
 )
@@ -59,7 +60,9 @@ type Start func(t *testing.T, cfg Config, app http.Handler) (baseURL string)
 // The application's routes (all POST):
 //
 //	/ok      201, Content-Type: application/json; charset=utf-8, Set-Cookie,
-//	         Location, a body naming the run: {"run":N,"user":...,"body":...}
+//	         Location, a body naming the run: {"run":N,"user":...,"body":...,
+//	         "call":true} (the body it read, and whether its context has the
+//	         Call)
 //	/slow    as /ok, once the test releases it
 //	/fail    500 on its first run, then as /ok
 //	/panic   panics on its first run, then as /ok
@@ -124,7 +127,8 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Set-Cookie", "session=secret")
 	w.Header().Set("Location", "/things/"+strconv.Itoa(int(run)))
 	w.WriteHeader(http.StatusCreated)
-	out, _ := json.Marshal(map[string]any{"run": run, "user": r.Header.Get("X-User"), "body": string(body)})
+	_, call := idempotency.FromContext(r.Context())
+	out, _ := json.Marshal(map[string]any{"run": run, "user": r.Header.Get("X-User"), "body": string(body), "call": call})
 	_, _ = w.Write(out)
 }
 
@@ -224,6 +228,16 @@ func Run(t *testing.T, start Start, newStore func(t *testing.T) idemstore.FullSt
 		}
 		if first.header.Get("Cache-Control") != "no-store" {
 			t.Errorf("first answer Cache-Control %q; want no-store", first.header.Get("Cache-Control"))
+		}
+		// The handler read the body the client sent (the adapter read it
+		// first), in a context that carries the Call (FromContext, which
+		// CompleteTx, Forget and MarkCompleted need).
+		var seen struct {
+			Body string `json:"body"`
+			Call bool   `json:"call"`
+		}
+		if err := json.Unmarshal(first.body, &seen); err != nil || seen.Body != `{"amount":1}` || !seen.Call {
+			t.Errorf("the handler read body %q, Call in its context %v (%v); want the request's body and the Call", seen.Body, seen.Call, err)
 		}
 		for range 3 {
 			again := c.send("/ok", "ann", key, "", `{"amount":1}`)

@@ -70,12 +70,44 @@ func startBroken(t *testing.T, cfg adaptertest.Config, app http.Handler) string 
 	return srv.URL
 }
 
+// startLostBody is another plausible mistake: the adapter reads the body
+// for the Guard and gives the handler the request as it is, its body
+// consumed and its context without the Call.
+func startLostBody(t *testing.T, cfg adaptertest.Config, app http.Handler) string {
+	g := idempotency.NewGuard(idempotency.Options[*http.Request]{Store: cfg.Store,
+		Principal: func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := idempotency.ReadBody(r, g.MaxBody())
+		out := g.Begin(r.Context(), r, &idempotency.Request{Method: r.Method, Path: r.URL.Path, Key: r.Header["Idempotency-Key"], Body: body})
+		switch {
+		case out.Problem != nil:
+			idempotency.WriteProblem(w, out.Problem)
+		case out.Replay != nil:
+			idempotency.WriteReplay(w, out.Replay, out.Expires)
+		default:
+			rec := idempotency.NewRecorder()
+			app.ServeHTTP(rec, r)
+			if p := g.Finish(r, out.Call, rec.Answer()); p != nil {
+				idempotency.WriteProblem(w, p)
+				return
+			}
+			g.WriteFirst(w, rec.Answer(), out.Expires)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
 // The suite is not vacuous: run on the broken adapter (in a child
 // process, whose failure is the expected outcome), it fails, and says
 // where.
 func TestSuiteCatchesBrokenAdapter(t *testing.T) {
-	if os.Getenv("ADAPTERTEST_BROKEN") == "1" {
+	switch os.Getenv("ADAPTERTEST_BROKEN") {
+	case "1":
 		adaptertest.Run(t, startBroken, func(*testing.T) idemstore.FullStore { return &memstore.Store{} })
+		return
+	case "body":
+		adaptertest.Run(t, startLostBody, func(*testing.T) idemstore.FullStore { return &memstore.Store{} })
 		return
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSuiteCatchesBrokenAdapter$", "-test.v")
@@ -88,5 +120,11 @@ func TestSuiteCatchesBrokenAdapter(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the suite's output lacks %q:\n%s", want, out)
 		}
+	}
+	cmd = exec.Command(os.Args[0], "-test.run=^TestSuiteCatchesBrokenAdapter$", "-test.v")
+	cmd.Env = append(os.Environ(), "ADAPTERTEST_BROKEN=body")
+	out, err = cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--- FAIL: TestSuiteCatchesBrokenAdapter/ReplayByteForByte") {
+		t.Errorf("the suite passed an adapter that loses the body and the Call (%v):\n%s", err, out)
 	}
 }

@@ -6,25 +6,18 @@ import (
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemecho"
-	"github.com/onceguard/onceguard/idempotency/idemstore"
-	"github.com/onceguard/onceguard/token"
+	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
-// config is adaptertest.Config's shape.
-type config struct {
-	Store   idemstore.FullStore
-	Tokens  *token.Tokens
-	Purpose string
-	Window  time.Duration
-	Lease   time.Duration
-}
+// config is what the conformance suite asks of the adapter.
+type config = adaptertest.Config
 
 func options(cfg config) idempotency.Options[echo.Context] {
 	return idempotency.Options[echo.Context]{
@@ -47,6 +40,11 @@ func start(t *testing.T, cfg config, app http.Handler) string {
 	e := newEcho()
 	e.Use(middleware.Recover(), idemecho.New(options(cfg)))
 	e.Any("/*", echo.WrapHandler(app))
+	return serve(t, e)
+}
+
+// serve runs e.Start on a loopback listener until t ends.
+func serve(t *testing.T, e *echo.Echo) string {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -61,4 +59,20 @@ func start(t *testing.T, cfg config, app http.Handler) string {
 		}
 	})
 	return "http://" + lis.Addr().String()
+}
+
+// startKeyOptional is start with KeyOptional, telling unprotected about
+// each "unprotected" event.
+func startKeyOptional(t *testing.T, unprotected func(), app http.Handler) string {
+	o := options(config{Store: &memstore.Store{}})
+	o.KeyOptional = true
+	o.OnEvent = func(_ echo.Context, ev string) {
+		if ev == "unprotected" {
+			unprotected()
+		}
+	}
+	e := newEcho()
+	e.Use(idemecho.New(o))
+	e.Any("/*", echo.WrapHandler(app))
+	return serve(t, e)
 }

@@ -4,8 +4,9 @@
 //
 // New returns a fiber.Handler to put in front of the routes it guards.
 // It reads the request's Idempotency-Key header and its body (the raw
-// bytes, as sent: a compressed body is fingerprinted compressed, so
-// decode it in a middleware in front if clients compress), runs
+// bytes, as sent: fiber's c.Body() decodes a Content-Encoding, the
+// adapter does not, so a compressed JSON body is refused 400
+// invalid_json; decode it in a middleware in front if clients compress), runs
 // Guard.Begin and then, for a new key, the rest of the chain with
 // c.Next(). What the chain left in c.Response() (status, headers, body)
 // is the answer that is stored and sent:
@@ -27,9 +28,14 @@
 //   - A problem or a replay ends the chain: c.Next() is not called.
 //
 // fasthttp reuses a request's Ctx and buffers once the handler returns:
-// the adapter copies what it keeps (the body it fingerprints, the stored
-// header and body) and keeps nothing of the Ctx. So do Options' hooks:
-// they get the *fiber.Ctx, valid only while they run.
+// the adapter copies what the Guard sees (the body it fingerprints, the
+// key, the path, the answer's header values; a Store copies the answer's
+// body it keeps) and keeps nothing of the Ctx. So do Options' hooks:
+// they get the *fiber.Ctx, valid only while they run, and the strings of
+// c.Get, c.Params and the like are views of fasthttp's buffers (unless
+// the app is Immutable): a Principal hook returns a copy,
+// strings.Clone(c.Get("X-User")), or a token bound to that principal
+// would change under the store.
 //
 // fasthttp does not cancel a request's context when the client goes
 // away: the Guard's context is c.UserContext(), which is

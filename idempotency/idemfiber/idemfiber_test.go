@@ -3,6 +3,8 @@ package idemfiber_test
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -98,7 +101,7 @@ func newApp(o idempotency.Options[*fiber.Ctx], h fiber.Handler) *fiber.App {
 func TestReplay(t *testing.T) {
 	var runs atomic.Int32
 	var sawCall atomic.Bool
-	url := start(t, newApp(idempotency.Options[*fiber.Ctx]{MarkFirst: true}, func(c *fiber.Ctx) error {
+	url := start(t, newApp(idempotency.Options[*fiber.Ctx]{MarkFirst: true, ExpiryHeader: true}, func(c *fiber.Ctx) error {
 		n := runs.Add(1)
 		if call, ok := idempotency.FromContext(c.UserContext()); ok && call.Key == key {
 			sawCall.Store(true)
@@ -118,6 +121,11 @@ func TestReplay(t *testing.T) {
 		again.header.Get("Content-Type") != "application/vnd.pay+json" || again.header.Get("Location") != "/payments/1" ||
 		again.header.Get("Set-Cookie") != "" || again.header.Get("Cache-Control") != "no-store" {
 		t.Fatalf("replay: %+v", again)
+	}
+	exp, err := http.ParseTime(first.header.Get("Idempotency-Key-Expires"))
+	if err != nil || time.Until(exp) < 23*time.Hour || again.header.Get("Idempotency-Key-Expires") != first.header.Get("Idempotency-Key-Expires") {
+		t.Fatalf("Idempotency-Key-Expires: first %q, replay %q; want the same date, a day ahead",
+			first.header.Get("Idempotency-Key-Expires"), again.header.Get("Idempotency-Key-Expires"))
 	}
 	if runs.Load() != 1 || !sawCall.Load() {
 		t.Fatalf("runs %d, saw its call %v", runs.Load(), sawCall.Load())
@@ -270,8 +278,15 @@ func (errReader) Read([]byte) (int, error) { return 0, errors.New("disk gone") }
 // time, without the replay headers; a key there is still checked.
 func TestKeyOptional(t *testing.T) {
 	var runs atomic.Int32
-	var events []string
-	o := idempotency.Options[*fiber.Ctx]{KeyOptional: true, OnEvent: func(_ *fiber.Ctx, ev string) { events = append(events, ev) }}
+	var (
+		mu     sync.Mutex // OnEvent runs on the server's goroutines
+		events []string
+	)
+	o := idempotency.Options[*fiber.Ctx]{KeyOptional: true, OnEvent: func(_ *fiber.Ctx, ev string) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, ev)
+	}}
 	url := start(t, newApp(o, func(c *fiber.Ctx) error {
 		_, keyed := idempotency.FromContext(c.UserContext())
 		return c.SendString(fmt.Sprintf("run %d keyed=%v", runs.Add(1), keyed))
@@ -284,6 +299,8 @@ func TestKeyOptional(t *testing.T) {
 	if c := send(t, "POST", url+"/p", "bad key", `{}`); c.status != 400 {
 		t.Fatalf("invalid key on an optional route: %+v", c)
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	if got := strings.Join(events, ","); got != "unprotected,unprotected,key_invalid" {
 		t.Fatalf("events %s", got)
 	}
@@ -326,5 +343,128 @@ func TestWritesNothing(t *testing.T) {
 	if first.status != 200 || first.body != "" || again.status != 200 || again.body != "" ||
 		again.header.Get("Content-Type") != first.header.Get("Content-Type") || again.header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
 		t.Fatalf("%+v then %+v, runs %d", first, again, runs.Load())
+	}
+}
+
+// Options.KeyField: the key in a form field when there is no header.
+func TestKeyField(t *testing.T) {
+	var runs atomic.Int32
+	url := start(t, newApp(idempotency.Options[*fiber.Ctx]{KeyField: "withdraw_token", Fingerprint: formFingerprint[*fiber.Ctx]}, func(c *fiber.Ctx) error {
+		runs.Add(1)
+		return c.SendString("paid " + c.FormValue("amount"))
+	}))
+	form := "withdraw_token=wt-1&amount=5"
+	first := send(t, "POST", url+"/w", "", form, "Content-Type", "application/x-www-form-urlencoded")
+	again := send(t, "POST", url+"/w", "", form, "Content-Type", "application/x-www-form-urlencoded")
+	if first.status != 200 || first.body != "paid 5" || again.body != "paid 5" || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("%+v then %+v", first, again)
+	}
+	if a := send(t, "POST", url+"/w", "", "amount=5", "Content-Type", "application/x-www-form-urlencoded"); a.status != 400 || problemCode(t, a) != "idempotency_key_missing" {
+		t.Fatalf("no field: %+v", a)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("runs %d", runs.Load())
+	}
+}
+
+// formFingerprint fingerprints a form body by its bytes.
+func formFingerprint[R any](_ R, body []byte) (string, error) {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// ReplayHeaders "*": every header of the first answer is replayed but
+// Set-Cookie, Date, Content-Length and the hop-by-hop ones, each once.
+func TestReplayAllHeaders(t *testing.T) {
+	url := start(t, newApp(idempotency.Options[*fiber.Ctx]{ReplayHeaders: []string{"*"}}, func(c *fiber.Ctx) error {
+		c.Set("X-Request-Cost", "3")
+		c.Append("Vary", "Accept")
+		c.Append("Vary", "Origin")
+		c.Cookie(&fiber.Cookie{Name: "s", Value: "secret"})
+		return c.Status(201).JSON(fiber.Map{"ok": true})
+	}))
+	first := send(t, "POST", url+"/p", key, `{}`)
+	again := send(t, "POST", url+"/p", key, `{}`)
+	if again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("%+v then %+v", first, again)
+	}
+	for k, v := range first.header {
+		switch k {
+		case "Date", "Content-Length":
+			continue
+		case "Set-Cookie":
+			if again.header[k] != nil {
+				t.Errorf("replayed Set-Cookie %q", again.header[k])
+			}
+			continue
+		}
+		if fmt.Sprint(again.header[k]) != fmt.Sprint(v) {
+			t.Errorf("header %s: first %q, replay %q", k, v, again.header[k])
+		}
+	}
+}
+
+// A mounted app's own ErrorHandler answers its routes' errors, and that
+// answer is what is stored and replayed.
+func TestMountedErrorHandler(t *testing.T) {
+	var runs atomic.Int32
+	sub := fiber.New(fiber.Config{ErrorHandler: func(c *fiber.Ctx, err error) error {
+		return c.Status(409).SendString("sub: " + err.Error())
+	}})
+	sub.Post("/x", func(c *fiber.Ctx) error {
+		runs.Add(1)
+		return errors.New("taken")
+	})
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(idemfiber.New(idempotency.Options[*fiber.Ctx]{Store: &memstore.Store{}}))
+	app.Mount("/api", sub)
+	url := start(t, app)
+	first := send(t, "POST", url+"/api/x", key, `{}`)
+	again := send(t, "POST", url+"/api/x", key, `{}`)
+	if first.status != 409 || first.body != "sub: taken" || again.status != 409 || again.body != first.body ||
+		again.header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+		t.Fatalf("%+v then %+v, runs %d", first, again, runs.Load())
+	}
+}
+
+// watchedStore tells when a Begin found its key in flight.
+type watchedStore struct {
+	*memstore.Store
+	inFlight chan struct{}
+}
+
+func (s *watchedStore) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
+	res, err := s.Store.Begin(ctx, r)
+	if err == nil && res.Outcome == idemstore.InProgress {
+		select {
+		case s.inFlight <- struct{}{}:
+		default:
+		}
+	}
+	return res, err
+}
+
+// Options.Wait: a retry that arrives while the first is in flight waits
+// for its answer and replays it, instead of a 409.
+func TestWait(t *testing.T) {
+	store := &watchedStore{Store: &memstore.Store{}, inFlight: make(chan struct{}, 1)}
+	var runs atomic.Int32
+	release, entered := make(chan struct{}), make(chan struct{}, 1)
+	url := start(t, newApp(idempotency.Options[*fiber.Ctx]{Store: store, Wait: time.Minute}, func(c *fiber.Ctx) error {
+		runs.Add(1)
+		entered <- struct{}{}
+		<-release
+		return c.Status(201).SendString("done")
+	}))
+	first := make(chan answer, 1)
+	go func() { first <- send(t, "POST", url+"/p", key, `{}`) }()
+	<-entered // the first is in its handler
+	second := make(chan answer, 1)
+	go func() { second <- send(t, "POST", url+"/p", key, `{}`) }()
+	<-store.inFlight // the retry found the key in flight: it waits
+	close(release)
+	f, s := <-first, <-second
+	if f.status != 201 || s.status != 201 || s.body != "done" || s.header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+		t.Fatalf("first %+v, waiting retry %+v, runs %d", f, s, runs.Load())
 	}
 }

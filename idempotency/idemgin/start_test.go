@@ -10,19 +10,13 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemgin"
-	"github.com/onceguard/onceguard/idempotency/idemstore"
-	"github.com/onceguard/onceguard/token"
+	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
-// config is adaptertest.Config's shape.
-type config struct {
-	Store   idemstore.FullStore
-	Tokens  *token.Tokens
-	Purpose string
-	Window  time.Duration
-	Lease   time.Duration
-}
+// config is what the conformance suite asks of the adapter.
+type config = adaptertest.Config
 
 func options(cfg config) idempotency.Options[*gin.Context] {
 	return idempotency.Options[*gin.Context]{
@@ -51,4 +45,20 @@ func serve(t *testing.T, h http.Handler) string {
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + lis.Addr().String()
+}
+
+// startKeyOptional is start with KeyOptional, telling unprotected about
+// each "unprotected" event.
+func startKeyOptional(t *testing.T, unprotected func(), app http.Handler) string {
+	o := options(config{Store: &memstore.Store{}})
+	o.KeyOptional = true
+	o.OnEvent = func(_ *gin.Context, ev string) {
+		if ev == "unprotected" {
+			unprotected()
+		}
+	}
+	r := gin.New()
+	r.Use(idemgin.New(o))
+	r.Any("/*path", gin.WrapH(app))
+	return serve(t, r)
 }

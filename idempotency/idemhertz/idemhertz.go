@@ -27,9 +27,11 @@
 //   - A problem or a replay ends the chain (c.Abort).
 //
 // hertz reuses a RequestContext once the handler returns: the adapter
-// copies what it keeps (the body it fingerprints, the stored header and
-// body) and keeps nothing of it. So do Options' hooks: they get the
-// *app.RequestContext, valid only while they run.
+// copies what the Guard sees (the body it fingerprints, the key, the
+// path, the answer's header values; a Store copies the answer's body it
+// keeps) and keeps nothing of it. So do Options' hooks: they get the
+// *app.RequestContext, valid only while they run, and copy what they
+// return (string(c.GetHeader("X-User")) does).
 package idemhertz
 
 import (

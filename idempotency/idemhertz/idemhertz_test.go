@@ -2,6 +2,8 @@ package idemhertz_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,7 +114,7 @@ const key = "8e03978e-40d5-43e8-bc93-6894a57f9324"
 func TestReplay(t *testing.T) {
 	var runs atomic.Int32
 	var sawCall atomic.Bool
-	url := guarded(t, idempotency.Options[*app.RequestContext]{MarkFirst: true}, func(ctx context.Context, c *app.RequestContext) {
+	url := guarded(t, idempotency.Options[*app.RequestContext]{MarkFirst: true, ExpiryHeader: true}, func(ctx context.Context, c *app.RequestContext) {
 		n := runs.Add(1)
 		if call, ok := idempotency.FromContext(ctx); ok && call.Key == key {
 			sawCall.Store(true)
@@ -130,6 +133,11 @@ func TestReplay(t *testing.T) {
 		again.header.Get("Content-Type") != "application/vnd.pay+json" || again.header.Get("Location") != "/payments/1" ||
 		again.header.Get("Set-Cookie") != "" || again.header.Get("Cache-Control") != "no-store" {
 		t.Fatalf("replay: %+v", again)
+	}
+	exp, err := http.ParseTime(first.header.Get("Idempotency-Key-Expires"))
+	if err != nil || time.Until(exp) < 23*time.Hour || again.header.Get("Idempotency-Key-Expires") != first.header.Get("Idempotency-Key-Expires") {
+		t.Fatalf("Idempotency-Key-Expires: first %q, replay %q; want the same date, a day ahead",
+			first.header.Get("Idempotency-Key-Expires"), again.header.Get("Idempotency-Key-Expires"))
 	}
 	if runs.Load() != 1 || !sawCall.Load() {
 		t.Fatalf("runs %d, saw its call %v", runs.Load(), sawCall.Load())
@@ -286,8 +294,15 @@ func (errReader) Read([]byte) (int, error) { return 0, errors.New("disk gone") }
 // time; a key there is still checked.
 func TestKeyOptional(t *testing.T) {
 	var runs atomic.Int32
-	var events []string
-	o := idempotency.Options[*app.RequestContext]{KeyOptional: true, OnEvent: func(_ *app.RequestContext, ev string) { events = append(events, ev) }}
+	var (
+		mu     sync.Mutex // OnEvent runs on the server's goroutines
+		events []string
+	)
+	o := idempotency.Options[*app.RequestContext]{KeyOptional: true, OnEvent: func(_ *app.RequestContext, ev string) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, ev)
+	}}
 	url := guarded(t, o, func(ctx context.Context, c *app.RequestContext) {
 		_, keyed := idempotency.FromContext(ctx)
 		c.String(200, "run %d keyed=%v", runs.Add(1), keyed)
@@ -300,6 +315,8 @@ func TestKeyOptional(t *testing.T) {
 	if c := send(t, "POST", url+"/p", "bad key", `{}`); c.status != 400 {
 		t.Fatalf("invalid key on an optional route: %+v", c)
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	if got := strings.Join(events, ","); got != "unprotected,unprotected,key_invalid" {
 		t.Fatalf("events %s", got)
 	}
@@ -368,5 +385,105 @@ func TestCaptureKeepsTLS(t *testing.T) {
 	h.Engine.ServeHTTP(context.Background(), c)
 	if c.Response.StatusCode() != 200 || string(c.Response.Body()) != "ok" || !sawTLS.Load() {
 		t.Fatalf("%d %q, r.TLS set: %v", c.Response.StatusCode(), c.Response.Body(), sawTLS.Load())
+	}
+}
+
+// Options.KeyField: the key in a form field when there is no header.
+func TestKeyField(t *testing.T) {
+	var runs atomic.Int32
+	url := guarded(t, idempotency.Options[*app.RequestContext]{KeyField: "withdraw_token", Fingerprint: formFingerprint[*app.RequestContext]}, func(ctx context.Context, c *app.RequestContext) {
+		runs.Add(1)
+		c.String(200, "paid %s", c.PostForm("amount"))
+	})
+	form := "withdraw_token=wt-1&amount=5"
+	first := send(t, "POST", url+"/w", "", form, "Content-Type", "application/x-www-form-urlencoded")
+	again := send(t, "POST", url+"/w", "", form, "Content-Type", "application/x-www-form-urlencoded")
+	if first.status != 200 || first.body != "paid 5" || again.body != "paid 5" || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("%+v then %+v", first, again)
+	}
+	if a := send(t, "POST", url+"/w", "", "amount=5", "Content-Type", "application/x-www-form-urlencoded"); a.status != 400 || problemCode(t, a) != "idempotency_key_missing" {
+		t.Fatalf("no field: %+v", a)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("runs %d", runs.Load())
+	}
+}
+
+// formFingerprint fingerprints a form body by its bytes.
+func formFingerprint[R any](_ R, body []byte) (string, error) {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// ReplayHeaders "*": every header of the first answer is replayed but
+// Set-Cookie, Date, Content-Length and the hop-by-hop ones, each once.
+func TestReplayAllHeaders(t *testing.T) {
+	url := guarded(t, idempotency.Options[*app.RequestContext]{ReplayHeaders: []string{"*"}}, func(ctx context.Context, c *app.RequestContext) {
+		c.Header("X-Request-Cost", "3")
+		c.Response.Header.Add("Vary", "Accept")
+		c.Response.Header.Add("Vary", "Origin")
+		c.Response.Header.Set("Set-Cookie", "s=secret")
+		c.JSON(201, map[string]bool{"ok": true})
+	})
+	first := send(t, "POST", url+"/p", key, `{}`)
+	again := send(t, "POST", url+"/p", key, `{}`)
+	if again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("%+v then %+v", first, again)
+	}
+	for k, v := range first.header {
+		switch k {
+		case "Date", "Content-Length":
+			continue
+		case "Set-Cookie":
+			if again.header[k] != nil {
+				t.Errorf("replayed Set-Cookie %q", again.header[k])
+			}
+			continue
+		}
+		if fmt.Sprint(again.header[k]) != fmt.Sprint(v) {
+			t.Errorf("header %s: first %q, replay %q", k, v, again.header[k])
+		}
+	}
+}
+
+// watchedStore tells when a Begin found its key in flight.
+type watchedStore struct {
+	*memstore.Store
+	inFlight chan struct{}
+}
+
+func (s *watchedStore) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
+	res, err := s.Store.Begin(ctx, r)
+	if err == nil && res.Outcome == idemstore.InProgress {
+		select {
+		case s.inFlight <- struct{}{}:
+		default:
+		}
+	}
+	return res, err
+}
+
+// Options.Wait: a retry that arrives while the first is in flight waits
+// for its answer and replays it, instead of a 409.
+func TestWait(t *testing.T) {
+	store := &watchedStore{Store: &memstore.Store{}, inFlight: make(chan struct{}, 1)}
+	var runs atomic.Int32
+	release, entered := make(chan struct{}), make(chan struct{}, 1)
+	url := guarded(t, idempotency.Options[*app.RequestContext]{Store: store, Wait: time.Minute}, func(ctx context.Context, c *app.RequestContext) {
+		runs.Add(1)
+		entered <- struct{}{}
+		<-release
+		c.String(201, "done")
+	})
+	first := make(chan answer, 1)
+	go func() { first <- send(t, "POST", url+"/p", key, `{}`) }()
+	<-entered // the first is in its handler
+	second := make(chan answer, 1)
+	go func() { second <- send(t, "POST", url+"/p", key, `{}`) }()
+	<-store.inFlight // the retry found the key in flight: it waits
+	close(release)
+	f, s := <-first, <-second
+	if f.status != 201 || s.status != 201 || s.body != "done" || s.header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+		t.Fatalf("first %+v, waiting retry %+v, runs %d", f, s, runs.Load())
 	}
 }

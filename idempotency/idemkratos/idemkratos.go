@@ -6,9 +6,10 @@
 //
 //	srv := khttp.NewServer(khttp.Filter(idemkratos.Filter(idempotency.Config{Store: store})))
 //
-// or on the routes of one router only:
+// or on the routes of one router, or one route, only:
 //
 //	r := srv.Route("/payments", idemkratos.Filter(cfg))
+//	srv.Route("/").POST("/withdrawals", withdraw, idemkratos.Filter(cfg))
 //
 // A kratos HTTP filter is func(http.Handler) http.Handler, so the filter is
 // idempotency.Middleware: the routes run with their answer buffered, so
@@ -19,9 +20,10 @@
 // the route's handler and in the service method a generated route calls
 // (kratos derives the transport's context from it), and a body that the
 // route's decoder reads again. A route that panics frees the key, then the
-// panic goes on (kratos' recovery middleware, inside the route, turns a
-// panic of a service method into a 500 first: the key is freed as after
-// any 5xx).
+// panic goes on: from a plain handler to net/http, which drops the
+// connection; kratos' recovery middleware, in a generated route that uses
+// it, turns a service method's panic into a 500 first, which frees the key
+// as any 5xx does.
 //
 // There is no kratos middleware.Middleware: it runs on the decoded
 // request and the reply before they are encoded, so it cannot store or

@@ -140,3 +140,31 @@ func TestQuickPanicFreesKey(t *testing.T) {
 		t.Errorf("handler ran %d times; want 2", n)
 	}
 }
+
+// On a KeyOptional route a request without a key runs, unprotected (no
+// Call in its context, told as "unprotected"), with its whole body; one
+// with a key is guarded as always.
+func TestQuickKeyOptional(t *testing.T) {
+	var runs, unprotected atomic.Int32
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		_, guarded := idempotency.FromContext(r.Context())
+		b, _ := io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "guarded=%v body=%s", guarded, b)
+	})
+	url := startKeyOptional(t, func() { unprotected.Add(1) }, app)
+	for range 2 {
+		if resp, body := post(t, url, "", `{"a":1}`); resp == nil || resp.StatusCode != http.StatusCreated || body != `guarded=false body={"a":1}` {
+			t.Fatalf("no key = %v %q; want 201 guarded=false with the body", resp, body)
+		}
+	}
+	for range 2 {
+		if resp, body := post(t, url, "k1", `{"a":1}`); resp == nil || resp.StatusCode != http.StatusCreated || body != `guarded=true body={"a":1}` {
+			t.Fatalf("a key = %v %q; want 201 guarded=true with the body", resp, body)
+		}
+	}
+	if r, u := runs.Load(), unprotected.Load(); r != 3 || u != 2 {
+		t.Errorf("%d runs, %d told unprotected; want 3 (two without a key, one with), 2", r, u)
+	}
+}

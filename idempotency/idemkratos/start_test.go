@@ -2,6 +2,8 @@ package idemkratos_test
 
 import (
 	"context"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"testing"
@@ -10,19 +12,13 @@ import (
 	khttp "github.com/go-kratos/kratos/v2/transport/http"
 
 	"github.com/onceguard/onceguard/idempotency"
+	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemkratos"
-	"github.com/onceguard/onceguard/idempotency/idemstore"
-	"github.com/onceguard/onceguard/token"
+	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
-// config is adaptertest.Config's shape.
-type config struct {
-	Store   idemstore.FullStore
-	Tokens  *token.Tokens
-	Purpose string
-	Window  time.Duration
-	Lease   time.Duration
-}
+// config is what the conformance suite asks of the adapter.
+type config = adaptertest.Config
 
 func options(cfg config) idempotency.Config {
 	return idempotency.Config{
@@ -36,12 +32,17 @@ func options(cfg config) idempotency.Config {
 // The route's timeout is kratos' 1s raised to 30s: a loaded test machine
 // must not cut a handler short.
 func start(t *testing.T, cfg config, app http.Handler) string {
+	return startConfig(t, options(cfg), app)
+}
+
+func startConfig(t *testing.T, o idempotency.Config, app http.Handler) string {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := khttp.NewServer(khttp.Listener(lis), khttp.Timeout(30*time.Second), khttp.Filter(idemkratos.Filter(options(cfg))))
+	srv := khttp.NewServer(khttp.Listener(lis), khttp.Timeout(30*time.Second), khttp.Filter(idemkratos.Filter(o)))
 	srv.HandlePrefix("/", app)
+	srv.ErrorLog = log.New(io.Discard, "", 0) // the suite's panicking handler: net/http logs its stack
 	done := make(chan error, 1)
 	go func() { done <- srv.Start(context.Background()) }()
 	t.Cleanup(func() {
@@ -53,4 +54,17 @@ func start(t *testing.T, cfg config, app http.Handler) string {
 		}
 	})
 	return "http://" + lis.Addr().String()
+}
+
+// startKeyOptional is start with KeyOptional, telling unprotected about
+// each "unprotected" event.
+func startKeyOptional(t *testing.T, unprotected func(), app http.Handler) string {
+	o := options(config{Store: &memstore.Store{}})
+	o.KeyOptional = true
+	o.OnEvent = func(_ *http.Request, ev string) {
+		if ev == "unprotected" {
+			unprotected()
+		}
+	}
+	return startConfig(t, o, app)
 }

@@ -24,8 +24,9 @@ func Example() {
 		panic(err)
 	}
 	c.Log.Mode, c.Log.Stat = "console", false
-	logx.Disable()
+	c.DevServer.Enabled = false // on by default: a pprof and metrics server on :6060
 	server := rest.MustNewServer(c)
+	logx.Disable() // after MustNewServer, whose SetUp starts logging
 	server.Use(idemzero.New(idempotency.Config{
 		Store:     &memstore.Store{},
 		Principal: func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }, // keys are per user

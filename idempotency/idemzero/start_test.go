@@ -12,19 +12,13 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 
 	"github.com/onceguard/onceguard/idempotency"
-	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/idempotency/adaptertest"
 	"github.com/onceguard/onceguard/idempotency/idemzero"
-	"github.com/onceguard/onceguard/token"
+	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
-// config is adaptertest.Config's shape.
-type config struct {
-	Store   idemstore.FullStore
-	Tokens  *token.Tokens
-	Purpose string
-	Window  time.Duration
-	Lease   time.Duration
-}
+// config is what the conformance suite asks of the adapter.
+type config = adaptertest.Config
 
 func options(cfg config) idempotency.Config {
 	return idempotency.Config{
@@ -37,23 +31,26 @@ func options(cfg config) idempotency.Config {
 // (conf.FillDefault: Recover, Timeout, MaxBytes, MaxConns, ... in front of
 // the routes) but for logs, a timeout long enough for a loaded test
 // machine, and CPU load shedding (it answers 503 when the shared
-// machine is busy, a flake unrelated to the guard), with the guard on
-// every route.
-func newServer(t testing.TB, cfg config) *rest.Server {
+// machine is busy, a flake unrelated to the guard), with the guard of
+// cfg on every route (none for nil).
+func newServer(t testing.TB, cfg *idempotency.Config, opts ...rest.RunOption) *rest.Server {
 	var c rest.RestConf
 	if err := conf.FillDefault(&c); err != nil {
 		t.Fatal(err)
 	}
 	c.Log.Mode, c.Log.Stat = "console", false
-	c.Timeout = 30_000 // ms
+	c.DevServer.Enabled = false // on by default: a pprof and metrics server on :6060
+	c.Timeout = 30_000          // ms
 	c.Middlewares.Shedding = false
 	c.Middlewares.Log, c.Middlewares.Trace, c.Middlewares.Prometheus, c.Middlewares.Metrics = false, false, false, false
-	logx.Disable()
-	server, err := rest.NewServer(c)
+	server, err := rest.NewServer(c, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	server.Use(idemzero.New(options(cfg)))
+	logx.Disable() // after NewServer, whose SetUp starts logging
+	if cfg != nil {
+		server.Use(idemzero.New(*cfg))
+	}
 	return server
 }
 
@@ -79,7 +76,12 @@ func anyRoutes(h http.HandlerFunc) []rest.Route {
 // (rest.NewServerless) on an http.Server of a loopback listener: Start
 // listens on a configured port only, and exits the process on an error.
 func start(t *testing.T, cfg config, app http.Handler) string {
-	server := newServer(t, cfg)
+	o := options(cfg)
+	return startConfig(t, &o, app)
+}
+
+func startConfig(t *testing.T, o *idempotency.Config, app http.Handler) string {
+	server := newServer(t, o)
 	server.AddRoutes(anyRoutes(app.ServeHTTP))
 	h, err := rest.NewServerless(server)
 	if err != nil {
@@ -93,4 +95,17 @@ func start(t *testing.T, cfg config, app http.Handler) string {
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + lis.Addr().String()
+}
+
+// startKeyOptional is start with KeyOptional, telling unprotected about
+// each "unprotected" event.
+func startKeyOptional(t *testing.T, unprotected func(), app http.Handler) string {
+	o := options(config{Store: &memstore.Store{}})
+	o.KeyOptional = true
+	o.OnEvent = func(_ *http.Request, ev string) {
+		if ev == "unprotected" {
+			unprotected()
+		}
+	}
+	return startConfig(t, &o, app)
 }

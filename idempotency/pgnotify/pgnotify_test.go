@@ -19,6 +19,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency/pgnotify"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
+	"github.com/onceguard/onceguard/internal/leakcheck"
 	"github.com/onceguard/onceguard/sqldialect"
 )
 
@@ -97,6 +98,14 @@ func TestWaitWokenByNotify(t *testing.T) {
 			waiter := make(chan *httptest.ResponseRecorder)
 			before := store.begins.Load()
 			go func() { waiter <- send() }()
+			// The hold below starts once the waiter asked the store (found
+			// the key in flight), not when its goroutine was started: on a
+			// loaded machine that may be much later, and the polled case's
+			// lower bound would fail.
+			deadline := time.Now().Add(60 * time.Second)
+			for store.begins.Load() == before && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
 			time.Sleep(1500 * time.Millisecond)
 			close(release)
 			<-first
@@ -180,4 +189,252 @@ func TestStoreWithListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.Run(t, func(*testing.T) idemstore.FullStore { return s })
+}
+
+// Watch honours its context while the LISTEN connection is being opened:
+// with the pool exhausted (every connection busy), a waiting retry gives
+// up when its wait (or its client) ends, instead of blocking until a
+// connection frees, and a second watcher is not held behind the first.
+func TestWatchPoolExhausted(t *testing.T) {
+	db := open(t)
+	db.SetMaxOpenConns(1)
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "pgnotify_", Listener: pgnotify.Listener(db)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := db.Conn(t.Context()) // the pool's only connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := true
+	free := func() {
+		if held {
+			held = false
+			_ = busy.Close()
+		}
+	}
+	defer free()
+	done := make(chan error, 2)
+	for _, id := range []string{"a", "b"} {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			_, stop, err := s.Watch(ctx, id)
+			if err == nil {
+				stop()
+			}
+			done <- err
+		}()
+	}
+	for range 2 {
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Error("Watch succeeded without a connection")
+			}
+		case <-time.After(30 * time.Second):
+			free() // let it finish, to tell how it ended
+			t.Fatal("Watch still blocked 30 s after its context ended, for as long as the pool is busy")
+		}
+	}
+	free()
+	// Once a connection is free, watching works again.
+	_, stop, err := s.Watch(t.Context(), "c")
+	if err != nil {
+		t.Fatalf("Watch after the pool freed: %v", err)
+	}
+	stop()
+}
+
+// A LISTEN connection that breaks wakes every watcher (each asks the
+// store again and watches anew, on a new LISTEN), watching then works
+// again, and once nobody watches no goroutine is left behind.
+func TestBrokenListenAndNoLeak(t *testing.T) {
+	db := open(t)
+	// A channel of its own: the connection this test cuts is no other
+	// test's.
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "pgnotify_brk_", Listener: pgnotify.Listener(db)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	listening := func() int {
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %pgnotify_brk_idempotency%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ignore := leakcheck.IgnoreCurrent()
+	ch, stop, err := s.Watch(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %pgnotify_brk_idempotency%' AND pid <> pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a watcher was not woken when its LISTEN connection broke")
+	}
+	stop()
+
+	// Watching again works: a Complete wakes it.
+	id := fmt.Sprint("brk", time.Now().UnixNano())
+	res, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: time.Now()})
+	if err != nil || res.Outcome != idemstore.Started {
+		t.Fatalf("Begin: %v %v", res, err)
+	}
+	ch, stop, err = s.Watch(ctx, id)
+	if err != nil {
+		t.Fatalf("Watch after the broken LISTEN: %v", err)
+	}
+	if err := s.Complete(ctx, id, res.Lease, idemstore.Response{Status: 201}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the new LISTEN did not wake its watcher")
+	}
+	stop()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for listening() != 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := listening(); n != 0 {
+		t.Fatalf("%d LISTEN connections after the watchers stopped", n)
+	}
+	if err := leakcheck.Find(ignore); err != nil {
+		t.Error(err)
+	}
+}
+
+// The LISTEN connection is not one of the pool's: with a pool of one
+// connection, a waiting retry must not hold it while the first request
+// needs it to store its answer. (On the pool, the first request's
+// Complete timed out: its 201 was sent unstored and the key stayed in
+// flight, so a retry after the lease would run the handler again; the
+// waiter got 503.)
+func TestListenOutsidePool(t *testing.T) {
+	db := open(t)
+	db.SetMaxOpenConns(1)
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "pgnotify_", Listener: pgnotify.Listener(db), Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	watch := open(t) // to look at the server without the pool under test
+	listening := func() int {
+		var n int
+		if err := watch.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %pgnotify_idempotency%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	base := listening()
+	release, started := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	h := idempotency.Middleware(idempotency.Config{Store: s, Wait: time.Minute, Lease: time.Minute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		close(started)
+		<-release
+		w.WriteHeader(201)
+		_, _ = w.Write([]byte("paid"))
+	}))
+	key := fmt.Sprint("pool1-", time.Now().UnixNano())
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	first, waiter := make(chan *httptest.ResponseRecorder, 1), make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- send() }()
+	<-started
+	go func() { waiter <- send() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for listening() == base && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if listening() == base {
+		t.Fatal("the waiter did not LISTEN within 30 s")
+	}
+	close(release)
+	if w := <-first; w.Code != 201 {
+		t.Fatalf("first: %d", w.Code)
+	}
+	if w := <-waiter; w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Errorf("waiter: %d %q; want the replay of the 201", w.Code, w.Body)
+	}
+	if w := send(); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Errorf("a retry afterwards: %d %q; want the replay: the first answer was stored", w.Code, w.Body)
+	}
+	if runs.Load() != 1 {
+		t.Errorf("%d runs; want 1", runs.Load())
+	}
+}
+
+// countListen counts the LISTEN connections opened.
+type countListen struct {
+	sqlstore.Listener
+	n atomic.Int32
+}
+
+func (c *countListen) Listen(ctx context.Context, channel string, notify func(string)) (func() error, error) {
+	c.n.Add(1)
+	return c.Listener.Listen(ctx, channel, notify)
+}
+
+// A waiter woken by the NOTIFY of its key's answer replays it without
+// opening another LISTEN first: a connection set up and torn down for
+// nothing, on every waited request.
+func TestWokenWaiterListensOnce(t *testing.T) {
+	db := open(t)
+	l := &countListen{Listener: pgnotify.Listener(db)}
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "pgnotify_", Listener: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &counting{Store: s}
+	release, started := make(chan struct{}), make(chan struct{})
+	h := idempotency.Middleware(idempotency.Config{Store: store, Wait: time.Minute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		w.WriteHeader(201)
+	}))
+	key := fmt.Sprint("once-", time.Now().UnixNano())
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	first, waiter := make(chan *httptest.ResponseRecorder, 1), make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- send() }()
+	<-started
+	before := store.begins.Load()
+	go func() { waiter <- send() }()
+	// Waiting: its first Begin, then the look right after the LISTEN.
+	deadline := time.Now().Add(60 * time.Second)
+	for store.begins.Load() < before+2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	<-first
+	if w := <-waiter; w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("waiter: %d %v; want the replay", w.Code, w.Header())
+	}
+	if n := l.n.Load(); n != 1 {
+		t.Errorf("%d LISTEN connections opened for one waited request; want 1", n)
+	}
 }

@@ -32,7 +32,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -53,6 +52,7 @@ type Options struct {
 type Store struct {
 	rdb    redis.UniversalClient
 	prefix string
+	hub    hub // Watch's
 }
 
 var _ idemstore.FullStore = (*Store)(nil)
@@ -219,39 +219,6 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 		return idemstore.BeginResult{Outcome: idemstore.Replay, Record: rec}, nil
 	}
 	return idemstore.BeginResult{}, fmt.Errorf("redisstore: begin: unexpected reply %v", res)
-}
-
-// Watch implements idemstore.Notifier with Redis pub/sub: the record's
-// Complete and Abandon publish on its key. The subscription is confirmed
-// before Watch returns, so a change after it is not missed.
-func (s *Store) Watch(ctx context.Context, id string) (<-chan struct{}, func(), error) {
-	ps := s.rdb.Subscribe(ctx, s.recKey(id))
-	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
-		_ = ps.Close()
-		return nil, nil, wrap("watch", err)
-	}
-	ch := make(chan struct{}, 1)
-	done := make(chan struct{})
-	go func() {
-		msgs := ps.Channel()
-		for {
-			select {
-			case _, ok := <-msgs:
-				if !ok {
-					return
-				}
-				select {
-				case ch <- struct{}{}:
-				default:
-				}
-			case <-done:
-				return
-			}
-		}
-	}()
-	var once sync.Once
-	stop := func() { once.Do(func() { close(done); _ = ps.Close() }) }
-	return ch, stop, nil
 }
 
 // Complete implements idemstore.Store.

@@ -37,6 +37,7 @@ type hub struct {
 	watchers map[string][]chan struct{}
 	cancel   context.CancelFunc // the LISTEN's, nil when none
 	gen      uint64             // the LISTEN's generation
+	starting chan struct{}      // closed when the LISTEN being opened is up or failed; nil when none is
 }
 
 // Watch implements idemstore.Notifier when the store has a Listener
@@ -51,9 +52,36 @@ func (s *Store) Watch(ctx context.Context, id string) (<-chan struct{}, func(), 
 	h := &s.hub
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.cancel == nil {
+	for h.cancel == nil {
+		// Opening the LISTEN takes a connection of the pool, which may
+		// all be busy: it is done without the lock, and each watcher
+		// waits for it only as long as its ctx lets it.
+		if st := h.starting; st != nil {
+			h.mu.Unlock()
+			select {
+			case <-st:
+			case <-ctx.Done():
+				h.mu.Lock()
+				return nil, nil, wrap("watch", ctx.Err())
+			}
+			h.mu.Lock()
+			continue
+		}
+		st := make(chan struct{})
+		h.starting = st
+		h.mu.Unlock()
+		// The LISTEN outlives this watcher, but is given up with its ctx
+		// while it is being opened.
 		lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		stopCancel := context.AfterFunc(ctx, cancel)
 		wait, err := s.opts.Listener.Listen(lctx, s.channel(), h.deliver)
+		if !stopCancel() && err == nil { // up, but cancelled meanwhile
+			go func() { _ = wait() }() // it ends at once, closing its connection
+			err = ctx.Err()
+		}
+		h.mu.Lock()
+		h.starting = nil
+		close(st)
 		if err != nil {
 			cancel()
 			return nil, nil, wrap("watch", err)

@@ -10,7 +10,7 @@ import (
 type queries struct {
 	create                                                       []string
 	insertRecord, selectRecord, deleteRecord, takeOver, complete string
-	notify                                                       string
+	notify, completeNotify                                       string // PostgreSQL with a Listener
 	insertFresh                                                  string // "" where the dialect has no INSERT ... RETURNING
 	selectLease, bindToken, bindFresh, unbind, unbindAny         string
 	putToken, getToken, claimWindow, selectWindow, freeWindow    string
@@ -106,6 +106,9 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 			`CREATE TABLE IF NOT EXISTS {p}repeat_window (id TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at INTEGER NOT NULL)`,
 		}
 	}
+	// complete and its NOTIFY in one statement: both or neither, in one
+	// round trip (PostgreSQL sends it at commit).
+	q.completeNotify = `WITH c AS (` + q.complete + ` RETURNING id) SELECT pg_notify(?, c.id) FROM c`
 	fix := func(s string) string {
 		s = strings.ReplaceAll(s, "{p}", p)
 		if d == sqldialect.Postgres {
@@ -113,7 +116,7 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 		}
 		return s
 	}
-	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete, &q.notify,
+	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete, &q.notify, &q.completeNotify,
 		&q.selectLease, &q.bindToken, &q.bindFresh, &q.unbind, &q.unbindAny, &q.putToken, &q.getToken,
 		&q.claimWindow, &q.selectWindow, &q.freeWindow, &q.inspect, &q.settle} {
 		*sp = fix(*sp)

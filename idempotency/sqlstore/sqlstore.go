@@ -5,7 +5,9 @@
 // Because the records live next to the business tables, a handler can
 // complete a key's record in the same transaction as its business change
 // (CompleteTx): a crash then leaves either both or neither, never money
-// moved without its record or a record without its money.
+// moved without its record or a record without its money. DoTx and
+// OnceTx (an event id acted on once, for webhook receivers and queue
+// consumers) run the caller's function in such a transaction themselves.
 //
 // Begin binds a submit token and creates the key's record in one
 // transaction; concurrent Begins of one key are serialised by the primary
@@ -353,8 +355,40 @@ func (s *Store) DoTx(ctx context.Context, scope idempotency.Scope, key, fingerpr
 	})
 }
 
+// OnceTx is idempotency.Once for a receiver whose effect lives in this
+// store's database: fn runs in a transaction of the store's *sql.DB, and
+// the event is recorded in that same transaction (under the records'
+// primary key), so that fn's effect and the record commit together or not
+// at all. A delivery of an event already committed does not run fn
+// (ran = false, err nil: answer it as done); one while another delivery
+// holds the event returns idempotency.ErrInProgress (answer "retry later");
+// fn's error or panic rolls the transaction back and frees the event for a
+// redelivery at once. A process killed before its commit leaves nothing
+// done, and its event is taken over once its lease (DoOptions.Lease) has
+// run out; should a delivery outlive its lease and another take the event
+// over, only one of the two can commit (the other gets ErrLeaseLost and
+// rolls back). So neither a crash nor a duplicate, concurrent or late,
+// makes fn's effect twice, whatever fn writes. ran is true only once fn's
+// transaction has committed: acknowledge the event (a 2xx, an ack) after
+// OnceTx returns, never inside fn. Events are remembered for DoOptions.TTL
+// (default 24h). opts may be nil.
+func (s *Store) OnceTx(ctx context.Context, source, eventID string, opts *idempotency.DoOptions,
+	fn func(ctx context.Context, tx *sql.Tx) error) (ran bool, err error) {
+	if source == "" || eventID == "" {
+		return false, fmt.Errorf("idempotency/sqlstore: once: %w", idempotency.ErrKeyMissing)
+	}
+	_, replayed, err := s.DoTx(ctx, idempotency.OnceScope(source), eventID, "", opts, func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+		return nil, fn(ctx, tx)
+	})
+	if err != nil || replayed {
+		return false, err
+	}
+	return true, nil
+}
+
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
 func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp idemstore.Response) error {
@@ -365,6 +399,26 @@ func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp i
 	if err != nil {
 		return err
 	}
+	if s.opts.Listener != nil {
+		// The NOTIFY in the same statement: a NOTIFY that fails fails the
+		// completion, never the other way round (an answer stored, yet
+		// reported as not).
+		rows, err := e.QueryContext(ctx, s.q.completeNotify, append(args, s.channel())...)
+		if err != nil {
+			return wrap("complete", err)
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return wrap("complete", err)
+		}
+		if n == 0 {
+			return idempotency.ErrLeaseLost
+		}
+		return nil
+	}
 	out, err := e.ExecContext(ctx, s.q.complete, args...)
 	if err != nil {
 		return wrap("complete", err)
@@ -372,7 +426,7 @@ func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp i
 	if n, err := out.RowsAffected(); err != nil || n == 0 {
 		return idempotency.ErrLeaseLost
 	}
-	return wrap("complete", s.notify(ctx, e, id))
+	return nil
 }
 
 // completeArgs are the arguments of the complete query.

@@ -1,5 +1,6 @@
 // Package storetest is the conformance suite every idemstore.FullStore
-// runs (records, the repeat-submit window and tokens):
+// runs (records, the repeat-submit window, tokens, and idempotency.Once on
+// the store):
 //
 //	func TestStore(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) idemstore.FullStore { return newStore(t) })
@@ -434,6 +435,8 @@ func Run(t *testing.T, newStore func(t *testing.T) idemstore.FullStore) {
 			stop() // twice is harmless
 		}
 	})
+
+	t.Run("Once", func(t *testing.T) { once(t, newStore) })
 
 	t.Run("Tokens", func(t *testing.T) {
 		tokentest.Run(t, func(t *testing.T) token.Store { return newStore(t) })

@@ -234,11 +234,12 @@ func testLostSignalOnExpiry(t *testing.T, b lock.Backend, key string) {
 
 func testAutoRenew(t *testing.T, b lock.Backend, key string) {
 	l := lock.New(b, &lock.Options{AutoRenew: true})
-	// A TTL long enough that a renewal (every TTL/3) survives a stall of a
-	// couple of hundred milliseconds: CI runs every package at once, with
-	// -race, on two cores.
-	lease := mustTry(t, l, key, 400*time.Millisecond)
-	time.Sleep(1600 * time.Millisecond) // four TTLs
+	// A TTL long enough that a renewal (every TTL/3) survives a stall of
+	// over half a second: CI runs every package at once, with -race, on
+	// two cores, and on a machine shared with other work (load average
+	// 20-30) a 400ms TTL expired on the SQLite backend between renewals.
+	lease := mustTry(t, l, key, time.Second)
+	time.Sleep(3 * time.Second) // three TTLs: without renewal it ends after one
 	select {
 	case <-lease.Done():
 		t.Fatalf("renewed lease ended: %v; want held", lease.Err())

@@ -246,7 +246,9 @@ func (b *batcher) flush(ctx context.Context) {
 	b.mu.Unlock()
 
 	if n > 0 {
-		ctx := context.WithoutCancel(ctx)
+		if _, dl := ctx.Deadline(); dl || ctx.Done() != nil { // else nothing ends it already: no allocation
+			ctx = context.WithoutCancel(ctx)
+		}
 		if b.timeout > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, b.timeout)

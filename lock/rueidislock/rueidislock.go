@@ -148,16 +148,17 @@ var (
 // name returns the Redis name of key's lock with suffix appended, and the
 // lock's own key, which starts it (one allocation for both).
 func (b *Backend) name(key, suffix string) (name, lockKey string) {
-	buf, n := redisscript.AppendName(make([]byte, 0, len(b.prefix)+len(key)+8+len(suffix)), b.prefix, key, suffix)
-	name = string(buf)
+	name, n := redisscript.NameAndLock(b.prefix, key, suffix)
 	return name, name[:n]
 }
 
-// queueKeys returns the lock, waiter queue and waiters' deadlines of key:
-// the keys of the release and leave scripts.
-func (b *Backend) queueKeys(key string) []string {
+// queueKeys returns the lock, waiter queue and waiters' deadlines of key,
+// the keys of the release and leave scripts, followed by the scripts'
+// argument owner, in one slice: keys and args.
+func (b *Backend) queueKeys(key, owner string) (keys, args []string) {
 	deadlines, lockKey := b.name(key, redisscript.DeadlinesSuffix)
-	return []string{lockKey, deadlines[:len(lockKey)+len(redisscript.QueueSuffix)], deadlines}
+	kv := []string{lockKey, deadlines[:len(lockKey)+len(redisscript.QueueSuffix)], deadlines, owner}
+	return kv[:3:3], kv[3:]
 }
 
 func noop() {}
@@ -166,7 +167,9 @@ func noop() {}
 // caller's cancellation (a sent call is waited for) and bounded by
 // Options.Timeout when set.
 func (b *Backend) roundTrip(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx = context.WithoutCancel(ctx)
+	if _, dl := ctx.Deadline(); dl || ctx.Done() != nil { // else nothing ends it already: no allocation
+		ctx = context.WithoutCancel(ctx)
+	}
 	if b.timeout > 0 {
 		return context.WithTimeout(ctx, b.timeout)
 	}
@@ -247,7 +250,8 @@ func (b *Backend) acquireScript(ctx context.Context, r lock.Request) (lock.Grant
 
 // Release implements lock.Backend.
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
-	n, err := b.execOwned(ctx, scriptRelease, b.queueKeys(key), []string{owner})
+	keys, args := b.queueKeys(key, owner)
+	n, err := b.execOwned(ctx, scriptRelease, keys, args)
 	return result("release", key, n, err)
 }
 
@@ -295,7 +299,8 @@ func (b *Backend) Wait(ctx context.Context, key, owner string) (<-chan struct{},
 
 // Leave implements lock.Waiter.
 func (b *Backend) Leave(ctx context.Context, key, owner string) error {
-	if _, err := b.exec(ctx, scriptLeave, b.queueKeys(key), []string{owner}); err != nil {
+	keys, args := b.queueKeys(key, owner)
+	if _, err := b.exec(ctx, scriptLeave, keys, args); err != nil {
 		return wrap("leave", key, err)
 	}
 	return nil

@@ -65,8 +65,33 @@ func AppendName(dst []byte, prefix, key, suffix string) ([]byte, int) {
 // Name returns the Redis name of key's lock under prefix with suffix
 // appended.
 func Name(prefix, key, suffix string) string {
-	name, _ := AppendName(nil, prefix, key, suffix)
-	return string(name)
+	name, _ := NameAndLock(prefix, key, suffix)
+	return name
+}
+
+// NameAndLock returns what AppendName appends, as a string made with one
+// allocation, and the length of the lock's own key that starts it.
+func NameAndLock(prefix, key, suffix string) (string, int) {
+	var sb strings.Builder
+	hashed := strings.IndexByte(key, '{') >= 0 || strings.IndexByte(key, '}') >= 0
+	if hashed {
+		sb.Grow(len(prefix) + 2 + 2*sha256.Size + 1 + len(suffix))
+		sum := sha256.Sum256([]byte(key))
+		var hx [2 * sha256.Size]byte
+		hex.Encode(hx[:], sum[:])
+		sb.WriteString(prefix)
+		sb.WriteString("#{")
+		sb.Write(hx[:])
+	} else {
+		sb.Grow(len(prefix) + 1 + len(key) + 1 + len(suffix))
+		sb.WriteString(prefix)
+		sb.WriteByte('{')
+		sb.WriteString(key)
+	}
+	sb.WriteByte('}')
+	n := sb.Len()
+	sb.WriteString(suffix)
+	return sb.String(), n
 }
 
 // Every script touches only the keys of one lock, all hash-tagged with the

@@ -24,6 +24,9 @@ func TestNames(t *testing.T) {
 			if got := Name(DefaultPrefix, tc.key, suffix); got != want {
 				t.Errorf("Name(%q, %q) = %q; want %q", tc.key, suffix, got, want)
 			}
+			if got, n := NameAndLock(DefaultPrefix, tc.key, suffix); got != want || got[:n] != tc.lock {
+				t.Errorf("NameAndLock(%q, %q) = %q, %d; want %q, %d", tc.key, suffix, got, n, want, len(tc.lock))
+			}
 			got, n := AppendName([]byte("x"), DefaultPrefix, tc.key, suffix)
 			if string(got) != "x"+want || string(got[1:1+n]) != tc.lock {
 				t.Errorf("AppendName(%q, %q) = %q, %d; want %q, %d", tc.key, suffix, got, n, "x"+want, len(tc.lock))

@@ -10,6 +10,12 @@
 // answers from its record instead of doing the thing twice; the balance and
 // lists refresh at once, since they show whether it went through.
 //
+// A deposit or withdrawal the payment provider has not settled yet shows
+// as pending; while one does, the page asks for the two lists now and then
+// (1 s, slowing to 10 s) and, when one has settled, refreshes the balance
+// and lists and says so under its form: no reload needed. Asking is only
+// reading: the settlement itself happens once, in the service.
+//
 // The session is the service's HttpOnly SameSite=Strict cookie: the page
 // never sees the token. Every POST and DELETE sends JSON with
 // Content-Type: application/json, which a cross-site form cannot send.
@@ -22,6 +28,8 @@
   const HINT = 'onceguard.signed-in'; // a hint that a session cookie may exist; never the token
   const PAID = 'onceguard.paid-orders'; // payment id -> order no of the payments made here, for the ledger
   const PAID_MAX = 200;
+  const POLL_MS = 1000; // while a movement is pending: the first look at the lists after this long
+  const POLL_MAX_MS = 10000; // ... slowing down to this
   const AMOUNT = /^(0|[1-9][0-9]*)(\.[0-9]{1,2})?$/;
 
   const $ = (id) => document.getElementById(id);
@@ -33,6 +41,9 @@
     refreshSeq: 0,
     authBusy: false,
     forms: [],
+    pending: new Set(), // "deposits/<id>", "withdrawals/<id>": the movements last seen pending
+    pollMs: POLL_MS,
+    pollTimer: 0,
   };
 
   // ---- HTTP ----
@@ -173,6 +184,7 @@
     deposit: {
       purpose: 'deposit',
       noun: 'deposit',
+      list: 'deposits',
       read(form) {
         const a = readAmount(form.elements.amount);
         return a.error ? a : { path: '/deposits', body: { amount: a.value }, amount: a.value };
@@ -185,6 +197,7 @@
     withdraw: {
       purpose: 'withdrawal',
       noun: 'withdrawal',
+      list: 'withdrawals',
       read(form) {
         const a = readAmount(form.elements.amount);
         return a.error ? a : { path: '/withdrawals', body: { amount: a.value }, amount: a.value };
@@ -248,6 +261,7 @@
       lastAttempt: 0,
       inProgressTries: 0,
       refocus: false,
+      watch: '', // the id of the pending movement this form's message is about
       timers: {},
     };
     f.label = f.button.textContent;
@@ -331,7 +345,10 @@
     // A new action makes the other forms' old results stale; a form whose
     // request is open or waits for its retry keeps its words.
     for (const g of state.forms) {
-      if (g !== f && !g.busy && !g.pending) say(g.msg, '', '');
+      if (g !== f && !g.busy && !g.pending) {
+        say(g.msg, '', '');
+        g.watch = '';
+      }
     }
     let req = f.pending;
     if (!req) {
@@ -346,6 +363,7 @@
     // From here until the answer nothing else is sent: set synchronously,
     // before any await, so the second click of a double click finds it.
     f.busy = true;
+    f.watch = '';
     f.pending = req;
     f.inProgressTries = 0;
     f.refocus = document.activeElement === f.button;
@@ -383,6 +401,10 @@
     const req = f.pending;
     if (r.status >= 200 && r.status < 300) {
       const what = f.spec.done(d, req);
+      if (f.spec.list && d.status === 'pending' && typeof d.id === 'string') {
+        f.watch = d.id; // its final status replaces these words when it comes
+        state.pollMs = POLL_MS;
+      }
       if (r.replayed) {
         say(f.msg, 'ok', `Already submitted — here is the result of your earlier submission; nothing was done twice. ${what}`);
       } else {
@@ -586,6 +608,76 @@
     update(pay);
   }
 
+  function list(r) {
+    return r.status === 200 && Array.isArray(r.data.items) ? r.data.items : null;
+  }
+
+  // watchPending takes the movement lists of a refresh: a form whose
+  // message is about a movement that has settled since says how it ended,
+  // and while any movement is pending, a look at the lists is scheduled.
+  function watchPending(lists) {
+    for (const f of state.forms) {
+      if (!f.watch || !f.spec.list || f.busy || f.pending) continue;
+      const m = lists[f.spec.list].find((x) => x.id === f.watch);
+      if (m && m.status !== 'pending') {
+        say(f.msg, m.status === 'failed' ? 'warn' : 'ok', `Settled. ${f.spec.done(m)}`);
+        f.watch = '';
+      }
+    }
+    state.pending = pendingOf(lists);
+    schedulePoll();
+  }
+
+  // schedulePoll plans the next look at the lists while a movement is
+  // pending, each a little later than the last.
+  function schedulePoll() {
+    clearTimeout(state.pollTimer);
+    if (state.pending.size === 0) {
+      state.pollMs = POLL_MS;
+      return;
+    }
+    const gen = state.gen;
+    state.pollTimer = setTimeout(() => {
+      if (gen === state.gen) poll();
+    }, state.pollMs);
+    state.pollMs = Math.min(POLL_MAX_MS, Math.round(state.pollMs * 1.5));
+  }
+
+  function pendingOf(lists) {
+    const out = new Set();
+    for (const [name, items] of Object.entries(lists)) for (const m of items) if (m.status === 'pending') out.add(`${name}/${m.id}`);
+    return out;
+  }
+
+  // poll reads the two movement lists; when a movement seen pending has
+  // settled, the whole page refreshes (the balance and ledger moved too).
+  async function poll() {
+    const gen = state.gen;
+    let rs;
+    try {
+      rs = await Promise.all(['/deposits', '/withdrawals'].map((p) => call('GET', p)));
+    } catch (_) {
+      rs = null;
+    }
+    if (gen !== state.gen) return;
+    if (rs && rs.some((r) => r.status === 401)) {
+      signedOut('Your session has expired. Sign in again.', 'error');
+      return;
+    }
+    const dep = rs && list(rs[0]);
+    const wd = rs && list(rs[1]);
+    if (!dep || !wd) {
+      schedulePoll(); // asked again later, the pending ones as they were
+      return;
+    }
+    const still = pendingOf({ deposits: dep, withdrawals: wd });
+    if ([...state.pending].some((id) => !still.has(id))) {
+      refreshAll(); // it renders the lists and watches what is still pending
+      return;
+    }
+    watchPending({ deposits: dep, withdrawals: wd });
+  }
+
   async function refreshAll() {
     const gen = state.gen;
     const seq = ++state.refreshSeq;
@@ -593,7 +685,10 @@
     try {
       rs = await Promise.all(['/account', '/ledger', '/deposits', '/withdrawals', '/orders'].map((p) => call('GET', p)));
     } catch (_) {
-      if (gen === state.gen) say($('refresh-msg'), 'warn', 'Could not refresh the balance and lists (network problem); they refresh after your next action.');
+      if (gen === state.gen) {
+        say($('refresh-msg'), 'warn', 'Could not refresh the balance and lists (network problem); they refresh after your next action.');
+        schedulePoll(); // a pending movement is still looked after
+      }
       return;
     }
     if (gen !== state.gen || seq !== state.refreshSeq) return; // a newer refresh wins
@@ -603,7 +698,6 @@
     }
     const [account, ledger, deposits, withdrawals, orders] = rs;
     if (account.status === 200) renderAccount(account.data);
-    const list = (r) => (r.status === 200 && Array.isArray(r.data.items) ? r.data.items : null);
     const l = list(ledger);
     const paid = paidOrders();
     // The orders list names the payment of each paid order, wherever it was made.
@@ -615,6 +709,8 @@
     if (wd) rows($('withdrawals').tBodies[0], wd, (m) => [[when(m.created_at), 'when'], [money(m.amount), 'num amount'], [statuses[m.status] || m.status, 'status'], [m.id, 'ref']]);
     const ord = list(orders);
     if (ord) renderOrders(ord);
+    if (dep && wd) watchPending({ deposits: dep, withdrawals: wd });
+    else schedulePoll();
     if (rs.every((r) => r.status === 200)) say($('refresh-msg'), '', '');
     else say($('refresh-msg'), 'warn', 'Some of the lists could not be loaded just now; they refresh after your next action.');
   }
@@ -634,6 +730,7 @@
     f.minting = false;
     f.busy = false;
     f.pending = null;
+    f.watch = '';
     f.quietUntil = 0;
     f.mintFailures = 0;
     f.spec.clear(f.form);
@@ -644,6 +741,9 @@
 
   function signedIn(account) {
     state.gen++;
+    clearTimeout(state.pollTimer);
+    state.pending = new Set();
+    state.pollMs = POLL_MS;
     setHint(true);
     renderAccount(account);
     for (const f of state.forms) {
@@ -658,6 +758,8 @@
 
   function signedOut(message, kind) {
     state.gen++;
+    clearTimeout(state.pollTimer);
+    state.pending = new Set();
     setHint(false);
     for (const f of state.forms) resetForm(f);
     for (const id of ['ledger', 'deposits', 'withdrawals', 'orders']) $(id).tBodies[0].replaceChildren();

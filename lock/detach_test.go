@@ -1,0 +1,70 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+type ctxKey struct{}
+
+// Release's context keeps the caller's values, ignores its cancellation,
+// and has a deadline timeout to timeout+slack after it was asked for; one
+// asked for within the slack shares the deadline, a later one does not.
+func TestDetachDeadline(t *testing.T) {
+	d := newDeadlines(64 * time.Second)
+	if d.slack != time.Second {
+		t.Fatalf("slack = %v, want 1s (1/64)", d.slack)
+	}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
+	cancel()
+	now := time.Now()
+	ctx := d.detach(parent, now)
+	if ctx.Err() != nil {
+		t.Fatalf("detached context done with its cancelled parent: %v", ctx.Err())
+	}
+	if got := ctx.Value(ctxKey{}); got != "v" {
+		t.Fatalf("Value = %v, want the caller's v", got)
+	}
+	dl, ok := ctx.Deadline()
+	if !ok || dl.Before(now.Add(64*time.Second)) || dl.After(now.Add(65*time.Second)) {
+		t.Fatalf("Deadline = %v, %v; want within [now+64s, now+65s]", dl.Sub(now), ok)
+	}
+	same := d.detach(context.Background(), now.Add(999*time.Millisecond))
+	if same.Done() != ctx.Done() {
+		t.Fatal("a context asked for within the slack has a deadline of its own")
+	}
+	later := d.detach(context.Background(), now.Add(1001*time.Millisecond))
+	if later.Done() == ctx.Done() {
+		t.Fatal("a context asked for after the slack shares a deadline that is too early for it")
+	}
+	if dl2, _ := later.Deadline(); dl2.Sub(now) < 65001*time.Millisecond {
+		t.Fatalf("later Deadline = now+%v, want ≥ now+65.001s", dl2.Sub(now))
+	}
+	// Each one holds its own caller's values.
+	if later.Value(ctxKey{}) != nil {
+		t.Fatal("a detached context shows another caller's value")
+	}
+}
+
+// The context ends when the timeout has passed, never before, with
+// DeadlineExceeded, and a context derived from it ends with it.
+func TestDetachExpires(t *testing.T) {
+	d := newDeadlines(20 * time.Millisecond)
+	start := time.Now()
+	ctx := d.detach(context.Background(), start)
+	child, cancel := context.WithCancel(ctx)
+	defer cancel()
+	select {
+	case <-child.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the derived context did not end within a minute of a 20ms timeout")
+	}
+	if took := time.Since(start); took < 20*time.Millisecond {
+		t.Fatalf("ended after %v, before the 20ms timeout", took)
+	}
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) || !errors.Is(context.Cause(child), context.DeadlineExceeded) {
+		t.Fatalf("Err = %v, child's cause %v; want DeadlineExceeded", ctx.Err(), context.Cause(child))
+	}
+}
