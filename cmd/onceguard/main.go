@@ -4,6 +4,10 @@
 //	onceguard psp [--addr A] [--notify U --notify-secret S] [--async]
 //	                            the simulated payment provider over HTTP
 //	onceguard storm [--target U] a duplicate storm against a running service
+//	onceguard gateway --upstream U --route R ...
+//	                            duplicate protection in front of any HTTP service
+//	onceguard keys inspect|fail|answer ...
+//	                            look at and settle a gateway key by hand
 //	onceguard version           print the module path and version
 //
 // Every flag can also be set from the environment; see docs/operations.md.
@@ -95,11 +99,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return servePSP(ctx, args, getenv, stdout, stderr)
 	case "storm":
 		return runStorm(ctx, args, getenv, stdout, stderr)
+	case "gateway":
+		return runGateway(ctx, args, getenv, stdout, stderr)
+	case "keys":
+		return runKeys(ctx, args, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, modulePath, version)
 		return nil
 	default:
-		return fmt.Errorf("unknown command %q (want serve, psp, storm or version)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, psp, storm, gateway, keys or version)", cmd)
 	}
 }
 

@@ -112,6 +112,9 @@ func commandFlags(t *testing.T, cmd string, env *envVars) *flag.FlagSet {
 	case "storm":
 		fs, _, _ := stormFlags(env, io.Discard)
 		return fs
+	case "gateway":
+		fs, _ := gatewayFlags(env, io.Discard)
+		return fs
 	}
 	t.Fatalf("no command %q", cmd)
 	return nil
@@ -325,9 +328,10 @@ func TestConfigTable(t *testing.T) {
 	serveFS, _ := serveFlags(none, io.Discard)
 	pspFS, _ := pspFlags(none, io.Discard)
 	stormFS, _, _ := stormFlags(none, io.Discard)
+	gatewayFS, _ := gatewayFlags(none, io.Discard)
 	envRE := regexp.MustCompile(`\[(ONCEGUARD_[A-Z0-9_]+)\]$`)
 	seen := map[string]bool{}
-	for cmd, fs := range map[string]*flag.FlagSet{"serve": serveFS, "psp": pspFS, "storm": stormFS} {
+	for cmd, fs := range map[string]*flag.FlagSet{"serve": serveFS, "psp": pspFS, "storm": stormFS, "gateway": gatewayFS} {
 		fs.VisitAll(func(f *flag.Flag) {
 			key := cmd + " --" + f.Name
 			seen[key] = true

@@ -15,6 +15,7 @@ type queries struct {
 	selectLease, bindToken, bindFresh, unbind, unbindAny         string
 	putToken, getToken, claimWindow, selectWindow, freeWindow    string
 	prune                                                        []string
+	inspect, settle                                              string // the operator's (admin.go)
 }
 
 func buildQueries(d sqldialect.Dialect, p string) queries {
@@ -39,6 +40,8 @@ WHERE hash = ? AND subject = ? AND purpose = ? AND scope IS NULL AND expires_at 
 		getToken:     `SELECT subject, purpose, expires_at, scope FROM {p}submit_tokens WHERE hash = ?`,
 		selectWindow: `SELECT owner, expires_at FROM {p}repeat_window WHERE id = ?`,
 		freeWindow:   `DELETE FROM {p}repeat_window WHERE id = ? AND owner = ?`,
+		inspect:      `SELECT fingerprint, state, lease, lease_until, expires_at, token_hash, status, header, body FROM {p}idempotency WHERE id = ?` + forUpdate,
+		settle:       `UPDATE {p}idempotency SET state = 2, lease = NULL, status = ?, header = ?, body = ? WHERE id = ?`,
 		prune: []string{
 			`DELETE FROM {p}idempotency WHERE expires_at < ?`,
 			`DELETE FROM {p}submit_tokens WHERE keep_until < ?`,
@@ -115,7 +118,7 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 	}
 	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete, &q.notify, &q.completeNotify,
 		&q.selectLease, &q.bindToken, &q.bindFresh, &q.unbind, &q.unbindAny, &q.putToken, &q.getToken,
-		&q.claimWindow, &q.selectWindow, &q.freeWindow} {
+		&q.claimWindow, &q.selectWindow, &q.freeWindow, &q.inspect, &q.settle} {
 		*sp = fix(*sp)
 	}
 	for i := range q.create {
