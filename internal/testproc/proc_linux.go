@@ -1,6 +1,6 @@
 //go:build linux
 
-package natstest
+package testproc
 
 import (
 	"os/exec"
@@ -20,12 +20,12 @@ var (
 	spawnCh   chan spawnRequest
 )
 
-// startCmd starts cmd so that the kernel kills it (SIGKILL) when the test
+// Start starts cmd so that the kernel kills it (SIGKILL) when the test
 // binary dies, even if t.Cleanup never runs (for example when go test's
 // -timeout panics). Linux delivers the parent-death signal when the thread
 // that forked the child exits, so all children are forked from one goroutine
 // locked to its OS thread for the life of the process.
-func startCmd(cmd *exec.Cmd) error {
+func Start(cmd *exec.Cmd) error {
 	spawnOnce.Do(func() {
 		spawnCh = make(chan spawnRequest)
 		go func() {
@@ -45,6 +45,6 @@ func startCmd(cmd *exec.Cmd) error {
 }
 
 // SpawnerFunction is the top function of the goroutine that forks every
-// nats-server; it lives as long as the test binary, so leak checks ignore
-// it: leakcheck.IgnoreTopFunction(natstest.SpawnerFunction).
-const SpawnerFunction = "github.com/onceguard/onceguard/internal/natstest.startCmd.func1.1"
+// test server (redis-server, nats-server); it lives as long as the test binary, so leak checks ignore
+// it: leakcheck.IgnoreTopFunction(testproc.SpawnerFunction).
+const SpawnerFunction = "github.com/onceguard/onceguard/internal/testproc.Start.func1.1"
