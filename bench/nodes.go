@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceguard/onceguard/bench/internal/child"
+	"github.com/onceguard/onceguard/internal/testproc"
 )
 
 // redisNode is one private redis-server process started by the bench for
@@ -60,7 +60,7 @@ func startRedisNode(ctx context.Context, bin, dir string, i int) (*redisNode, er
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
 		"--dir", ndir, "--logfile", ndir+"/redis.log")
-	if err := child.Start(cmd); err != nil {
+	if err := testproc.Start(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
 	node := &redisNode{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, done: make(chan struct{})}

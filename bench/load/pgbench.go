@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/onceguard/onceguard/bench/internal/child"
+	"github.com/onceguard/onceguard/internal/testproc"
 )
 
 // pgbenchSchema mirrors the service's accounts and ledger tables (the
@@ -115,7 +115,7 @@ func (p *pgbenchCeiling) run(ctx context.Context, n int, warmup, duration time.D
 		"-T", strconv.Itoa(secs), "-f", p.script, "-l", "--log-prefix", prefix, p.conn)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := child.Start(cmd); err != nil {
+	if err := testproc.Start(cmd); err != nil {
 		res.err = err.Error()
 		return res
 	}

@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/onceguard/onceguard/bench/internal/child"
+	"github.com/onceguard/onceguard/internal/testproc"
 )
 
 // user is one client of the load: its own account, signed in once.
@@ -113,7 +113,7 @@ func (s *serviceConfig) start(ctx context.Context, round int) error {
 		}
 	}
 	cmd.Stdout, cmd.Stderr = w, logf
-	if err := child.Start(cmd); err != nil {
+	if err := testproc.Start(cmd); err != nil {
 		logf.Close()
 		return fmt.Errorf("start %s: %w", s.bin, err)
 	}
