@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/httpapi"
 	"github.com/onceguard/onceguard/idempotency"
 )
 
@@ -271,63 +272,12 @@ func (g *Gateway) passThrough() http.Handler {
 	}
 }
 
-// readyTimeout bounds each /readyz check.
-const readyTimeout = 2 * time.Second
-
 // readyz reports each component as the service's /readyz does: 503
 // unavailable without the database, 200 degraded when another component
 // (the upstream, Redis, the locks) is not ok, else 200 ok.
 func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
-	type result struct {
-		name, status string
-		healthy      bool
-	}
-	checks := []struct {
-		name  string
-		check func(context.Context) (string, bool)
-	}{{"upstream", g.upstreamStatus}}
-	if ping := g.cfg.Ping; ping != nil {
-		checks = append(checks, struct {
-			name  string
-			check func(context.Context) (string, bool)
-		}{"database", func(ctx context.Context) (string, bool) {
-			if ping(ctx) != nil {
-				return "unreachable", false
-			}
-			return "ok", true
-		}})
-	}
-	for _, c := range g.cfg.Components {
-		checks = append(checks, struct {
-			name  string
-			check func(context.Context) (string, bool)
-		}{c.Name, c.Check})
-	}
-	results := make(chan result, len(checks))
-	for _, c := range checks {
-		go func() {
-			ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
-			defer cancel()
-			st, ok := c.check(ctx)
-			results <- result{c.name, st, ok}
-		}()
-	}
-	comps := map[string]string{}
-	status, code, degraded := "ok", http.StatusOK, false
-	for range checks {
-		res := <-results
-		comps[res.name] = res.status
-		switch {
-		case res.name == "database" && !res.healthy:
-			status, code = "unavailable", http.StatusServiceUnavailable
-		case !res.healthy:
-			degraded = true
-		}
-	}
-	if degraded && status == "ok" {
-		status = "degraded"
-	}
-	writeJSON(w, code, map[string]any{"status": status, "components": comps})
+	checks := append([]httpapi.Component{{Name: "upstream", Check: g.upstreamStatus}}, g.cfg.Components...)
+	httpapi.WriteReadiness(w, r, g.cfg.Ping, checks)
 }
 
 // upstreamStatus is "ok" when the upstream accepts a connection.
