@@ -91,11 +91,11 @@ func Do(ctx context.Context, store idemstore.Store, scope Scope, key, fingerprin
 		_ = store.Abandon(detached, id, res.Lease)
 		return nil, false, err
 	}
-	if call.forgotten.Load() { // a transient result: sent, not kept
+	if call.has(forgotten) { // a transient result: sent, not kept
 		_ = store.Abandon(detached, id, res.Lease)
 		return result, false, nil
 	}
-	if call.completed.Load() {
+	if call.has(completed) {
 		return result, false, nil
 	}
 	if err := store.Complete(detached, id, res.Lease, idemstore.Response{Status: 200, Body: result}, o.Now()); err != nil {

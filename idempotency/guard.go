@@ -2,6 +2,8 @@ package idempotency
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -111,6 +113,23 @@ type Options[R any] struct {
 	// does not report expiry has none. Default: false.
 	ExpiryHeader bool
 
+	// Deferred creates no record in Begin for a key: the handler creates
+	// it in the transaction that makes its effect, from Call.Start (with
+	// sqlstore.Store.StartTx, or in one statement with StartCTE), and
+	// calls Call.Created once that transaction committed. A crash or a
+	// rollback then leaves neither the record nor the effect, and a first
+	// request costs no commit of its own ("atomic phases"). When the
+	// store reports the key taken, the token refused or the window held,
+	// the handler rolls back, writes nothing and returns
+	// (Call.Refused); the Guard then answers as it would have before the
+	// handler ran (Guard.Resume): a replay, 409, 422, 429, 400, or it runs
+	// the handler again with the record created as without Deferred. An
+	// answer written without Call.Created is sent as it is and kept
+	// nowhere (the event "unrecorded"). Middleware (net/http) supports it;
+	// an adapter must call Resume and run its handler again. Default:
+	// false.
+	Deferred bool
+
 	// Now is the clock. Default: time.Now.
 	Now func() time.Time
 	// OnEvent, if set, is told each request's outcome: "new", "recovered",
@@ -126,7 +145,10 @@ type Options[R any] struct {
 	// request_interrupted; a token bound with it can be used again),
 	// "store_unavailable", "interrupted" (the client went away while the
 	// store worked, before the handler ran: 503 request_interrupted,
-	// nothing kept). Low cardinality: fit for a metric label.
+	// nothing kept), "unrecorded" (Deferred: the handler answered without
+	// creating the record; nothing kept). With Deferred, "new" is told
+	// when the handler reports the record created. Low cardinality: fit
+	// for a metric label.
 	OnEvent func(r R, event string)
 }
 
@@ -216,6 +238,36 @@ type Outcome struct {
 // uses up no key and no token. A Call returned must be given to Finish
 // (or, if the handler panicked, Abort) exactly once.
 func (g *Guard[R]) Begin(ctx context.Context, r R, req *Request) Outcome {
+	return g.begin(ctx, r, req, g.o.Deferred)
+}
+
+// Resume answers a Deferred call whose handler reported a refusal
+// (Call.Refused): as Begin would have without Deferred (a replay, 409,
+// 422, 429, a token's 400, 503), or with a new Call, its record created,
+// to run the handler with again and Finish. Middleware calls it; an
+// adapter that supports Deferred does too.
+func (g *Guard[R]) Resume(ctx context.Context, r R, req *Request, call *Call) Outcome {
+	err := call.Refusal()
+	var held *idemstore.WindowHeldError
+	switch {
+	case errors.As(err, &held):
+		return g.fail(r, "duplicate_submission", g.duplicate(held.Left))
+	case errors.Is(err, idemstore.ErrKeyTaken):
+		return g.begin(ctx, r, req, false)
+	}
+	return g.tokenError(ctx, r, err)
+}
+
+// duplicate is the 429 of the repeat-submit window, left to wait.
+func (g *Guard[R]) duplicate(left time.Duration) *Problem {
+	return &Problem{
+		Status: http.StatusTooManyRequests, Code: "duplicate_submission", Title: "Duplicate submission",
+		Detail:     "the same request was accepted moments ago under another key; wait before sending it again",
+		RetryAfter: int(math.Ceil(min(left, g.o.Window).Seconds())), // whole seconds left, never more than the window
+	}
+}
+
+func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) Outcome {
 	o := &g.o
 
 	// 1. Body size, then who is asking.
@@ -288,6 +340,9 @@ func (g *Guard[R]) Begin(ctx context.Context, r R, req *Request) Outcome {
 	// 5. The key's record.
 	id := RecordID(scope, key)
 	now := o.Now()
+	if deferred {
+		return g.deferred(ctx, req, id, key, scope, fp, claim, now)
+	}
 	breq := idemstore.BeginRequest{ID: id, Fingerprint: fp, Lease: o.Lease, TTL: o.TTL, Token: claim, Now: now}
 	res, err := o.Store.Begin(ctx, breq)
 	if err == nil && res.Outcome == idemstore.InProgress && o.Wait > 0 {
@@ -328,11 +383,7 @@ func (g *Guard[R]) Begin(ctx context.Context, r R, req *Request) Outcome {
 			if err != nil {
 				return g.storeFailed(ctx, r, err)
 			}
-			return g.fail(r, "duplicate_submission", &Problem{
-				Status: http.StatusTooManyRequests, Code: "duplicate_submission", Title: "Duplicate submission",
-				Detail:     "the same request was accepted moments ago under another key; wait before sending it again",
-				RetryAfter: int(math.Ceil(min(left, o.Window).Seconds())), // whole seconds left, never more than the window
-			})
+			return g.fail(r, "duplicate_submission", g.duplicate(left))
 		}
 	}
 	call.windowID = windowID
@@ -346,6 +397,34 @@ func (g *Guard[R]) Begin(ctx context.Context, r R, req *Request) Outcome {
 		out.Expires = now.Add(o.TTL)
 	}
 	return out
+}
+
+// deferred is Begin's Call for Options.Deferred: the record, its token
+// and its window entry are the handler's to create (Call.Start).
+func (g *Guard[R]) deferred(ctx context.Context, req *Request, id, key string, scope Scope, fp string, claim *idemstore.TokenClaim, now time.Time) Outcome {
+	o := &g.o
+	lease := newLease()
+	call := &Call{ID: id, Lease: lease, Key: key, Scope: scope, Fingerprint: fp, replayHeaders: &g.replayHeaders}
+	call.ctx = callCtx{Context: ctx, call: call}
+	st := &idemstore.Start{ID: id, Fingerprint: fp, Lease: lease, LeaseUntil: now.Add(o.Lease), ExpiresAt: now.Add(o.TTL), Token: claim, Now: now}
+	if o.Windows != nil && o.Window > 0 {
+		st.WindowID = digest(scope.Principal, req.Method, req.Path, fp)
+		st.WindowOwner, st.WindowUntil = idemstore.WindowOwner(id, lease), now.Add(o.Window)
+		call.windowID = st.WindowID
+	}
+	call.deferred = &deferral{start: st}
+	out := Outcome{Call: call}
+	if o.ExpiryHeader {
+		out.Expires = st.ExpiresAt
+	}
+	return out
+}
+
+// newLease is a Deferred call's lease: 128 random bits.
+func newLease() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 // wait waits, up to Options.Wait, for the in-flight first request of
@@ -451,16 +530,23 @@ type Answer struct {
 // the business tables' unique constraints pin its outcome.
 func (g *Guard[R]) Finish(r R, call *Call, a Answer) *Problem {
 	detached := (*detachedCall)(call)
+	if d := call.deferred; d != nil {
+		if !d.created.Load() {
+			g.event(r, "unrecorded") // no record: nothing to keep or free
+			return nil
+		}
+		g.event(r, "new")
+	}
 	switch {
-	case (a.Status >= 500 && !g.o.StoreServerErrors) || call.forgotten.Load():
+	case (a.Status >= 500 && !g.o.StoreServerErrors) || call.has(forgotten):
 		g.release(r, detached, call)
-	case !a.Written && !call.completed.Load() && call.ctx.Context.Err() != nil:
+	case !a.Written && !call.has(completed) && call.ctx.Context.Err() != nil:
 		// No answer: the handler gave up when the request's context ended
 		// (a deadline, a client gone). Its empty 200 is not an outcome to
 		// replay for the key's whole TTL: freed, as after a 5xx.
 		g.release(r, detached, call)
 		return probInterrupted
-	case !call.completed.Load():
+	case !call.has(completed):
 		h, put := g.storedHeader(a.Header)
 		resp := idemstore.Response{Status: a.Status, Header: h, Body: a.Body}
 		// A refusal (4xx) pins nothing: sent unstored, the key could run

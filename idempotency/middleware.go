@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"math"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/token"
 )
 
 // Defaults of Config and DoOptions.
@@ -81,6 +83,20 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := recorders.Get().(*recorder)
 	defer rec.recycle()
 	m.serve(rec, r, body, call)
+	if call.Refusal() != nil { // Deferred, and the store refused: answer as without it
+		rec.reset()
+		out = g.Resume(r.Context(), r, &req, call)
+		switch {
+		case out.Problem != nil:
+			WriteProblem(w, out.Problem)
+			return
+		case out.Replay != nil:
+			WriteReplay(w, out.Replay, out.Expires)
+			return
+		}
+		call = out.Call
+		m.serve(rec, r, body, call)
+	}
 	if p := g.Finish(r, call, Answer{Status: rec.status, Header: rec.header, Body: rec.body.Bytes(), Written: rec.wroteHeader}); p != nil {
 		WriteProblem(w, p)
 		return
@@ -110,13 +126,18 @@ var recorders = sync.Pool{New: func() any {
 }}
 
 func (r *recorder) recycle() {
+	r.reset()
+	recorders.Put(r)
+}
+
+// reset empties r for another answer.
+func (r *recorder) reset() {
 	clear(r.header)
 	r.status, r.wroteHeader = http.StatusOK, false
 	if r.body.Cap() > DefaultMaxBody {
 		r.body = bytes.Buffer{} // do not keep a huge one
 	}
 	r.body.Reset()
-	recorders.Put(r)
 }
 
 // recorder buffers the handler's answer.
@@ -157,8 +178,8 @@ type Call struct {
 	// Packed into a 512-byte size class: the flags next to Recovered, the
 	// replay headers by pointer, the store's detached context a view of
 	// the Call itself (detachedCall).
-	completed     atomic.Bool
-	forgotten     atomic.Bool
+	flags         atomic.Uint32 // completed, forgotten
+	deferred      *deferral     // Options.Deferred; nil otherwise
 	windowID      string
 	replayHeaders *[]string    // the middleware's, canonical
 	ctx           callCtx      // the handler's context
@@ -182,13 +203,77 @@ func (c *Call) Response(status int, header http.Header, body []byte) idemstore.R
 }
 
 // MarkCompleted records that the handler completed the record itself.
-func (c *Call) MarkCompleted() { c.completed.Store(true) }
+func (c *Call) MarkCompleted() { c.flags.Or(completed) }
+
+// A Call's flags.
+const (
+	completed uint32 = 1 << iota // MarkCompleted
+	forgotten                    // Forget
+)
+
+func (c *Call) has(flag uint32) bool { return c.flags.Load()&flag != 0 }
+
+// Start returns the record the handler is to create in its own
+// transaction (Options.Deferred), or nil when the Guard created it
+// already: with nil, a store's StartTx does nothing.
+func (c *Call) Start() *idemstore.Start {
+	if c.deferred == nil {
+		return nil
+	}
+	return c.deferred.start
+}
+
+// deferral is a Deferred call's state (apart, so that a Call stays in its size class).
+type deferral struct {
+	start   *idemstore.Start // the record to create
+	created atomic.Bool      // the handler's transaction created it
+	refusal error            // what the store refused, for Resume
+}
+
+// Created tells a Deferred call that the transaction that created its
+// record (Start) committed, or may have: its answer is then stored, or
+// the key freed, as without Deferred. Call it also when the commit's
+// outcome is unknown; a record that does not exist is freed for nothing.
+func (c *Call) Created() {
+	if c.deferred != nil {
+		c.deferred.created.Store(true)
+	}
+}
+
+// Refused reports whether err, from creating a Deferred call's record, is
+// one the Guard answers itself: the key has a record
+// (idemstore.ErrKeyTaken), the window is held (*idemstore.WindowHeldError)
+// or the submit token was refused (token.ErrInvalid). The handler then
+// rolls its transaction back, writes nothing and returns; Middleware
+// answers as without Deferred (Guard.Resume). Other errors, and every
+// error of a call that is not Deferred, are the handler's: false.
+func (c *Call) Refused(err error) bool {
+	d := c.deferred
+	if d == nil || err == nil || d.created.Load() {
+		return false
+	}
+	var held *idemstore.WindowHeldError
+	if errors.Is(err, idemstore.ErrKeyTaken) || errors.As(err, &held) || errors.Is(err, token.ErrInvalid) {
+		d.refusal = err
+		return true
+	}
+	return false
+}
+
+// Refusal is the error Refused accepted, or nil: an adapter that
+// supports Deferred calls Guard.Resume when it is set.
+func (c *Call) Refusal() error {
+	if c.deferred == nil {
+		return nil
+	}
+	return c.deferred.refusal
+}
 
 // Forget makes the handler's answer transient: it is sent but not stored,
 // and the key, its token and its window entry are freed, as after a 5xx.
 // For answers that tell the client to come back (a 409 with Retry-After),
 // which a stored replay would repeat forever.
-func (c *Call) Forget() { c.forgotten.Store(true) }
+func (c *Call) Forget() { c.flags.Or(forgotten) }
 
 type callKey struct{}
 

@@ -169,3 +169,41 @@ type Notifier interface {
 	// connection, so the waiter still polls, slowly.
 	Watch(ctx context.Context, id string) (changed <-chan struct{}, stop func(), err error)
 }
+
+// Start is a key's record still to be created: with
+// idempotency.Options.Deferred, Begin creates no record for a key it has
+// not seen; the handler creates it in the transaction that makes its
+// effect (sqlstore.Store.StartTx, or composed into one statement with
+// sqlstore.Store.StartCTE), so that a crash, a rollback or a refusal
+// leaves neither the record nor the effect ("atomic phases").
+type Start struct {
+	ID          string      // idempotency.RecordID(scope, key)
+	Fingerprint string      // the request's fingerprint
+	Lease       string      // the lease the record is created with: the Call's
+	LeaseUntil  time.Time   // the lease's end
+	ExpiresAt   time.Time   // when the record is deleted
+	Token       *TokenClaim // bind this token with the record (nil: none)
+	// Window, if WindowID is not "", claims the repeat-submit window entry
+	// WindowID for WindowOwner until WindowUntil, with the record.
+	WindowID, WindowOwner string
+	WindowUntil           time.Time
+	Now                   time.Time // the request's time
+}
+
+// ErrKeyTaken is a Start's answer when the key has a record already (a
+// retry, a concurrent duplicate, an expired record): the caller rolls back
+// and reports it (idempotency.Call.Refused), and the Guard looks the
+// record up as it does without Deferred.
+var ErrKeyTaken = errors.New("idempotency: the key has a record")
+
+// WindowHeldError is a Start's answer when another request holds the
+// repeat-submit window entry: the caller rolls back and reports it
+// (idempotency.Call.Refused), and the Guard answers 429
+// duplicate_submission with Left.
+type WindowHeldError struct {
+	Left time.Duration // the time the entry has left, more than 0
+}
+
+func (e *WindowHeldError) Error() string {
+	return "idempotency: the same request was accepted moments ago under another key"
+}

@@ -486,24 +486,7 @@ func (s *Store) ClaimWindow(ctx context.Context, id, owner string, window time.D
 	if err := s.Migrate(ctx); err != nil {
 		return 0, err
 	}
-	rec := idemstore.WindowRecord(owner)
-	args := []any{id, owner, us(now.Add(window)), us(now), rec, len(rec) + 1, rec + "/", us(now)}
-	if s.dialect != sqldialect.MySQL {
-		args = []any{id, owner, us(now.Add(window)), us(now), us(now), rec, len(rec) + 1, rec + "/"}
-	}
-	if _, err := s.db.ExecContext(ctx, s.q.claimWindow, args...); err != nil {
-		return 0, wrap("claim window", err)
-	}
-	var got string
-	var exp int64
-	if err := s.db.QueryRowContext(ctx, s.q.selectWindow, id).Scan(&got, &exp); err != nil {
-		return 0, wrap("claim window", err)
-	}
-	if got == owner {
-		return 0, nil
-	}
-	// At most window: a request that started before the winner's sees more.
-	return min(max(time.Duration(exp-us(now))*time.Microsecond, time.Microsecond), window), nil
+	return s.claimWindow(ctx, s.db, id, owner, window, now)
 }
 
 // FreeWindow implements idemstore.WindowStore.

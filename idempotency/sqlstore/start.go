@@ -1,0 +1,279 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/sqldialect"
+)
+
+// StartTx creates a Deferred call's record (idempotency.Call.Start) in
+// tx, the transaction that makes the request's effect: with it, its
+// submit token is bound and its repeat-submit window entry claimed. st nil
+// (the Guard created the record already) does nothing. A refusal is
+// idemstore.ErrKeyTaken, a token's reason (token.ErrInvalid) or an
+// *idemstore.WindowHeldError: roll tx back and pass it to
+// idempotency.Call.Refused. After tx commits, call Call.Created.
+//
+// It takes one statement per part (the record, the token, the window) on
+// every dialect; on PostgreSQL, StartCTE puts them and the effect in one.
+func (s *Store) StartTx(ctx context.Context, tx *sql.Tx, st *idemstore.Start) error {
+	if st == nil {
+		return nil
+	}
+	if err := s.Migrate(ctx); err != nil {
+		return err
+	}
+	var tokenHash any
+	if st.Token != nil {
+		tokenHash = st.Token.Hash
+	}
+	args := []any{st.ID, st.Fingerprint, st.Lease, us(st.LeaseUntil), us(st.ExpiresAt), tokenHash}
+	if s.q.insertFresh != "" {
+		var got string
+		err := tx.QueryRowContext(ctx, s.q.insertFresh, args...).Scan(&got)
+		if errors.Is(err, sql.ErrNoRows) {
+			return idemstore.ErrKeyTaken
+		} else if err != nil {
+			return wrap("start", err)
+		}
+	} else { // MySQL: 1 row affected for an insert, 0 for the no-op update of a duplicate
+		out, err := tx.ExecContext(ctx, s.q.insertRecord, args...)
+		if err != nil {
+			return wrap("start", err)
+		}
+		if n, err := out.RowsAffected(); err != nil {
+			return wrap("start", err)
+		} else if n != 1 {
+			return idemstore.ErrKeyTaken
+		}
+	}
+	if t := st.Token; t != nil {
+		out, err := tx.ExecContext(ctx, s.q.bindToken, t.Scope, us(st.ExpiresAt), t.Hash, t.Subject, t.Purpose, us(st.Now), t.Scope)
+		if err != nil {
+			return wrap("start", err)
+		}
+		if n, err := out.RowsAffected(); err != nil || n == 0 {
+			if reason := s.tokenReason(ctx, tx, t, st.Now); reason != nil {
+				return reason
+			}
+		}
+	}
+	if st.WindowID != "" {
+		left, err := s.claimWindow(ctx, tx, st.WindowID, st.WindowOwner, st.WindowUntil.Sub(st.Now), st.Now)
+		if err != nil {
+			return err
+		}
+		if left > 0 {
+			return &idemstore.WindowHeldError{Left: left}
+		}
+	}
+	return nil
+}
+
+// CTE is part of a PostgreSQL statement that a caller composes into its
+// own: common table expressions, the condition its writes must meet, and
+// the columns its SELECT list must carry, with their arguments.
+type CTE struct {
+	// With holds the expressions, comma-separated, for the statement's
+	// WITH (join it to the caller's own with a comma).
+	With string
+	// Started is a condition that holds when the record was created, its
+	// token bound and its window claimed: every write of the effect must
+	// require it (WHERE ... AND Started, or FROM a CTE that does).
+	Started string
+	// Result is one column for the statement's SELECT list (it must be
+	// read: it also makes the statement fail when the record was created
+	// but its token or window refused, so that nothing of it commits):
+	// scan it into an int64 and pass it to Store.Started.
+	Result string
+	// Args are the arguments of With's placeholders, numbered from the
+	// caller's first.
+	Args []any
+}
+
+// startRefused marks the error by which a composed statement refuses to
+// commit a record whose token or window was refused.
+const startRefused = "onceguard_start_refused"
+
+// StartCTE composes a Deferred call's record (as StartTx creates it) into
+// one PostgreSQL statement with the request's effect, so that both commit
+// in one round trip, autocommitted: the record's placeholders are
+// numbered from first ($first, $first+1, ...). after, if not "", names a
+// CTE of the caller's that must yield a row for the record to be created
+// (a session that is still live, say): without one, nothing is created
+// and Started reports ErrKeyTaken, so check the caller's own condition
+// first. st must not be nil. Scan CTE.Result and hand it, or the
+// statement's error, to Started.
+func (s *Store) StartCTE(st *idemstore.Start, first int, after string) (CTE, error) {
+	if s.dialect != sqldialect.Postgres {
+		return CTE{}, errors.New("sqlstore: StartCTE needs PostgreSQL")
+	}
+	p := s.opts.Prefix
+	n := first
+	ph := func(v any, args *[]any) string {
+		*args = append(*args, v)
+		n++
+		return fmt.Sprintf("$%d", n-1)
+	}
+	var args []any
+	var tokenHash any
+	if st.Token != nil {
+		tokenHash = st.Token.Hash
+	}
+	from := ""
+	if after != "" {
+		from = " FROM " + after
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `og_rec AS (
+  INSERT INTO %sidempotency (id, fingerprint, state, lease, lease_until, expires_at, token_hash)
+  SELECT %s, %s, 1, %s, %s::bigint, %s::bigint, %s::text%s
+  ON CONFLICT (id) DO NOTHING RETURNING 1 AS n
+)`, p, ph(st.ID, &args), ph(st.Fingerprint, &args), ph(st.Lease, &args), ph(us(st.LeaseUntil), &args), ph(us(st.ExpiresAt), &args), ph(tokenHash, &args), from)
+	started := []string{`SELECT 1 FROM og_rec`}
+	if t := st.Token; t != nil {
+		scope := ph(t.Scope, &args)
+		fmt.Fprintf(&b, `, og_tok AS (
+  UPDATE %ssubmit_tokens SET scope = %s, keep_until = %s::bigint
+  WHERE hash = %s AND subject = %s AND purpose = %s AND ((scope IS NULL AND expires_at > %s::bigint) OR scope = %s)
+    AND EXISTS (SELECT 1 FROM og_rec)
+  RETURNING 1
+)`, p, scope, ph(us(st.ExpiresAt), &args), ph(t.Hash, &args), ph(t.Subject, &args), ph(t.Purpose, &args), ph(us(st.Now), &args), scope)
+		started = append(started, `SELECT 1 FROM og_tok`)
+	}
+	if st.WindowID != "" {
+		rec := idemstore.WindowRecord(st.WindowOwner)
+		now := ph(us(st.Now), &args)
+		fmt.Fprintf(&b, `, og_win AS (
+  INSERT INTO %srepeat_window AS w (id, owner, expires_at) SELECT %s, %s, %s::bigint FROM og_rec
+  ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner,
+    expires_at = CASE WHEN w.expires_at <= %s::bigint THEN EXCLUDED.expires_at ELSE w.expires_at END
+  WHERE w.expires_at <= %s::bigint OR w.owner = %s OR substr(w.owner, 1, %s::int) = %s
+  RETURNING 1
+)`, p, ph(st.WindowID, &args), ph(st.WindowOwner, &args), ph(us(st.WindowUntil), &args), now, now, ph(rec, &args), ph(len(rec)+1, &args), ph(rec+"/", &args))
+		started = append(started, `SELECT 1 FROM og_win`)
+	}
+	cond := make([]string, len(started))
+	for i, q := range started {
+		cond[i] = "EXISTS (" + q + ")"
+	}
+	all := strings.Join(cond, " AND ")
+	// The check reads og_rec's rows, so it is never folded away at
+	// planning: it fails the statement when the record was created but
+	// its token or window was not.
+	fmt.Fprintf(&b, `, og_check AS (
+  SELECT CASE WHEN r.n > 0 AND NOT (%s) THEN CAST('%s:' || r.n AS int) ELSE r.n END AS n FROM (SELECT count(*) AS n FROM og_rec) r
+)`, all, startRefused)
+	return CTE{With: b.String(), Started: "(" + all + ")", Result: `(SELECT n FROM og_check)`, Args: args}, nil
+}
+
+// Started reads a composed statement's outcome (StartCTE): created is
+// its Result column, err its error. It returns nil when the record was
+// created with the effect, ErrKeyTaken when the key had one (nothing
+// written), the token's or the window's refusal (nothing committed), or
+// err itself.
+func (s *Store) Started(ctx context.Context, st *idemstore.Start, created int64, err error) error {
+	if err != nil {
+		if !strings.Contains(err.Error(), startRefused) {
+			return wrap("start", err)
+		}
+		// Refused, and rolled back: say why, from what refused it.
+		if t := st.Token; t != nil {
+			if reason := s.tokenReason(ctx, s.db, t, st.Now); reason != nil {
+				return reason
+			}
+		}
+		if st.WindowID != "" {
+			var owner string
+			var exp int64
+			if err := s.db.QueryRowContext(ctx, s.q.selectWindow, st.WindowID).Scan(&owner, &exp); err == nil {
+				window := st.WindowUntil.Sub(st.Now)
+				return &idemstore.WindowHeldError{Left: min(max(time.Duration(exp-us(st.Now))*time.Microsecond, time.Microsecond), window)}
+			}
+		}
+		return idemstore.ErrKeyTaken // gone meanwhile: the Guard looks again
+	}
+	if created == 0 {
+		return idemstore.ErrKeyTaken
+	}
+	return nil
+}
+
+// conn is a database or a transaction.
+type conn interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// claimWindow is ClaimWindow on c.
+func (s *Store) claimWindow(ctx context.Context, c conn, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
+	rec := idemstore.WindowRecord(owner)
+	args := []any{id, owner, us(now.Add(window)), us(now), rec, len(rec) + 1, rec + "/", us(now)}
+	if s.dialect != sqldialect.MySQL {
+		args = []any{id, owner, us(now.Add(window)), us(now), us(now), rec, len(rec) + 1, rec + "/"}
+	}
+	if _, err := c.ExecContext(ctx, s.q.claimWindow, args...); err != nil {
+		return 0, wrap("claim window", err)
+	}
+	var got string
+	var exp int64
+	if err := c.QueryRowContext(ctx, s.q.selectWindow, id).Scan(&got, &exp); err != nil {
+		return 0, wrap("claim window", err)
+	}
+	if got == owner {
+		return 0, nil
+	}
+	// At most window: a request that started before the winner's sees more.
+	return min(max(time.Duration(exp-us(now))*time.Microsecond, time.Microsecond), window), nil
+}
+
+// CompleteCTE composes Complete of the record id under lease into the
+// caller's PostgreSQL statement (the settlement that makes its answer
+// final, say), placeholders numbered from first, so that both commit in
+// one round trip. Its With has no condition: the record completes when
+// lease holds it, whatever the caller's writes did. Scan CTE.Result and
+// pass it, or the statement's error, to Completed.
+func (s *Store) CompleteCTE(id, lease string, resp idemstore.Response, first int) (CTE, error) {
+	if s.dialect != sqldialect.Postgres {
+		return CTE{}, errors.New("sqlstore: CompleteCTE needs PostgreSQL")
+	}
+	args, err := completeArgs(id, lease, resp)
+	if err != nil {
+		return CTE{}, err
+	}
+	n := first
+	ph := make([]any, len(args))
+	for i := range args {
+		ph[i] = fmt.Sprintf("$%d", n+i)
+	}
+	with := fmt.Sprintf(`og_done AS (
+  UPDATE %sidempotency SET state = 2, lease = NULL, status = %s::int, header = %s, body = %s
+  WHERE id = %s AND state = 1 AND lease = %s RETURNING id
+)`, s.opts.Prefix, ph[0], ph[1], ph[2], ph[3], ph[4])
+	result := `(SELECT count(*) FROM og_done)`
+	if s.opts.Listener != nil { // the waiters' NOTIFY, in the same statement
+		args = append(args, s.channel())
+		with += fmt.Sprintf(`, og_note AS (SELECT pg_notify($%d, id) FROM og_done)`, n+len(ph))
+		result = `(SELECT count(*) FROM og_note)`
+	}
+	return CTE{With: with, Result: result, Args: args}, nil
+}
+
+// Completed reads a composed statement's completion (CompleteCTE): nil
+// when the record was completed, ErrLeaseLost when lease no longer held
+// it, or err.
+func (s *Store) Completed(n int64, err error) error {
+	if err != nil {
+		return wrap("complete", err)
+	}
+	if n == 0 {
+		return idemstore.ErrLeaseLost
+	}
+	return nil
+}
