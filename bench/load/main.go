@@ -410,7 +410,6 @@ func run(cfg config, out, progress io.Writer) error {
 	fmt.Fprintf(out, "load average (1/5/15 min) at start %s, at end %s\n", loadBefore, loadAvg())
 	fmt.Fprintf(out, "%d round(s) interleaved, %v measured + %v warm-up per cell; medians over rounds\n\n", cfg.rounds, cfg.duration, cfg.warmup)
 	rep.print(out, cfg.markdown)
-	fmt.Fprintln(out)
 	rep.printTargets(out)
 	var ceilingWork []string
 	if pgb != nil {

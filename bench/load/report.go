@@ -238,7 +238,7 @@ func (r *report) printTargets(out io.Writer) {
 	if !slices.Contains(r.cfg.groups, groupPgbench) {
 		return
 	}
-	fmt.Fprintf(out, "target: withdrawals/s at least %.0f%% of pgbench's tx/s at the same clients (medians; per round: that round's pair)\n", 100*target)
+	fmt.Fprintf(out, "\ntarget: withdrawals/s at least %.0f%% of pgbench's tx/s at the same clients (medians; per round: that round's pair)\n", 100*target)
 	for _, n := range r.sortedClients() {
 		ceil, ok := r.summarize(groupPgbench, n)
 		if !ok || ceil.rounds == 0 || ceil.rate <= 0 {
