@@ -17,6 +17,7 @@ const (
 	cpuPG           // every postgres process on the machine
 	cpuRedis        // the Redis server (INFO cpu)
 	cpuLoad         // the load generator: this process, or pgbench
+	cpuProxy        // the contender's round-trip proxy (progress lines only)
 	cpuN
 )
 
@@ -24,12 +25,22 @@ const cpuNA = -2
 
 type cpuUse [cpuN]float64
 
+// unknownCPU is a cell's figures before they are measured.
+func unknownCPU() cpuUse {
+	var u cpuUse
+	for i := range u {
+		u[i] = -1
+	}
+	return u
+}
+
 // cpuProbe says what to sample for a cell.
 type cpuProbe struct {
 	svcPID  int         // 0: no service (pgbench)
 	pg      bool        // sample PostgreSQL
 	redis   *redisAdmin // nil: do not sample Redis
 	loadPID int         // 0: this process
+	proxy   *pgProxy    // nil: no proxy, no round trips
 }
 
 type cpuSnap struct {
@@ -37,10 +48,14 @@ type cpuSnap struct {
 	v  [cpuN]time.Duration
 	ok [cpuN]bool
 	na [cpuN]bool
+	rt proxyCounts // the proxy's totals
 }
 
 func (p cpuProbe) sample() cpuSnap {
 	s := cpuSnap{at: time.Now()}
+	if p.proxy != nil {
+		s.rt = p.proxy.counts() // first: the closest to the window's edge
+	}
 	if p.svcPID > 0 {
 		s.v[cpuSvc], s.ok[cpuSvc] = pidCPU(p.svcPID)
 	} else {
@@ -64,7 +79,20 @@ func (p cpuProbe) sample() cpuSnap {
 			s.v[cpuLoad], s.ok[cpuLoad] = time.Duration(ru.Utime.Nano()+ru.Stime.Nano()), true
 		}
 	}
+	if p.proxy != nil {
+		s.v[cpuProxy], s.ok[cpuProxy] = pidCPU(p.proxy.pid)
+	} else {
+		s.na[cpuProxy] = true
+	}
 	return s
+}
+
+// roundTrips is the proxy's round trips between two snapshots.
+func roundTrips(a, b cpuSnap) (int64, bool) {
+	if !a.rt.ok || !b.rt.ok {
+		return 0, false
+	}
+	return b.rt.roundTrips() - a.rt.roundTrips(), true
 }
 
 func cpuShare(a, b cpuSnap) cpuUse {

@@ -15,12 +15,18 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	_ "modernc.org/sqlite" // database/sql driver "sqlite", the service's
 )
 
 // The floor is pgbench's transaction behind HTTP: a minimal withdrawal
 // server, in Go on the service's driver (pgx through database/sql, a pool
 // of 20 like the service's default), that the load drives exactly as it
-// drives the service. A withdrawal is the ceiling's script and nothing
+// drives the service. The SQLite floor is the same server on SQLite, with
+// the service's driver (modernc.org/sqlite) opened exactly as the service
+// opens its embedded database (sqliteDSN: WAL, synchronous=NORMAL,
+// busy_timeout 10 s, BEGIN IMMEDIATE; database/sql's default pool, which
+// the service does not bound for SQLite either). A withdrawal is the ceiling's script and nothing
 // more: BEGIN; UPDATE accounts … WHERE balance - amount >= 0 RETURNING
 // balance; INSERT INTO ledger …; COMMIT. No session lookup (the bearer
 // token is the account id), no Idempotency-Key record, no repeat window,
@@ -33,9 +39,9 @@ import (
 // least any withdrawal service does.
 //
 // It runs as a child process of the load (the load's own binary, with
-// -floor-serve DSN) on a database of its own with the ceiling's schema
-// plus a users table, and keeps no state in memory: a restart between
-// rounds finds its users and their balances.
+// -floor-serve DSN, or -floor-sqlite-serve FILE) on a database of its own
+// with the ceiling's schema plus a users table, and keeps no state in
+// memory: a restart between rounds finds its users and their balances.
 
 const floorSchema = pgbenchSchema + `
 CREATE TABLE users (
@@ -45,27 +51,72 @@ CREATE TABLE users (
 CREATE SEQUENCE account_ids;
 `
 
+// floorSQLiteSchema is floorSchema in SQLite's words: the ledger's id is
+// AUTOINCREMENT as in the service's SQLite schema, the account id the
+// rowid.
+const floorSQLiteSchema = `
+CREATE TABLE IF NOT EXISTS accounts (
+  aid        INTEGER PRIMARY KEY,
+  balance    BIGINT NOT NULL CHECK (balance >= 0),
+  version    BIGINT NOT NULL DEFAULT 0,
+  updated_at BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS ledger (
+  id            INTEGER PRIMARY KEY AUTOINCREMENT,
+  aid           INT NOT NULL REFERENCES accounts (aid),
+  kind          VARCHAR(32) NOT NULL,
+  amount        BIGINT NOT NULL,
+  balance_after BIGINT NOT NULL CHECK (balance_after >= 0),
+  ref           VARCHAR(32) NOT NULL,
+  created_at    BIGINT NOT NULL,
+  UNIQUE (kind, ref)
+);
+CREATE INDEX IF NOT EXISTS ledger_aid ON ledger (aid, id);
+CREATE TABLE IF NOT EXISTS users (
+  username TEXT PRIMARY KEY,
+  aid      INT NOT NULL UNIQUE REFERENCES accounts (aid)
+);
+`
+
+// sqliteDSN opens path as cmd/onceguard's openDB opens the service's
+// embedded database (keep the two the same).
+func sqliteDSN(path string) string {
+	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+}
+
 // serveFloor serves the floor on 127.0.0.1:0 until SIGTERM or SIGINT, and
-// says where as the service does ("listening on http://ADDR;").
-func serveFloor(dsn string) error {
-	db, err := sql.Open("pgx", dsn)
+// says where as the service does ("listening on http://ADDR;"): on
+// PostgreSQL (driver "pgx", dsn a URL) or on SQLite (driver "sqlite", dsn
+// the file's path; the schema is created if missing).
+func serveFloor(driver, dsn string) error {
+	if driver == "sqlite" {
+		dsn = sqliteDSN(dsn)
+	}
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(20)
-	db.SetMaxIdleConns(20)
+	if driver != "sqlite" {
+		db.SetMaxOpenConns(20)
+		db.SetMaxIdleConns(20)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := db.PingContext(ctx); err != nil {
 		return err
 	}
+	if driver == "sqlite" {
+		if _, err := db.ExecContext(ctx, floorSQLiteSchema); err != nil {
+			return fmt.Errorf("schema: %w", err)
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: floorHandler(db), ReadHeaderTimeout: 10 * time.Second}
-	fmt.Printf("listening on http://%s; floor: pgbench's transaction over HTTP\n", ln.Addr())
+	srv := &http.Server{Handler: floorHandler(db, driver == "sqlite"), ReadHeaderTimeout: 10 * time.Second}
+	fmt.Printf("listening on http://%s; floor: pgbench's transaction over HTTP on %s\n", ln.Addr(), driver)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -78,7 +129,7 @@ func serveFloor(dsn string) error {
 	return srv.Shutdown(sctx)
 }
 
-func floorHandler(db *sql.DB) http.Handler {
+func floorHandler(db *sql.DB, sqlite bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/v1/users", func(w http.ResponseWriter, r *http.Request) {
 		var c struct{ Username string }
@@ -87,8 +138,26 @@ func floorHandler(db *sql.DB) http.Handler {
 			return
 		}
 		var aid int
-		err := db.QueryRowContext(r.Context(), `WITH a AS (INSERT INTO accounts (aid, balance) VALUES (nextval('account_ids'), 0) RETURNING aid)
+		var err error
+		if sqlite { // no data-modifying WITH: two statements in one transaction
+			err = func() error {
+				tx, err := db.BeginTx(r.Context(), nil)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback()
+				if err := tx.QueryRowContext(r.Context(), `INSERT INTO accounts (balance) VALUES (0) RETURNING aid`).Scan(&aid); err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(r.Context(), `INSERT INTO users (username, aid) VALUES ($1, $2)`, c.Username, aid); err != nil {
+					return err
+				}
+				return tx.Commit()
+			}()
+		} else {
+			err = db.QueryRowContext(r.Context(), `WITH a AS (INSERT INTO accounts (aid, balance) VALUES (nextval('account_ids'), 0) RETURNING aid)
 INSERT INTO users (username, aid) SELECT $1, aid FROM a RETURNING aid`, c.Username).Scan(&aid)
+		}
 		if err != nil {
 			floorAnswer(w, http.StatusInternalServerError, `{"code":"internal"}`)
 			return

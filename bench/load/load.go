@@ -20,6 +20,12 @@ type cellResult struct {
 	window time.Duration // the measured window
 	lat    []time.Duration
 	cpu    cpuUse
+	// rt: PostgreSQL round trips (the proxy's Syncs and Queries) in the
+	// window, when rtOK; ended: withdrawals (pgbench: transactions) that
+	// ended in it, however they started or were answered.
+	rt    int64
+	rtOK  bool
+	ended int
 
 	sent         int            // requests over the whole cell, warm-up included
 	other        map[string]int // non-201 answers over the whole cell: "503 busy" -> count
@@ -41,6 +47,18 @@ func (r *cellResult) rate() float64 {
 	return float64(r.ok) / r.window.Seconds()
 }
 
+// roundTripsPer is the window's round trips per withdrawal (pgbench: per
+// transaction) that ended in it. Those that ended in it, not those that
+// also started in it (ok): each client has one in flight at either edge
+// of the window, whose round trips partly fall inside; counting the ends
+// counts, on average, one withdrawal's worth of them per client and edge.
+func (r *cellResult) roundTripsPer() (float64, bool) {
+	if !r.rtOK || r.ended == 0 {
+		return 0, false
+	}
+	return float64(r.rt) / float64(r.ended), true
+}
+
 func (r *cellResult) nonOK() int {
 	n := r.transport + r.failed
 	for _, c := range r.other {
@@ -59,6 +77,12 @@ func (r *cellResult) progressLine() string {
 	s := fmt.Sprintf("%8.0f/s  p50 %-8s p99 %-8s cpu svc %s pg %s redis %s client %s",
 		r.rate(), fmtDur(percentile(r.lat, 0.50)), fmtDur(percentile(r.lat, 0.99)),
 		fmtCPU(r.cpu[cpuSvc]), fmtCPU(r.cpu[cpuPG]), fmtCPU(r.cpu[cpuRedis]), fmtCPU(r.cpu[cpuLoad]))
+	if r.cpu[cpuProxy] != cpuNA {
+		s += " proxy " + fmtCPU(r.cpu[cpuProxy])
+	}
+	if rt, ok := r.roundTripsPer(); ok {
+		s += fmt.Sprintf("  %.2f pg round trips/withdrawal", rt)
+	}
 	if r.tps > 0 {
 		s += fmt.Sprintf("  (pgbench's own tps %.0f)", r.tps)
 	}
@@ -105,7 +129,7 @@ func (r *cellResult) nonOKSummary() string {
 // is a submit token minted just before (POST /api/v1/submit-tokens), and
 // the withdrawal's time includes the mint.
 func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.Duration, probe cpuProbe, mint bool) *cellResult {
-	res := &cellResult{window: duration, cpu: cpuUse{-1, -1, -1, -1}, other: map[string]int{}, otherSample: map[string]string{}, notSucceeded: map[string]int{}}
+	res := &cellResult{window: duration, cpu: unknownCPU(), other: map[string]int{}, otherSample: map[string]string{}, notSucceeded: map[string]int{}}
 	start := time.Now()
 	w0 := start.Add(warmup)
 	w1 := w0.Add(duration)
@@ -117,7 +141,9 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 		}
 		b := probe.sample()
 		if sleepUntil(ctx, w1) {
-			res.cpu = cpuShare(b, probe.sample())
+			e := probe.sample()
+			res.cpu = cpuShare(b, e)
+			res.rt, res.rtOK = roundTrips(b, e)
 		}
 	}()
 
@@ -130,6 +156,7 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 			var (
 				lat                     []time.Duration
 				ok, sent, transport     int
+				ended                   int
 				other                   = map[string]int{}
 				sample                  = map[string]string{}
 				notSucceeded            = map[string]int{}
@@ -159,6 +186,9 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 				t1 := time.Now()
 				sent++
 				in := !t0.Before(w0) && !t1.After(w1)
+				if !t1.Before(w0) && !t1.After(w1) && ctx.Err() == nil {
+					ended++
+				}
 				switch {
 				case err != nil:
 					if ctx.Err() != nil {
@@ -209,6 +239,7 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 			defer mu.Unlock()
 			res.ok += ok
 			res.sent += sent
+			res.ended += ended
 			res.transport += transport
 			res.lat = append(res.lat, lat...)
 			for k, n := range other {

@@ -2,10 +2,13 @@
 // p50/p99 latency of POST /api/v1/withdrawals for the embedded default
 // (SQLite, in-process stores) and for PostgreSQL + Redis, at 16 and 64
 // concurrent clients, next to PostgreSQL's own ceiling for a comparable
-// one-row-update transaction measured with pgbench in the same run,
-// interleaved round by round. See ../README.md, "Service load".
+// one-row-update transaction measured with pgbench in the same run, and
+// next to two floors (that transaction behind a minimal HTTP server, on
+// PostgreSQL and on SQLite), interleaved round by round. The PostgreSQL
+// contenders connect through a counting proxy (pgproxy.go) that reports
+// their round trips. See ../README.md, "Service load".
 //
-//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-clients 16,64] [-only sqlite,postgres,pgbench] [-markdown]
+//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-clients 16,64] [-only sqlite,postgres,pgbench,floor,floor-sqlite] [-markdown]
 package main
 
 import (
@@ -28,22 +31,44 @@ import (
 	"time"
 )
 
-// The three groups of a round: the two service configurations and the
-// ceiling.
+// The groups of a round: the service configurations, the ceiling and the
+// floors.
 const (
-	groupSQLite   = "sqlite"
-	groupPostgres = "postgres"
-	groupTokens   = "postgres-tokens"
-	groupPgbench  = "pgbench"
-	groupFloor    = "floor"
+	groupSQLite      = "sqlite"
+	groupPostgres    = "postgres"
+	groupTokens      = "postgres-tokens"
+	groupPgbench     = "pgbench"
+	groupFloor       = "floor"
+	groupFloorSQLite = "floor-sqlite"
 )
 
+// allGroups is every group, in the order of a first round.
+var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupTokens, groupFloor, groupFloorSQLite}
+
 var groupLabels = map[string]string{
-	groupSQLite:   "embedded (SQLite)",
-	groupPostgres: "PostgreSQL + Redis",
-	groupTokens:   "PostgreSQL + Redis, default",
-	groupPgbench:  "ceiling: pgbench",
-	groupFloor:    "floor: pgbench tx over HTTP",
+	groupSQLite:      "embedded (SQLite)",
+	groupPostgres:    "PostgreSQL + Redis",
+	groupTokens:      "PostgreSQL + Redis, default",
+	groupPgbench:     "ceiling: pgbench",
+	groupFloor:       "floor: pgbench tx over HTTP",
+	groupFloorSQLite: "floor: SQLite tx over HTTP",
+}
+
+// floorOf is the floor a group's "vs floor" ratio is taken against: the
+// floor on the same database; "" for the floors and the ceiling.
+func floorOf(g string) string {
+	switch g {
+	case groupSQLite:
+		return groupFloorSQLite
+	case groupPostgres, groupTokens:
+		return groupFloor
+	}
+	return ""
+}
+
+// usesPG says whether a group talks to PostgreSQL (through a proxy).
+func usesPG(g string) bool {
+	return g == groupPostgres || g == groupTokens || g == groupPgbench || g == groupFloor
 }
 
 type config struct {
@@ -58,16 +83,17 @@ type config struct {
 	bin, repo        string
 	dbConns          int
 	markdown, keep   bool
+	proxy            bool // put a round-trip-counting proxy between each PostgreSQL contender and the server
 }
 
 func main() {
 	var cfg config
-	var clients, only, floorDSN string
+	var clients, only, floorDSN, floorSQLite, proxyUpstream string
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured `time` per cell (configuration × clients × round)")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured warm-up per cell, same clients")
 	flag.IntVar(&cfg.rounds, "rounds", 2, "rounds; each runs every configuration at every client count, the table shows medians")
 	flag.StringVar(&clients, "clients", "16,64", "comma-separated numbers of concurrent clients (each its own user)")
-	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, postgres-tokens, pgbench, floor (default: all)")
+	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, postgres-tokens, pgbench, floor, floor-sqlite (default: all)")
 	flag.StringVar(&cfg.pgDSN, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL admin `DSN`; the run creates (and at exit drops) a fresh database for the service and one for pgbench through it")
 	flag.StringVar(&cfg.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis `URL` for the PostgreSQL configuration (shared: only the service's keys of this run's users are touched)")
 	flag.StringVar(&cfg.pgbench, "pgbench", "/usr/bin/pgbench", "pgbench `binary` for the ceiling (empty: no ceiling)")
@@ -77,10 +103,24 @@ func main() {
 	flag.IntVar(&cfg.dbConns, "db-conns", 0, "pass --db-conns N to the PostgreSQL service (0: the service's default)")
 	flag.BoolVar(&cfg.markdown, "markdown", false, "print the table as Markdown")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary directory (service logs, pgbench logs, SQLite file) and the databases")
+	flag.BoolVar(&cfg.proxy, "pg-proxy", true, "connect every PostgreSQL contender through a proxy of its own that counts its round trips (false: directly, no round-trip figures)")
 	flag.StringVar(&floorDSN, "floor-serve", "", "internal: serve the floor group's minimal withdrawal server on `DSN` (the load starts itself this way)")
+	flag.StringVar(&floorSQLite, "floor-sqlite-serve", "", "internal: serve the floor-sqlite group's minimal withdrawal server on the SQLite `file`")
+	flag.StringVar(&proxyUpstream, "pg-proxy-serve", "", "internal: serve a round-trip-counting proxy to `host:port`")
 	flag.Parse()
-	if floorDSN != "" {
-		if err := serveFloor(floorDSN); err != nil {
+	if proxyUpstream != "" {
+		if err := serveProxy(proxyUpstream); err != nil {
+			fmt.Fprintln(os.Stderr, "load: proxy:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if floorDSN != "" || floorSQLite != "" {
+		driver, dsn := "pgx", floorDSN
+		if floorSQLite != "" {
+			driver, dsn = "sqlite", floorSQLite
+		}
+		if err := serveFloor(driver, dsn); err != nil {
 			fmt.Fprintln(os.Stderr, "load: floor:", err)
 			os.Exit(1)
 		}
@@ -99,7 +139,7 @@ func main() {
 			cfg.clients = append(cfg.clients, n)
 		}
 	}
-	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres, groupTokens, groupFloor} {
+	for _, g := range allGroups {
 		if only == "" || slices.Contains(strings.Split(strings.ReplaceAll(only, " ", ""), ","), g) {
 			cfg.groups = append(cfg.groups, g)
 		}
@@ -180,12 +220,40 @@ func run(cfg config, out, progress io.Writer) error {
 	// PostgreSQL: fresh databases of this run.
 	var pg *pgAdmin
 	var serverLines []string
-	if has(groupPostgres) || has(groupTokens) || has(groupPgbench) || has(groupFloor) {
+	if slices.ContainsFunc(cfg.groups, usesPG) {
 		if pg, err = openPG(ctx, cfg.pgDSN); err != nil {
 			return err
 		}
 		cl.add(pg.close)
 		serverLines = append(serverLines, pg.describe(ctx))
+	}
+	// One counting proxy per PostgreSQL contender, for the whole run.
+	proxies := map[string]*pgProxy{}
+	var upstream string
+	if cfg.proxy && pg != nil {
+		if upstream, err = pgUpstream(cfg.pgDSN); err != nil {
+			return err
+		}
+		for _, g := range cfg.groups {
+			if !usesPG(g) {
+				continue
+			}
+			p, err := startProxy(g, upstream, filepath.Join(tmp, "proxy-"+g+".log"))
+			if err != nil {
+				return err
+			}
+			cl.add(p.stop)
+			proxies[g] = p
+		}
+		serverLines = append(serverLines, fmt.Sprintf("round trips: each PostgreSQL contender connects through a proxy of its own (a child process of this command, loopback, to %s) that counts its Sync and Query messages", upstream))
+	}
+	// pgDSNFor is the DSN of database name for group g: through its proxy.
+	pgDSNFor := func(g, name string) string {
+		dsn := withDatabase(cfg.pgDSN, name)
+		if p := proxies[g]; p != nil {
+			dsn = withHost(dsn, p.addr)
+		}
+		return dsn
 	}
 	var pgb *pgbenchCeiling
 	if has(groupPgbench) {
@@ -197,6 +265,7 @@ func run(cfg config, out, progress io.Writer) error {
 		if pgb, err = setupPgbench(ctx, cfg, pg, name, tmp, maxClients); err != nil {
 			return err
 		}
+		pgb.conn, pgb.proxy = pgDSNFor(groupPgbench, name), proxies[groupPgbench]
 		serverLines = append(serverLines, pgb.describe())
 	}
 
@@ -209,7 +278,8 @@ func run(cfg config, out, progress io.Writer) error {
 	if has(groupSQLite) {
 		dir := filepath.Join(tmp, "sqlite-data")
 		services = append(services, &serviceConfig{group: groupSQLite, bin: bin, runID: runID,
-			args: append(slices.Clone(baseArgs), "--data-dir", dir), logPath: filepath.Join(tmp, "service-sqlite.log")})
+			args: append(slices.Clone(baseArgs), "--data-dir", dir), logPath: filepath.Join(tmp, "service-sqlite.log"),
+			sqlitePath: filepath.Join(dir, "onceguard.db")})
 	}
 	// PostgreSQL + Redis twice: with submit tokens off like the others, and
 	// in the default configuration (--require-submit-token withdrawal).
@@ -227,7 +297,7 @@ func run(cfg config, out, progress io.Writer) error {
 			return err
 		}
 		cl.add(func() { pg.dropDB(name, cfg.keep, progress) })
-		args := append(svcArgs, "--data-dir", filepath.Join(tmp, g+"-data"), "--db", withDatabase(cfg.pgDSN, name), "--redis", cfg.redisURL)
+		args := append(svcArgs, "--data-dir", filepath.Join(tmp, g+"-data"), "--db", pgDSNFor(g, name), "--redis", cfg.redisURL)
 		if cfg.dbConns > 0 {
 			args = append(args, "--db-conns", strconv.Itoa(cfg.dbConns))
 		}
@@ -238,7 +308,7 @@ func run(cfg config, out, progress io.Writer) error {
 			cl.add(rc.close)
 			serverLines = append(serverLines, rc.describe(ctx))
 		}
-		s := &serviceConfig{group: g, bin: bin, runID: id, args: args, logPath: filepath.Join(tmp, "service-"+g+".log"), redis: rc, pg: pg, dbName: name, mintTokens: g == groupTokens}
+		s := &serviceConfig{group: g, bin: bin, runID: id, args: args, logPath: filepath.Join(tmp, "service-"+g+".log"), redis: rc, pg: pg, dbName: name, mintTokens: g == groupTokens, proxy: proxies[g]}
 		cl.add(func() { s.cleanupRedis(progress) })
 		services = append(services, s)
 	}
@@ -256,8 +326,21 @@ func run(cfg config, out, progress io.Writer) error {
 		if err != nil {
 			return err
 		}
-		services = append(services, &serviceConfig{group: groupFloor, bin: self, runID: runID, args: []string{"-floor-serve", dsn},
-			logPath: filepath.Join(tmp, "floor.log"), pg: pg, dbName: name})
+		services = append(services, &serviceConfig{group: groupFloor, bin: self, runID: runID, args: []string{"-floor-serve", pgDSNFor(groupFloor, name)},
+			logPath: filepath.Join(tmp, "floor.log"), pg: pg, dbName: name, proxy: proxies[groupFloor]})
+	}
+	if has(groupFloorSQLite) {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		dir := filepath.Join(tmp, "floor-sqlite-data")
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return err
+		}
+		path := filepath.Join(dir, "floor.db")
+		services = append(services, &serviceConfig{group: groupFloorSQLite, bin: self, runID: runID, args: []string{"-floor-sqlite-serve", path},
+			logPath: filepath.Join(tmp, "floor-sqlite.log"), sqlitePath: path})
 	}
 	for _, s := range services {
 		cl.add(s.stopQuietly)
@@ -278,6 +361,8 @@ func run(cfg config, out, progress io.Writer) error {
 				order[j] = cfg.clients[(j+round)%len(cfg.clients)]
 			}
 			if g == groupPgbench {
+				before, rt0 := pg.stats(pgb.dbName), pgb.proxy.counts()
+				var txs int64
 				for _, n := range order {
 					if ctx.Err() != nil {
 						break
@@ -286,8 +371,12 @@ func run(cfg config, out, progress io.Writer) error {
 					if ctx.Err() != nil {
 						break // interrupted: the cell is left out
 					}
+					txs += int64(r.samples + r.failed)
 					rep.add(g, n, r)
 					fmt.Fprintf(progress, "round %d  %-20s %3d clients  %s\n", round+1, groupLabels[g], n, r.progressLine())
+				}
+				if ctx.Err() == nil {
+					pgb.noteRound(round, before, pg.stats(pgb.dbName), rt0, pgb.proxy.counts(), txs)
 				}
 				continue
 			}
@@ -321,15 +410,22 @@ func run(cfg config, out, progress io.Writer) error {
 	fmt.Fprintf(out, "load average (1/5/15 min) at start %s, at end %s\n", loadBefore, loadAvg())
 	fmt.Fprintf(out, "%d round(s) interleaved, %v measured + %v warm-up per cell; medians over rounds\n\n", cfg.rounds, cfg.duration, cfg.warmup)
 	rep.print(out, cfg.markdown)
-	fmt.Fprintln(out)
 	rep.printTargets(out)
-	rep.printNotes(out, services)
+	var ceilingWork []string
+	if pgb != nil {
+		ceilingWork = pgb.workNotes
+	}
+	rep.printNotes(out, services, ceilingWork)
 	fmt.Fprintf(out, "\ntotal run time: %v\n", time.Since(began).Round(100*time.Millisecond))
 	return nil
 }
 
 func serviceFlagsNote(cfg config) string {
-	s := `--addr 127.0.0.1:0 --require-submit-token "" --signup-limit -1 (repeat window default 10s); SQLite: --data-dir <tmp>; PostgreSQL: --db <fresh database> --redis ` + redactURL(cfg.redisURL)
+	db := "<fresh database>"
+	if cfg.proxy {
+		db = "<fresh database, through its proxy>"
+	}
+	s := `--addr 127.0.0.1:0 --require-submit-token "" --signup-limit -1 (repeat window default 10s); SQLite: --data-dir <tmp>; PostgreSQL: --db ` + db + ` --redis ` + redactURL(cfg.redisURL)
 	if cfg.dbConns > 0 {
 		s += " --db-conns " + strconv.Itoa(cfg.dbConns)
 	}

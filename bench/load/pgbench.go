@@ -66,6 +66,9 @@ type pgbenchCeiling struct {
 	jobs                   int
 	version                string
 	cells                  int
+	proxy                  *pgProxy // nil: pgbench connects directly
+	dbName                 string
+	workNotes              []string // its database work per round
 }
 
 func setupPgbench(ctx context.Context, cfg config, pg *pgAdmin, dbName, tmp string, accounts int) (*pgbenchCeiling, error) {
@@ -93,7 +96,7 @@ func setupPgbench(ctx context.Context, cfg config, pg *pgAdmin, dbName, tmp stri
 	if err != nil {
 		return nil, fmt.Errorf("%s --version: %w", cfg.pgbench, err)
 	}
-	return &pgbenchCeiling{bin: cfg.pgbench, conn: conn, script: script, dir: dir, jobs: cfg.pgbenchJobs, version: strings.TrimSpace(string(out))}, nil
+	return &pgbenchCeiling{bin: cfg.pgbench, conn: conn, script: script, dir: dir, jobs: cfg.pgbenchJobs, version: strings.TrimSpace(string(out)), dbName: dbName}, nil
 }
 
 func (p *pgbenchCeiling) describe() string {
@@ -107,7 +110,7 @@ var tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection tim
 // transactions that started and ended in the window [first start +
 // warmup, + duration].
 func (p *pgbenchCeiling) run(ctx context.Context, n int, warmup, duration time.Duration) *cellResult {
-	res := &cellResult{window: duration, cpu: cpuUse{-1, -1, -1, -1}}
+	res := &cellResult{window: duration, cpu: unknownCPU()}
 	p.cells++
 	prefix := filepath.Join(p.dir, fmt.Sprintf("log%d", p.cells))
 	secs := int(math.Ceil((warmup + duration).Seconds())) + 1
@@ -123,7 +126,7 @@ func (p *pgbenchCeiling) run(ctx context.Context, n int, warmup, duration time.D
 	go func() { done <- cmd.Wait() }()
 	// CPU over (about) the window: pgbench connects its clients first, a
 	// few milliseconds.
-	probe := cpuProbe{pg: true, loadPID: cmd.Process.Pid}
+	probe := cpuProbe{pg: true, loadPID: cmd.Process.Pid, proxy: p.proxy}
 	start := time.Now()
 	sampled := make(chan struct{})
 	go func() {
@@ -133,7 +136,9 @@ func (p *pgbenchCeiling) run(ctx context.Context, n int, warmup, duration time.D
 		}
 		a := probe.sample()
 		if sleepUntil(ctx, start.Add(warmup+duration)) {
-			res.cpu = cpuShare(a, probe.sample())
+			b := probe.sample()
+			res.cpu = cpuShare(a, b)
+			res.rt, res.rtOK = roundTrips(a, b)
 		}
 	}()
 	var err error
@@ -150,7 +155,8 @@ func (p *pgbenchCeiling) run(ctx context.Context, n int, warmup, duration time.D
 	if err != nil {
 		res.err = fmt.Sprintf("pgbench: %v: %s", err, truncate(stderr.String(), 500))
 	}
-	if perr := p.parseLogs(prefix, warmup, duration, res); perr != nil && res.err == "" {
+	rtFrom := start.Add(warmup).UnixMicro()
+	if perr := p.parseLogs(prefix, warmup, duration, rtFrom, rtFrom+duration.Microseconds(), res); perr != nil && res.err == "" {
 		res.err = perr.Error()
 	}
 	return res
@@ -159,8 +165,10 @@ func (p *pgbenchCeiling) run(ctx context.Context, n int, warmup, duration time.D
 // parseLogs reads pgbench's per-transaction logs (one file per thread):
 // "client_id transaction_no time script_no time_epoch time_us", time being
 // the latency in µs ("failed" or "skipped" when not committed) and
-// time_epoch.time_us the end.
-func (p *pgbenchCeiling) parseLogs(prefix string, warmup, duration time.Duration, res *cellResult) error {
+// time_epoch.time_us the end. It also counts the transactions that ended
+// in [rtFrom, rtTo] (µs since the epoch), the window of the round-trip
+// count.
+func (p *pgbenchCeiling) parseLogs(prefix string, warmup, duration time.Duration, rtFrom, rtTo int64, res *cellResult) error {
 	files, err := filepath.Glob(prefix + ".*")
 	if err != nil || len(files) == 0 {
 		return fmt.Errorf("no pgbench log %s.*", prefix)
@@ -190,6 +198,9 @@ func (p *pgbenchCeiling) parseLogs(prefix string, warmup, duration time.Duration
 			}
 			end := s*1_000_000 + us
 			txs = append(txs, tx{end - lat, end})
+			if end >= rtFrom && end <= rtTo {
+				res.ended++
+			}
 		}
 		fh.Close()
 	}
@@ -212,4 +223,15 @@ func (p *pgbenchCeiling) parseLogs(prefix string, warmup, duration time.Duration
 	}
 	slices.Sort(res.lat)
 	return nil
+}
+
+// noteRound notes the round's database work of pgbench: its database's
+// counters (pg_stat_database, read after its runs exited) and its proxy's
+// round trips, per transaction in its logs (warm-up included).
+func (p *pgbenchCeiling) noteRound(round int, before, after dbStats, rt0, rt1 proxyCounts, txs int64) {
+	if !before.ok || !after.ok || txs <= 0 {
+		return
+	}
+	p.workNotes = append(p.workNotes, fmt.Sprintf("round %d: %s per transaction (%d transactions logged in the round, warm-up included)",
+		round+1, pgWork(before, after, rt0, rt1, float64(txs)), txs))
 }

@@ -35,6 +35,7 @@ type summary struct {
 	p50, p99 time.Duration
 	cpu      cpuUse
 	spread   float64
+	rt       float64 // PostgreSQL round trips per withdrawal (pgbench: transaction); NaN unknown
 	nonOK    int
 	merged   *cellResult // non-OK answers of all rounds together
 	errs     []string
@@ -56,7 +57,7 @@ func median(xs []float64) float64 {
 func (r *report) summarize(g string, n int) (summary, bool) {
 	rs := r.cells[cellKey(g, n)]
 	s := summary{merged: &cellResult{other: map[string]int{}, otherSample: map[string]string{}, notSucceeded: map[string]int{}}}
-	var rates, p50, p99 []float64
+	var rates, p50, p99, rts []float64
 	var cpus [cpuN][]float64
 	na := [cpuN]bool{}
 	for _, c := range rs {
@@ -85,6 +86,9 @@ func (r *report) summarize(g string, n int) (summary, bool) {
 		rates = append(rates, c.rate())
 		p50 = append(p50, float64(percentile(c.lat, 0.50)))
 		p99 = append(p99, float64(percentile(c.lat, 0.99)))
+		if rt, ok := c.roundTripsPer(); ok {
+			rts = append(rts, rt)
+		}
 		for i, v := range c.cpu {
 			if v == cpuNA {
 				na[i] = true
@@ -106,6 +110,7 @@ func (r *report) summarize(g string, n int) (summary, bool) {
 			s.cpu[i] = median(cpus[i])
 		}
 	}
+	s.rt = median(rts) // NaN without any
 	if s.rounds > 0 {
 		s.rate = median(rates)
 		s.p50, s.p99 = time.Duration(median(p50)), time.Duration(median(p99))
@@ -125,7 +130,7 @@ func (r *report) sortedClients() []int {
 // tableGroups is the row order within a client count: the ceiling first.
 func (r *report) tableGroups() []string {
 	var gs []string
-	for _, g := range []string{groupPgbench, groupSQLite, groupPostgres, groupTokens, groupFloor} {
+	for _, g := range allGroups {
 		if slices.Contains(r.cfg.groups, g) {
 			gs = append(gs, g)
 		}
@@ -134,8 +139,8 @@ func (r *report) tableGroups() []string {
 }
 
 func (r *report) print(out io.Writer, markdown bool) {
-	head := []string{"configuration", "submit tokens", "clients", "withdrawals/s", "p50", "p99", "vs ceiling", "service cpu", "postgres cpu", "redis cpu", "client cpu", "spread", "not 201"}
-	right := []bool{false, false, true, true, true, true, true, true, true, true, true, true, false}
+	head := []string{"configuration", "submit tokens", "clients", "withdrawals/s", "p50", "p99", "vs ceiling", "vs floor", "pg round trips", "service cpu", "postgres cpu", "redis cpu", "client cpu", "spread", "not 201"}
+	right := []bool{false, false, true, true, true, true, true, true, true, true, true, true, true, true, false}
 	var rows [][]string
 	for _, n := range r.sortedClients() {
 		ceil, hasCeil := r.summarize(groupPgbench, n)
@@ -144,7 +149,7 @@ func (r *report) print(out io.Writer, markdown bool) {
 			if !ok {
 				continue
 			}
-			rate, vs, nonOK := "-", "-", fmt.Sprint(s.nonOK)
+			rate, vs, vsFloor, nonOK := "-", "-", "-", fmt.Sprint(s.nonOK)
 			if s.rounds > 0 {
 				rate = fmt.Sprintf("%.0f", s.rate)
 				if g == groupPgbench {
@@ -152,8 +157,17 @@ func (r *report) print(out io.Writer, markdown bool) {
 				} else if hasCeil && ceil.rounds > 0 && ceil.rate > 0 {
 					vs = fmt.Sprintf("%.2f×", s.rate/ceil.rate)
 				}
+				if fl := floorOf(g); fl != "" {
+					if f, ok := r.summarize(fl, n); ok && f.rounds > 0 && f.rate > 0 {
+						vsFloor = fmt.Sprintf("%.2f×", s.rate/f.rate)
+					}
+				}
 			} else {
 				rate = "error"
+			}
+			rt := "-"
+			if !math.IsNaN(s.rt) {
+				rt = fmt.Sprintf("%.2f", s.rt)
 			}
 			if s.nonOK > 0 {
 				nonOK += " (" + s.merged.nonOKSummary() + ")"
@@ -164,7 +178,7 @@ func (r *report) print(out io.Writer, markdown bool) {
 					nonOK = "0"
 				}
 			}
-			rows = append(rows, []string{groupLabels[g], submitTokens(g), fmt.Sprint(n), rate, fmtDur(s.p50), fmtDur(s.p99), vs,
+			rows = append(rows, []string{groupLabels[g], submitTokens(g), fmt.Sprint(n), rate, fmtDur(s.p50), fmtDur(s.p99), vs, vsFloor, rt,
 				fmtCPU(s.cpu[cpuSvc]), fmtCPU(s.cpu[cpuPG]), fmtCPU(s.cpu[cpuRedis]), fmtCPU(s.cpu[cpuLoad]),
 				fmt.Sprintf("%.0f%%", 100*s.spread), nonOK})
 		}
@@ -194,12 +208,15 @@ func (r *report) print(out io.Writer, markdown bool) {
 	fmt.Fprintln(out)
 	fmt.Fprintln(out, "withdrawals/s: 201 answers to POST /api/v1/withdrawals per second of the measured window (requests that started and ended in it);")
 	fmt.Fprintln(out, "ceiling rows: pgbench transactions/s of the one-row-update script, same window rule, from its per-transaction log;")
-	if slices.Contains(r.cfg.groups, groupFloor) {
-		fmt.Fprintln(out, "floor rows: the same transaction behind POST /api/v1/withdrawals in a minimal Go server (pgx, 20 connections; no session, key, window, lock, provider or logs);")
+	if slices.Contains(r.cfg.groups, groupFloor) || slices.Contains(r.cfg.groups, groupFloorSQLite) {
+		fmt.Fprintln(out, "floor rows: the same transaction behind POST /api/v1/withdrawals in a minimal Go server (no session, key, window, lock, provider or logs):")
+		fmt.Fprintln(out, "on PostgreSQL with pgx, 20 connections; on SQLite with modernc.org/sqlite opened as the service opens it (WAL, synchronous=NORMAL, busy_timeout 10s, BEGIN IMMEDIATE, database/sql's unbounded pool);")
 	}
 	fmt.Fprintln(out, "submit tokens: off: --require-submit-token \"\", each withdrawal carries a fresh plain key; 1 minted per withdrawal: the service's default")
 	fmt.Fprintln(out, "(withdrawals need a submit token), each withdrawal first POSTs /api/v1/submit-tokens and its time includes that request;")
 	fmt.Fprintln(out, "p50/p99: latency of those; vs ceiling: withdrawals/s / pgbench tx/s at the same clients (SQLite rows: against PostgreSQL's ceiling);")
+	fmt.Fprintln(out, "vs floor: withdrawals/s / the floor's on the same database at the same clients (SQLite service: the SQLite floor; PostgreSQL services: the PostgreSQL floor);")
+	fmt.Fprintln(out, "pg round trips: client→PostgreSQL round trips (Sync + Query messages, counted by the contender's proxy) in the window per withdrawal (pgbench: transaction) in it;")
 	fmt.Fprintln(out, "cpu columns: CPU time over the window in % of one core: the service process; all postgres processes on the machine; Redis (INFO cpu);")
 	fmt.Fprintln(out, "the client (this process, or pgbench); '-' does not apply. spread: (max-min)/median of the rate over rounds;")
 	fmt.Fprintln(out, "not 201: every other answer over all rounds, warm-up included (pgbench: failed transactions).")
@@ -221,13 +238,13 @@ func (r *report) printTargets(out io.Writer) {
 	if !slices.Contains(r.cfg.groups, groupPgbench) {
 		return
 	}
-	fmt.Fprintf(out, "target: withdrawals/s at least %.0f%% of pgbench's tx/s at the same clients (medians; per round: that round's pair)\n", 100*target)
+	fmt.Fprintf(out, "\ntarget: withdrawals/s at least %.0f%% of pgbench's tx/s at the same clients (medians; per round: that round's pair)\n", 100*target)
 	for _, n := range r.sortedClients() {
 		ceil, ok := r.summarize(groupPgbench, n)
 		if !ok || ceil.rounds == 0 || ceil.rate <= 0 {
 			continue
 		}
-		for _, g := range []string{groupPostgres, groupTokens, groupSQLite, groupFloor} {
+		for _, g := range []string{groupPostgres, groupTokens, groupSQLite, groupFloor, groupFloorSQLite} {
 			s, ok := r.summarize(g, n)
 			if !ok || s.rounds == 0 {
 				continue
@@ -250,6 +267,8 @@ func (r *report) printTargets(out io.Writer) {
 				note = " (another database's ceiling: informational)"
 			case groupFloor:
 				note = " (not a service: the least a withdrawal over HTTP costs here; informational)"
+			case groupFloorSQLite:
+				note = " (not a service, and another database's ceiling: informational)"
 			}
 			label := groupLabels[g]
 			if st := submitTokens(g); st != "-" {
@@ -263,7 +282,7 @@ func (r *report) printTargets(out io.Writer) {
 
 // printNotes lists everything that was not a plain success, with
 // evidence.
-func (r *report) printNotes(out io.Writer, services []*serviceConfig) {
+func (r *report) printNotes(out io.Writer, services []*serviceConfig, ceilingWork []string) {
 	var notes []string
 	for _, n := range r.sortedClients() {
 		for _, g := range r.tableGroups() {
@@ -309,13 +328,17 @@ func (r *report) printNotes(out io.Writer, services []*serviceConfig) {
 		}
 	}
 	var work []string
+	for _, w := range ceilingWork {
+		work = append(work, groupLabels[groupPgbench]+", "+w)
+	}
 	for _, svc := range services {
 		for _, n := range svc.workNotes {
 			work = append(work, groupLabels[svc.group]+", "+n)
 		}
 	}
 	if len(work) > 0 {
-		fmt.Fprintln(out, "\nthe service's database work (pg_stat_database of its database, read after each round's stop; pgbench: 1 commit, 1 row inserted, 1 updated per transaction):")
+		fmt.Fprintln(out, "\ndatabase work per round (PostgreSQL: pg_stat_database of the contender's database, read after its round's processes exited, and the round trips its proxy counted;")
+		fmt.Fprintln(out, "SQLite: write transactions committed, from the database's WAL-index change counter read after start and before stop; no row or rollback counters):")
 		for _, w := range work {
 			fmt.Fprintln(out, "  "+w)
 		}

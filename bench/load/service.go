@@ -56,6 +56,10 @@ type serviceConfig struct {
 
 	pg     *pgAdmin // the PostgreSQL configuration: its database's counters
 	dbName string
+	proxy  *pgProxy // between it and PostgreSQL: its round trips; nil: none
+	// sqlitePath is its SQLite database, whose write transactions
+	// walCommits counts; "" for PostgreSQL.
+	sqlitePath string
 
 	proc      *serviceProc
 	notes     []string // what looked wrong: exits, balance mismatches
@@ -185,6 +189,7 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 	if s.pg != nil {
 		before = s.pg.stats(s.dbName)
 	}
+	rt0 := s.proxy.counts()
 	sentBefore := int64(0)
 	for _, u := range s.users {
 		sentBefore += u.sent
@@ -195,6 +200,11 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 	defer s.stop(round) // on an error; a no-op after the stop below
 	a := newAPI(s.proc.base, maxClients)
 	defer a.hc.CloseIdleConnections()
+	var wal0 uint32
+	walOK := false
+	if s.sqlitePath != "" {
+		wal0, walOK = walCommits(s.sqlitePath)
+	}
 	fmt.Fprintf(progress, "round %d  %-20s started in %v (pid %d, %s)\n", round+1, groupLabels[s.group], time.Since(t0).Round(time.Millisecond), s.proc.pid, s.proc.base)
 	if s.users == nil {
 		t1 := time.Now()
@@ -212,7 +222,7 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 		if err := topUp(ctx, a, s.users[:n]); err != nil {
 			return fmt.Errorf("%s: top-up deposits: %w", s.group, err)
 		}
-		probe := cpuProbe{svcPID: s.proc.pid, pg: s.pg != nil, redis: s.redis}
+		probe := cpuProbe{svcPID: s.proc.pid, pg: s.pg != nil, redis: s.redis, proxy: s.proxy}
 		r := runCell(ctx, a, s.users[:n], cfg.warmup, cfg.duration, probe, s.mintTokens)
 		if ctx.Err() != nil {
 			return ctx.Err() // interrupted: the cell is left out
@@ -222,23 +232,51 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 	}
 	s.checkBalances(ctx, a, round)
 	a.hc.CloseIdleConnections()
+	var wal1 uint32
+	if walOK {
+		wal1, walOK = walCommits(s.sqlitePath)
+	}
 	s.stop(round)
-	if s.pg != nil {
+	sent := int64(0)
+	for _, u := range s.users {
+		sent += u.sent
+	}
+	sent -= sentBefore
+	if sent <= 0 {
+		return nil
+	}
+	w := float64(sent)
+	tail := fmt.Sprintf(" per withdrawal sent (%d withdrawals among %d requests in the round%s)",
+		sent, a.reqs.Load(), map[bool]string{true: ", sign-ups and first deposits included", false: ""}[round == 0])
+	switch {
+	case s.pg != nil:
 		after := s.pg.stats(s.dbName)
-		sent := int64(0)
-		for _, u := range s.users {
-			sent += u.sent
+		if before.ok && after.ok {
+			s.workNotes = append(s.workNotes, fmt.Sprintf("round %d: %s%s", round+1, pgWork(before, after, rt0, s.proxy.counts(), w), tail))
 		}
-		sent -= sentBefore
-		if before.ok && after.ok && sent > 0 {
-			w := float64(sent)
-			s.workNotes = append(s.workNotes, fmt.Sprintf("round %d: %.2f commits, %.2f rollbacks, %.2f rows inserted, %.2f updated, %.2f deleted per withdrawal sent (%d withdrawals among %d requests in the round%s)",
-				round+1, float64(after.commits-before.commits)/w, float64(after.rollbacks-before.rollbacks)/w,
-				float64(after.inserted-before.inserted)/w, float64(after.updated-before.updated)/w, float64(after.deleted-before.deleted)/w,
-				sent, a.reqs.Load(), map[bool]string{true: ", sign-ups and first deposits included", false: ""}[round == 0]))
+	case s.sqlitePath != "":
+		if walOK {
+			s.workNotes = append(s.workNotes, fmt.Sprintf("round %d: %.2f commits (write transactions, from the WAL index)%s", round+1, float64(wal1-wal0)/w, tail))
+		} else {
+			s.workNotes = append(s.workNotes, fmt.Sprintf("round %d: commits not measured (no readable wal-index %s-shm)", round+1, s.sqlitePath))
 		}
 	}
 	return nil
+}
+
+// pgWork is a PostgreSQL contender's work between two readings of its
+// database's counters and its proxy's, per n withdrawals (transactions).
+func pgWork(before, after dbStats, rt0, rt1 proxyCounts, n float64) string {
+	s := fmt.Sprintf("%.2f commits, %.2f rollbacks, %.2f rows inserted, %.2f updated, %.2f deleted",
+		float64(after.commits-before.commits)/n, float64(after.rollbacks-before.rollbacks)/n,
+		float64(after.inserted-before.inserted)/n, float64(after.updated-before.updated)/n, float64(after.deleted-before.deleted)/n)
+	if rt0.ok && rt1.ok {
+		s += fmt.Sprintf(", %.2f round trips", float64(rt1.roundTrips()-rt0.roundTrips())/n)
+		if b := rt1.broken - rt0.broken; b > 0 {
+			s += fmt.Sprintf(" (%d connection(s) not parsed: uncounted)", b)
+		}
+	}
+	return s
 }
 
 // setupUsers signs up n users, signs each in and deposits 1000000.00.
