@@ -162,6 +162,7 @@ type Options[R any] struct {
 // is safe for concurrent use.
 type Guard[R any] struct {
 	o             Options[R]
+	local         local    // Deferred: this Guard's keys in flight and recently finished
 	replayHeaders []string // o.ReplayHeaders, canonical; nil for "*"
 	allHeaders    bool     // "*"
 }
@@ -247,6 +248,7 @@ func (g *Guard[R]) Begin(ctx context.Context, r R, req *Request) Outcome {
 // to run the handler with again and Finish. Middleware calls it; an
 // adapter that supports Deferred does too.
 func (g *Guard[R]) Resume(ctx context.Context, r R, req *Request, call *Call) Outcome {
+	g.local.finish(call)
 	err := call.Refusal()
 	var held *idemstore.WindowHeldError
 	switch {
@@ -341,7 +343,27 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 	id := RecordID(scope, key)
 	now := o.Now()
 	if deferred {
-		return g.deferred(ctx, req, id, key, scope, fp, claim, now)
+		// A key in flight here is turned away before its handler runs
+		// (a double click, a client's storm), and one finished moments
+		// ago is looked up in the store: neither takes the handler's
+		// lock and transaction to learn that the key is taken.
+		switch done, state := g.local.claim(id); state {
+		case keyNew:
+			out := g.deferred(ctx, req, id, key, scope, fp, claim, now)
+			out.Call.deferred.done = done
+			return out
+		case keyInFlight:
+			if o.Wait <= 0 {
+				return g.fail(r, "in_progress", probInProgress)
+			}
+			t := time.NewTimer(o.Wait)
+			select { // then the store has its answer, or says in progress
+			case <-done:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
 	}
 	breq := idemstore.BeginRequest{ID: id, Fingerprint: fp, Lease: o.Lease, TTL: o.TTL, Token: claim, Now: now}
 	res, err := o.Store.Begin(ctx, breq)
@@ -531,6 +553,7 @@ type Answer struct {
 func (g *Guard[R]) Finish(r R, call *Call, a Answer) *Problem {
 	detached := (*detachedCall)(call)
 	if d := call.deferred; d != nil {
+		g.local.finish(call)
 		if !d.created.Load() {
 			g.event(r, "unrecorded") // no record: nothing to keep or free
 			return nil
@@ -568,6 +591,7 @@ func (g *Guard[R]) Finish(r R, call *Call, a Answer) *Problem {
 // Abort frees the key of a handler that panicked, before the transport
 // re-raises the panic.
 func (g *Guard[R]) Abort(r R, call *Call) {
+	g.local.finish(call)
 	g.release(r, (*detachedCall)(call), call)
 }
 

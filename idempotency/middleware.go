@@ -225,6 +225,7 @@ func (c *Call) Start() *idemstore.Start {
 
 // deferral is a Deferred call's state (apart, so that a Call stays in its size class).
 type deferral struct {
+	done    chan struct{}    // closed when the call is finished (local)
 	start   *idemstore.Start // the record to create
 	created atomic.Bool      // the handler's transaction created it
 	refusal error            // what the store refused, for Resume
