@@ -1489,7 +1489,7 @@ func TestChaosPostgresResetIsUnavailable(t *testing.T) {
 				default:
 				}
 				id := fmt.Sprintf("wd_reset_%d_%d", w, i)
-				_, _, err := store.Withdraw(ctx, app.Movement{ID: id, UserID: "u_reset", Key: id, Amount: 1, CreatedAt: time.Now()}, 0)
+				_, _, err := store.Withdraw(ctx, app.Movement{ID: id, UserID: "u_reset", Key: id, Amount: 1, CreatedAt: time.Now()}, 0, nil)
 				calls.Add(1)
 				if err != nil && !sqldb.Unavailable(err) {
 					mu.Lock()

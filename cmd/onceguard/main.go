@@ -275,7 +275,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	})
 	handler := httpapi.New(httpapi.Config{
 		App: svc, Keys: timedKeys, RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, TokenTTL: c.tokenTTL,
-		Ping: db.PingContext, Web: web.Handler(), Windows: coord.windows, Components: comps,
+		Ping: db.PingContext, DeferKeys: true, Web: web.Handler(), Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,
 		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, SignupLimit: c.signupLimit, ClientIPHeader: c.clientIPHeader, SecureCookies: c.secureCookies,
 		NotifySecret: []byte(c.notifySecret),

@@ -144,12 +144,15 @@ func TestStormCommandJSON(t *testing.T) {
 // Every request of the storm carries a submit token: the deposit's, (a)'s
 // one, (b)'s n, the order's and (c)'s n. A payment refused 409
 // payment_in_progress frees its key and token (a retry runs again): its
-// token is released, not consumed, and its lock acquire was busy.
+// token is released, not consumed, and its lock acquire was busy. (b)'s
+// duplicates are refused by the repeat window in the debit's transaction
+// (withdrawals are Deferred), so each takes the user's lock, moving nothing.
 func stormMetrics(t *testing.T, base string, n int, counts map[string]map[string]int) {
 	t.Helper()
 	m := scrape(t, base)
 	a, b, c := counts["a"], counts["b"], counts["c"]
 	inProgress := float64(c["409 payment_in_progress"])
+	windowed := float64(b["429 duplicate_submission"])
 	nf := float64(n)
 	for _, x := range []struct {
 		name   string
@@ -167,9 +170,9 @@ func stormMetrics(t *testing.T, base string, n int, counts map[string]map[string
 		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "released"}, inProgress},
 		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "mismatch"}, 0},
 		{"onceguard_repeat_window_rejections_total", map[string]string{"route": "/api/v1/withdrawals"}, nf - 1},
-		{"onceguard_lock_acquires_total", map[string]string{"backend": "memory", "result": "acquired"}, 2 + nf - inProgress},
+		{"onceguard_lock_acquires_total", map[string]string{"backend": "memory", "result": "acquired"}, 2 + nf - inProgress + windowed},
 		{"onceguard_lock_acquires_total", map[string]string{"backend": "memory", "result": "busy"}, inProgress},
-		{"onceguard_lock_hold_seconds_count", map[string]string{"backend": "memory"}, 2 + nf - inProgress},
+		{"onceguard_lock_hold_seconds_count", map[string]string{"backend": "memory"}, 2 + nf - inProgress + windowed},
 		{"onceguard_lock_lost_total", map[string]string{"backend": "memory"}, 0},
 		{"onceguard_money_movements_total", map[string]string{"kind": "deposit", "outcome": "succeeded"}, 1},
 		{"onceguard_money_movements_total", map[string]string{"kind": "withdrawal", "outcome": "succeeded"}, 2},

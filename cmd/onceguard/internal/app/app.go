@@ -65,6 +65,7 @@ type Service struct {
 	cfg       Config
 	log       *slog.Logger
 	hashSlots chan struct{} // password hashes running (see hashing)
+	sessions  sessionCache  // session token hash -> user (SessionPrincipal)
 }
 
 // New returns a Service on cfg, its zero fields set to their defaults.

@@ -78,6 +78,15 @@ var (
 	ErrBalanceLimit      = &Error{Code: CodeBalanceLimit, Message: "this deposit would take the balance over the most an account can hold; nothing changed"}
 )
 
+// ErrSessionEnded: the session a request came under ended (a sign-out, its expiry) before its
+// transaction moved money; nothing changed.
+var ErrSessionEnded = &Error{Code: CodeUnauthenticated, Message: "sign in first"}
+
+// ErrRecordLost: a settlement committed, but without completing the key's record it was given
+// (the record's lease was lost to a retry that took the key over); Store.Settle returns it with
+// the settlement's results.
+var ErrRecordLost = errors.New("app: settled, the key's record not completed")
+
 // ErrStaleFence: a write carried a fence older than one its resource accepted; nothing changed.
 // The service retries it under a new lease and answers busy if that keeps happening.
 var ErrStaleFence = errors.New("app: stale fencing token")

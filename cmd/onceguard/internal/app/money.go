@@ -15,6 +15,9 @@ type MoveRequest struct {
 	Amount money.Amount
 	// Record, if set, is completed in the settlement's transaction.
 	Record *KeyRecord
+	// SessionHash, if not "", is the session the request came under: a withdrawal checks it
+	// is still live in the transaction that debits (TxChecks).
+	SessionHash string
 }
 
 // KeyRecord is the request's Idempotency-Key record and how to complete it.
@@ -24,6 +27,10 @@ type KeyRecord struct {
 	Answer func(Movement) Answer
 	// Completed is told when the record committed with the settlement.
 	Completed func()
+	// Start, if not nil, is the record still to create, in the withdrawal's transaction
+	// (idempotency.Options.Deferred); Created is told once that transaction committed.
+	Start   any // see TxChecks.Start
+	Created func()
 }
 
 // CheckAmount refuses an amount not above 0 or above the service's maximum (CodeInvalidAmount).
@@ -64,8 +71,21 @@ func (s *Service) Withdraw(ctx context.Context, req MoveRequest) (Movement, erro
 		m       Movement
 		created bool
 	)
+	var chk *TxChecks
+	if req.SessionHash != "" || (req.Record != nil && req.Record.Start != nil) {
+		chk = &TxChecks{SessionHash: req.SessionHash}
+		if req.Record != nil {
+			chk.Start = req.Record.Start
+		}
+	}
 	err := s.underLock(ctx, userLock(req.UserID), true, func(fence int64) (err error) {
-		m, created, err = s.cfg.Store.Withdraw(ctx, Movement{ID: newID("wd_"), Kind: Withdrawal, UserID: req.UserID, Key: req.Key, Amount: req.Amount, CreatedAt: time.Now()}, fence)
+		m, created, err = s.cfg.Store.Withdraw(ctx, Movement{ID: newID("wd_"), Kind: Withdrawal, UserID: req.UserID, Key: req.Key, Amount: req.Amount, CreatedAt: time.Now()}, fence, chk)
+		if chk != nil && chk.Start != nil && req.Record.Created != nil && !notStarted(err) {
+			// The record committed (with the debit, or alone with a refusal such as
+			// insufficient funds), or perhaps did (the database went away): its answer is
+			// the record's now, kept or freed.
+			req.Record.Created()
+		}
 		return err
 	})
 	switch {
@@ -82,6 +102,13 @@ func (s *Service) Withdraw(ctx context.Context, req MoveRequest) (Movement, erro
 		return Movement{}, ErrKeyReused
 	}
 	return s.pay(ctx, m, req.Record)
+}
+
+// notStarted reports an error of a withdrawal's transaction that created no key's record: the
+// session ended, or the key's store refused the record (taken, window held, token refused).
+func notStarted(err error) bool {
+	var refused *StartRefusedError
+	return errors.Is(err, ErrSessionEnded) || errors.As(err, &refused)
 }
 
 // busy is CodeBusy for a resource whose lock could not be had, or was lost before the write.
@@ -126,6 +153,9 @@ func (s *Service) settle(ctx context.Context, m Movement, rec *KeyRecord, by, ev
 		moved, status, err = s.cfg.Store.Settle(ctx, m.Kind, m.ID, m.Status, now, r, event)
 		if err == nil && rec.Completed != nil {
 			rec.Completed()
+		}
+		if errors.Is(err, ErrRecordLost) { // settled all the same, the record left to its new holder
+			err = nil
 		}
 	}
 	if err != nil {

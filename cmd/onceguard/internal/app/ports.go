@@ -28,14 +28,19 @@ type Store interface {
 	CreateDeposit(ctx context.Context, m Movement) (got Movement, created bool, err error)
 	// Withdraw records a pending withdrawal and debits it, refusing a fence older than the
 	// account accepted (ErrStaleFence; 0: no fence); the same (user, key) returns the first.
-	Withdraw(ctx context.Context, m Movement, fence int64) (got Movement, created bool, err error)
+	// chk, if not nil, is checked and created in the same transaction: a session that ended
+	// is ErrSessionEnded and a key's record that could not be created is its store's refusal,
+	// with nothing written.
+	Withdraw(ctx context.Context, m Movement, fence int64, chk *TxChecks) (got Movement, created bool, err error)
 	// Settle moves a pending movement to outcome, crediting a deposit's success or refunding a
 	// withdrawal's failure, and completes rec in the same transaction when it is not nil.
 	// event, unless "", is a provider callback's id, recorded once (UNIQUE) in that transaction:
 	// ErrDuplicateEvent when it was recorded before, and nothing changes. moved is false when it
 	// was settled before; status is the movement's status after the call, another than outcome
 	// when it was settled so before (with an event, nothing changes then). A record the store
-	// cannot complete fails it all; ErrNotFound when there is no such movement.
+	// cannot complete fails it all, or (a store that settles and completes in one statement)
+	// leaves the settlement committed and returns ErrRecordLost with its results; ErrNotFound
+	// when there is no such movement.
 	Settle(ctx context.Context, kind Kind, id string, outcome Status, at time.Time, rec *Record, event string) (moved bool, status Status, err error)
 	// FindMovement returns the deposit or withdrawal with id, whoever's it is; ErrNotFound.
 	FindMovement(ctx context.Context, id string) (Movement, error)
@@ -64,6 +69,27 @@ type Record struct {
 	ID, Lease string
 	Answer    Answer
 }
+
+// TxChecks is what a movement's transaction checks and creates besides the movement, so that
+// one commit makes all of it or none.
+type TxChecks struct {
+	// SessionHash, if not "", is the hash of the session the request came under: it must still
+	// be live when the money moves (ErrSessionEnded), so a sign-out is seen at once.
+	SessionHash string
+	// Start is the request's Idempotency-Key record to create with the movement, a value the
+	// store knows (the SQL store: an *idemstore.Start; nil: it exists already); the key store's
+	// refusal (the key taken, the window held, the token refused) is returned as a
+	// *StartRefusedError, nothing written.
+	Start any
+}
+
+// StartRefusedError wraps a key store's refusal to create a request's Idempotency-Key record in
+// its movement's transaction (the key taken, the window held, the token refused): nothing was
+// written, and the transport answers as its key store's refusal says.
+type StartRefusedError struct{ Err error }
+
+func (e *StartRefusedError) Error() string { return e.Err.Error() }
+func (e *StartRefusedError) Unwrap() error { return e.Err }
 
 // Answer is the response a key's record stores and replays.
 type Answer struct {

@@ -50,7 +50,7 @@ func TestReconcile(t *testing.T) {
 	// time out before paying, and are declined.
 	sim.Inject(psp.TimeoutAfterCommit, psp.TimeoutBeforeCommit, psp.Decline)
 	for _, id := range []string{"w1", "w2", "w3"} {
-		if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0); err != nil {
+		if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
 			t.Fatal(err)
 		}
 		if op, err := sim.Do(ctx, psp.Payout, id, 1000); err == nil && op.Status == psp.Failed {
@@ -114,7 +114,7 @@ func TestReconcilerPass(t *testing.T) {
 	if _, err := s.SettleDeposit(ctx, "d3", true, time.UnixMicro(now)); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w0", UserID: "u1", Key: "key-w0", Amount: 400, CreatedAt: time.UnixMicro(now)}, 0); err != nil {
+	if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w0", UserID: "u1", Key: "key-w0", Amount: 400, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
@@ -291,7 +291,7 @@ func TestReconcileGoesOnPastAFailedSettlement(t *testing.T) {
 	if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "over", UserID: "u1", Key: "kover", Amount: 1000, CreatedAt: time.UnixMicro(now)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w9", UserID: "u2", Key: "kw9", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0); err != nil {
+	if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w9", UserID: "u2", Key: "kw9", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	sim.Inject(psp.TimeoutAfterCommit, psp.TimeoutAfterCommit)

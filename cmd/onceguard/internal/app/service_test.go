@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/sqlstore"
 	"log/slog"
 	"strings"
 	"testing"
@@ -20,8 +21,9 @@ import (
 
 // records completes a key's record by counting it, or refuses it.
 type records struct {
-	refuse    bool
-	completed []string
+	sqlstore.RecordCompleter // only CompleteTx is used
+	refuse                   bool
+	completed                []string
 }
 
 func (r *records) CompleteTx(_ context.Context, _ *sql.Tx, id, _ string, resp idemstore.Response) error {

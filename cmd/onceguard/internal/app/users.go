@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/auth"
@@ -138,7 +139,59 @@ func (s *Service) SessionUser(ctx context.Context, token string) (User, error) {
 	return s.cfg.Store.SessionUser(ctx, auth.HashToken(token), time.Now())
 }
 
+// SessionPrincipal returns the user of a session token as SessionUser does the first time, and
+// from memory after that, with the token's hash: a session's user never changes, but the
+// session may have ended since (on another instance, say), so a caller acts on it only in a
+// transaction that checks the session is still live (TxChecks.SessionHash) and answers
+// ErrSessionEnded when it is not. EndSession forgets it here at once.
+func (s *Service) SessionPrincipal(ctx context.Context, token string) (User, string, error) {
+	if token == "" {
+		return User{}, "", ErrNotFound
+	}
+	hash := auth.HashToken(token)
+	if u, ok := s.sessions.get(hash); ok {
+		return u, hash, nil
+	}
+	u, err := s.cfg.Store.SessionUser(ctx, hash, time.Now())
+	if err == nil {
+		s.sessions.put(hash, u)
+	}
+	return u, hash, err
+}
+
 // EndSession ends a session at once.
 func (s *Service) EndSession(ctx context.Context, token string) error {
-	return s.cfg.Store.DeleteSession(ctx, auth.HashToken(token))
+	hash := auth.HashToken(token)
+	s.sessions.drop(hash)
+	return s.cfg.Store.DeleteSession(ctx, hash)
+}
+
+// sessionCache maps session token hashes to their users: at most maxSessions, emptied when full.
+type sessionCache struct {
+	mu sync.RWMutex
+	m  map[string]User
+}
+
+const maxSessions = 100_000
+
+func (c *sessionCache) get(hash string) (User, bool) {
+	c.mu.RLock()
+	u, ok := c.m[hash]
+	c.mu.RUnlock()
+	return u, ok
+}
+
+func (c *sessionCache) put(hash string, u User) {
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= maxSessions {
+		c.m = make(map[string]User)
+	}
+	c.m[hash] = u
+	c.mu.Unlock()
+}
+
+func (c *sessionCache) drop(hash string) {
+	c.mu.Lock()
+	delete(c.m, hash)
+	c.mu.Unlock()
 }

@@ -32,7 +32,7 @@ func TestWithdrawalCarriesItsFence(t *testing.T) {
 		if grants++; grants > 1 {
 			return
 		}
-		_, _, err := store.Withdraw(context.Background(), app.Movement{ID: "wd_other", UserID: user, Key: "other-holder", Amount: 100, CreatedAt: time.UnixMicro(1)}, g.Fence+1)
+		_, _, err := store.Withdraw(context.Background(), app.Movement{ID: "wd_other", UserID: user, Key: "other-holder", Amount: 100, CreatedAt: time.UnixMicro(1)}, g.Fence+1, nil)
 		if err != nil {
 			t.Errorf("the other holder's withdrawal: %v", err)
 		}

@@ -26,8 +26,12 @@ type Config struct {
 	Ping         func(context.Context) error // database liveness, for /readyz
 	Windows      idemstore.WindowStore       // the repeat-submit window (nil: Keys)
 	Components   []Component                 // more /readyz components (Redis, the provider)
-	Metrics      *obs.Metrics                // served at /metrics and updated (nil: none)
-	Logger       *slog.Logger                // request lines (nil: none)
+	// DeferKeys creates a withdrawal's Idempotency-Key record in the transaction that debits
+	// (idempotency.Options.Deferred), with the session's check: Keys must be the SQL key store
+	// the App's store creates records with (sqlstore.Store.Records).
+	DeferKeys bool
+	Metrics   *obs.Metrics // served at /metrics and updated (nil: none)
+	Logger    *slog.Logger // request lines (nil: none)
 
 	// RateLimit is the requests a second one client address may send, RateBurst at once (0: no limit).
 	RateLimit float64

@@ -22,6 +22,7 @@ type requestInfo struct {
 	route                    string       // the route pattern (the metric label)
 	target                   http.Handler // what the router resolved
 	body                     any          // the keyed request's body, decoded once by its fingerprint
+	sessionHash              string       // the session's hash, when its check is the transaction's
 	tokenUsed                bool         // a submit token passed the key check: its request ran
 	released                 bool         // the key (and its token) were freed for a retry
 	abort                    bool         // a panic after the status was sent: abort the answer
@@ -201,6 +202,17 @@ func (s *server) user(r *http.Request) (app.User, error) {
 	return u, err
 }
 
+// sessionPrincipal is user from memory after a session's first request: the request's
+// transaction checks the session is live (app.TxChecks.SessionHash), whose hash it keeps.
+func (s *server) sessionPrincipal(r *http.Request) (app.User, error) {
+	u, hash, err := s.app.SessionPrincipal(r.Context(), sessionToken(r))
+	if err == nil {
+		i := info(r)
+		i.userID, i.sessionHash = u.ID, hash
+	}
+	return u, err
+}
+
 // authed answers 401 unauthenticated without a live session, else passes the user in the context.
 func (s *server) authed(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -223,12 +235,22 @@ func unauthenticated(err error) error {
 
 // keyed wraps a money route in its deadline and the Idempotency-Key middleware, with the
 // contract's order of checks; fingerprint decodes the body once and keeps it for the handler.
+//
+// A withdrawal is Deferred: its key's record is created in the transaction that debits, with
+// the session's check (app.TxChecks), and its principal comes from memory after a session's
+// first request (app.Service.SessionPrincipal).
 func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (string, error), next http.Handler) http.Handler {
+	deferred := purpose == "withdrawal" && s.cfg.DeferKeys
+	user := s.user
+	if deferred {
+		user = s.sessionPrincipal
+	}
 	h := idempotency.Middleware(idempotency.Config{
 		Store: s.cfg.Keys, Tokens: s.tokens, Purpose: purpose, RequireToken: s.cfg.RequireToken[purpose],
 		Windows: s.cfg.Windows, Window: s.window(purpose), TTL: s.cfg.KeyTTL, Lease: s.app.KeyLease(), MaxBody: MaxBody,
+		Deferred: deferred,
 		Principal: func(r *http.Request) (string, error) {
-			u, err := s.user(r)
+			u, err := user(r)
 			if err != nil && app.ErrorCode(err) != app.CodeNotFound {
 				return "", s.problem(err)
 			}

@@ -69,14 +69,18 @@ func decoded[T any](r *http.Request, decode func([]byte) (T, error)) (T, error) 
 // moveRequest is the service's request for the keyed call in r.
 func moveRequest(r *http.Request, a money.Amount) app.MoveRequest {
 	call, _ := idempotency.FromContext(r.Context())
-	return app.MoveRequest{UserID: call.Scope.Principal, Key: call.Key, Amount: a, Record: &app.KeyRecord{
+	rec := &app.KeyRecord{
 		ID: call.ID, Lease: call.Lease,
 		Answer: func(m app.Movement) app.Answer {
 			resp := call.Response(http.StatusCreated, http.Header{"Content-Type": {"application/json"}}, jsonBody(movementJSON(m)))
 			return app.Answer{Status: resp.Status, Header: resp.Header, Body: resp.Body}
 		},
 		Completed: call.MarkCompleted,
-	}}
+	}
+	if st := call.Start(); st != nil { // Deferred: created in the withdrawal's transaction
+		rec.Start, rec.Created = st, call.Created
+	}
+	return app.MoveRequest{UserID: call.Scope.Principal, Key: call.Key, Amount: a, SessionHash: info(r).sessionHash, Record: rec}
 }
 
 func (s *server) deposit(w http.ResponseWriter, r *http.Request) {
@@ -96,6 +100,9 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m, err := s.app.Withdraw(r.Context(), moveRequest(r, a))
+	if call, _ := idempotency.FromContext(r.Context()); call != nil && call.Refused(err) {
+		return // the key is taken, or its window or token refused: the middleware answers
+	}
 	s.answerMovement(w, r, m, err)
 }
 

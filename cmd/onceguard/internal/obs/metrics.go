@@ -59,7 +59,7 @@ type vec struct {
 // operations the service has.
 var labelValues = map[string]map[string][]string{
 	"onceguard_idempotency_outcomes_total": {"outcome": {"new", "recovered", "replayed", "in_progress", "mismatch",
-		"key_missing", "key_invalid", "token_invalid", "token_foreign", "token_required", "duplicate_submission", "released", "store_unavailable", "interrupted"}},
+		"key_missing", "key_invalid", "token_invalid", "token_foreign", "token_required", "duplicate_submission", "released", "store_unavailable", "interrupted", "unrecorded"}},
 	"onceguard_submit_tokens_total":          {"outcome": {"issued", "consumed", "released", "invalid", "foreign"}},
 	"onceguard_lock_acquires_total":          {"backend": lockBackends, "result": {"acquired", "busy", "unavailable", "error"}},
 	"onceguard_lock_wait_seconds":            {"backend": lockBackends},

@@ -277,7 +277,7 @@ func TestWithdrawSameKeyRace(t *testing.T) {
 				count := counter(t, db, d)
 				fund(t, s, "d1", funds, now)
 				news, ids, bad := sameKeyRace(func(i int) (string, bool, error) {
-					m, created, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0)
+					m, created, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil)
 					return m.ID, created, err
 				})
 				if len(bad) != 0 || news != 1 || len(ids) != 1 {
@@ -356,7 +356,7 @@ func TestShortFundsSameKeyRace(t *testing.T) {
 			call func(i int) error
 		}{
 			{"Withdraw(one key)", func(i int) error {
-				_, _, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0)
+				_, _, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: "k", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil)
 				return err
 			}},
 			{"PayOrder(one key)", func(i int) error {
@@ -405,7 +405,7 @@ func TestKeysCaseSensitive(t *testing.T) {
 				if m, created, err := s.CreateDeposit(ctx, app.Movement{ID: "dk" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: time.UnixMicro(now)}); err != nil || !created || m.ID != "dk"+n {
 					t.Errorf("CreateDeposit(%q) = %s, %v, %v; want a new deposit dk%s", key, m.ID, created, err, n)
 				}
-				if m, created, err := s.Withdraw(ctx, app.Movement{ID: "w" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: time.UnixMicro(now)}, 0); err != nil || !created || m.ID != "w"+n {
+				if m, created, err := s.Withdraw(ctx, app.Movement{ID: "w" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil || !created || m.ID != "w"+n {
 					t.Errorf("Withdraw(%q) = %s, %v, %v; want a new withdrawal w%s", key, m.ID, created, err, n)
 				}
 				if o, created, err := s.CreateOrder(ctx, app.Order{ID: "o-" + n, OrderNo: "N" + n, UserID: "u1", Key: key, Amount: 100, CreatedAt: time.UnixMicro(now)}); err != nil || !created || o.ID != "o-"+n {

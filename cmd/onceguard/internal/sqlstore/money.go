@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/sqldialect"
+	"github.com/onceguard/onceguard/token"
 )
 
 // Withdraw records a pending withdrawal, debits it if the balance covers
@@ -21,12 +23,60 @@ import (
 // fence is the caller's lock's fencing token (0: none); the account
 // refuses one older than it accepted (app.ErrStaleFence), so a holder
 // whose lock ran out cannot write after the next holder did.
-func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64) (got app.Movement, created bool, err error) {
+//
+// chk, if not nil, is checked and created in the same transaction: the
+// session must be live (app.ErrSessionEnded, nothing written) and the
+// key's record is created with the withdrawal (Records.StartTx; its
+// refusal is returned, nothing written). A refusal for funds still
+// commits the record, so that its answer is kept.
+func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64, chk *app.TxChecks) (got app.Movement, created bool, err error) {
 	defer s.timed("withdraw", time.Now(), &err)
 	m.Kind, m.Status = app.Withdrawal, app.Pending
-	if s.d == sqldialect.Postgres {
-		return s.withdrawOne(ctx, m, fence)
+	var c checks
+	if chk != nil {
+		c.session = chk.SessionHash
+		if chk.Start != nil {
+			st, ok := chk.Start.(*idemstore.Start)
+			if !ok {
+				return m, false, fmt.Errorf("sqlstore: withdraw: a key's record to start is an *idemstore.Start, not %T", chk.Start)
+			}
+			c.start = st
+		}
 	}
+	if c.start != nil && s.Records == nil {
+		return m, false, errors.New("sqlstore: withdraw: no Records to create the key's record")
+	}
+	if s.d == sqldialect.Postgres {
+		m, created, err = s.withdrawOne(ctx, m, fence, c)
+	} else {
+		m, created, err = s.withdrawTx(ctx, m, fence, c)
+		if errors.Is(err, app.ErrInsufficientFunds) && c.start != nil {
+			// The refusal is the key's answer: its record alone, in a transaction of its own.
+			if serr := s.startAlone(ctx, c.start); serr != nil {
+				err = serr
+			}
+		}
+	}
+	return m, created, refusal(err)
+}
+
+// checks is app.TxChecks as the store uses it.
+type checks struct {
+	session string
+	start   *idemstore.Start
+}
+
+// refusal marks the key store's refusals to create a record as app.StartRefusedError.
+func refusal(err error) error {
+	var held *idemstore.WindowHeldError
+	if errors.Is(err, idemstore.ErrKeyTaken) || errors.As(err, &held) || errors.Is(err, token.ErrInvalid) {
+		return &app.StartRefusedError{Err: err}
+	}
+	return err
+}
+
+// withdrawTx is Withdraw in a transaction of several statements (MySQL, SQLite).
+func (s *Store) withdrawTx(ctx context.Context, m app.Movement, fence int64, chk checks) (app.Movement, bool, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return m, false, err
@@ -35,11 +85,28 @@ func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64) (got 
 	if err := s.lockRow(ctx, tx, "accounts", "user_id", m.UserID); err != nil {
 		return m, false, err
 	}
+	if chk.session != "" {
+		var one int
+		err := tx.QueryRowContext(ctx, s.q(`SELECT 1 FROM sessions WHERE token_hash = ? AND user_id = ? AND expires_at > ?`), chk.session, m.UserID, us(m.CreatedAt)).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return m, false, app.ErrSessionEnded
+		} else if err != nil {
+			return m, false, err
+		}
+	}
+	if chk.start != nil {
+		if err := s.Records.StartTx(ctx, tx, chk.start); err != nil {
+			return m, false, err
+		}
+	}
 	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
 		m.ID, m.UserID, m.Key, int64(m.Amount), string(m.Status), us(m.CreatedAt)); err != nil {
 		if duplicate(err) {
 			_ = tx.Rollback()
 			existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key)
+			if ferr == nil && chk.start != nil {
+				ferr = s.startAlone(ctx, chk.start) // the first one's answer is this key's too
+			}
 			return existing, false, ferr
 		}
 		return m, false, err
@@ -52,6 +119,19 @@ func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64) (got 
 		return m, false, err
 	}
 	return m, true, tx.Commit()
+}
+
+// startAlone creates a key's record in a transaction of its own.
+func (s *Store) startAlone(ctx context.Context, st *idemstore.Start) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := s.Records.StartTx(ctx, tx, st); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // lockRow locks the row of table whose column is v, on MySQL only, so that
@@ -69,16 +149,46 @@ func (s *Store) lockRow(ctx context.Context, tx *sql.Tx, table, column, v string
 	return err
 }
 
-// withdrawOne is Withdraw on PostgreSQL in one statement (one round trip):
-// the row and the entry are inserted from the debit's result, so no debit,
-// nothing inserted, and a duplicate key fails it all.
-func (s *Store) withdrawOne(ctx context.Context, m app.Movement, fence int64) (app.Movement, bool, error) {
+// withdrawOne is Withdraw on PostgreSQL in one statement (one round trip,
+// one commit): the session's check, the key's record (Records.StartCTE)
+// and the debit, with the row and the entry inserted from the debit's
+// result, so no debit, nothing inserted, and a duplicate key fails it all.
+func (s *Store) withdrawOne(ctx context.Context, m app.Movement, fence int64, chk checks) (app.Movement, bool, error) {
 	set, cond, args := ``, ``, []any{m.ID, m.UserID, m.Key, int64(m.Amount), us(m.CreatedAt)}
 	if fence != 0 { // record the fence, and refuse an older one
 		set, cond, args = `, fence = $6`, ` AND fence <= $6`, append(args, fence)
 	}
-	var after int64
-	err := s.db.QueryRowContext(ctx, `WITH acct AS (
+	with, sel, after := ``, ``, ``
+	if chk.session != "" {
+		n := len(args)
+		args = append(args, chk.session, us(m.CreatedAt))
+		with = fmt.Sprintf(`sess AS (SELECT 1 FROM sessions WHERE token_hash = $%d AND user_id = $2 AND expires_at > $%d), `, n+1, n+2)
+		cond += ` AND EXISTS (SELECT 1 FROM sess)`
+		sel, after = `, EXISTS (SELECT 1 FROM sess)`, `sess`
+	}
+	if chk.start != nil {
+		cte, err := s.Records.StartCTE(chk.start, len(args)+1, after)
+		if err != nil {
+			return m, false, err
+		}
+		args = append(args, cte.Args...)
+		with += cte.With + `, `
+		cond += ` AND ` + cte.Started
+		sel += `, ` + cte.Result
+	}
+	var (
+		after64 sql.NullInt64
+		live    = true
+		started int64
+	)
+	dest := []any{&after64}
+	if chk.session != "" {
+		dest = append(dest, &live)
+	}
+	if chk.start != nil {
+		dest = append(dest, &started)
+	}
+	err := s.db.QueryRowContext(ctx, `WITH `+with+`acct AS (
   UPDATE accounts SET balance = balance - $4, version = version + 1, updated_at = $5`+set+`
   WHERE user_id = $2 AND balance - $4 >= 0`+cond+`
   RETURNING balance
@@ -87,30 +197,50 @@ func (s *Store) withdrawOne(ctx context.Context, m app.Movement, fence int64) (a
 ), led AS (
   INSERT INTO ledger (user_id, kind, amount, balance_after, ref, created_at) SELECT $2, 'withdrawal', -$4, balance, $1, $5 FROM acct
 )
-SELECT balance FROM acct`, args...).Scan(&after)
+SELECT (SELECT balance FROM acct)`+sel, args...).Scan(dest...)
 	switch {
 	case duplicate(err):
+		// All of it rolled back: the key's withdrawal is the first one, and its record is to be made alone.
 		existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key)
+		if ferr == nil && chk.start != nil {
+			ferr = s.startAlone(ctx, chk.start)
+		}
 		return existing, false, ferr
-	case errors.Is(err, sql.ErrNoRows): // nothing changed: say why
-		// The key's withdrawal first, as Withdraw's INSERT would find it.
-		if existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key); ferr == nil {
-			return existing, false, nil
-		} else if !errors.Is(ferr, app.ErrNotFound) {
-			return m, false, ferr
-		}
-		var last int64
-		if err := s.db.QueryRowContext(ctx, `SELECT fence FROM accounts WHERE user_id = $1`, m.UserID).Scan(&last); err != nil {
-			return m, false, err
-		}
-		if fence != 0 && last > fence {
-			return m, false, app.ErrStaleFence
-		}
-		return m, false, app.ErrInsufficientFunds
+	case err != nil && chk.start != nil:
+		return m, false, s.Records.Started(ctx, chk.start, 0, err)
 	case err != nil:
 		return m, false, err
+	case !live:
+		return m, false, app.ErrSessionEnded
 	}
-	return m, true, nil
+	if chk.start != nil {
+		if err := s.Records.Started(ctx, chk.start, started, nil); err != nil {
+			return m, false, err
+		}
+	}
+	if after64.Valid {
+		return m, true, nil
+	}
+	// Nothing changed but the key's record: say why.
+	// The key's withdrawal first, as Withdraw's INSERT would find it.
+	if existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key); ferr == nil {
+		return existing, false, nil
+	} else if !errors.Is(ferr, app.ErrNotFound) {
+		return m, false, ferr
+	}
+	var last int64
+	if err := s.db.QueryRowContext(ctx, `SELECT fence FROM accounts WHERE user_id = $1`, m.UserID).Scan(&last); err != nil {
+		return m, false, err
+	}
+	if fence != 0 && last > fence {
+		if chk.start != nil { // a stale writer's record is not the key's: freed for the retry under a new lease
+			if err := s.Records.Abandon(ctx, chk.start.ID, chk.start.Lease); err != nil {
+				return m, false, err
+			}
+		}
+		return m, false, app.ErrStaleFence
+	}
+	return m, false, app.ErrInsufficientFunds
 }
 
 // adjust changes a balance by delta, refusing to go below zero, and
@@ -226,6 +356,9 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 	if rec != nil && s.Records == nil {
 		return false, "", errors.New("sqlstore: settle: no Records to complete the key's record")
 	}
+	if s.d == sqldialect.Postgres && rec != nil && !credit && event == "" && s.Events == nil {
+		return s.settleOne(ctx, t, id, outcome, rec)
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, "", err
@@ -278,6 +411,40 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 		s.Events.Committed()
 	}
 	return moved, status, nil
+}
+
+// settleOne is Settle on PostgreSQL of a movement whose settlement moves no money and writes no
+// event (a withdrawal that succeeded), with its key's record completed in the same statement
+// (Records.CompleteCTE): one round trip, one commit. A record whose lease was lost leaves the
+// settlement committed: app.ErrRecordLost.
+func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Status, rec *app.Record) (bool, app.Status, error) {
+	resp := idemstore.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
+	cte, err := s.Records.CompleteCTE(rec.ID, rec.Lease, resp, 3)
+	if err != nil {
+		return false, "", err
+	}
+	var (
+		moved, done int64
+		before      sql.NullString
+	)
+	err = s.db.QueryRowContext(ctx, `WITH mv AS (
+  UPDATE `+table+` SET status = $1 WHERE id = $2 AND status = 'pending' RETURNING 1
+), `+cte.With+`
+SELECT (SELECT count(*) FROM mv), (SELECT status FROM `+table+` WHERE id = $2), `+cte.Result, append([]any{string(outcome), id}, cte.Args...)...).Scan(&moved, &before, &done)
+	if err != nil {
+		return false, "", s.Records.Completed(0, err)
+	}
+	status := outcome
+	switch {
+	case moved == 0 && !before.Valid:
+		return false, "", app.ErrNotFound
+	case moved == 0:
+		status = app.Status(before.String) // settled before: as it was
+	}
+	if err := s.Records.Completed(done, nil); err != nil {
+		return moved == 1, status, fmt.Errorf("%w: %w", app.ErrRecordLost, err)
+	}
+	return moved == 1, status, nil
 }
 
 // SettleDeposit is Settle of a deposit, succeeded or failed, with no record or event.

@@ -97,7 +97,7 @@ func TestMoney(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_, created, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: fmt.Sprintf("k%d", i), Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0)
+					_, created, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprintf("w%d", i), UserID: "u1", Key: fmt.Sprintf("k%d", i), Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil)
 					switch {
 					case err == nil && created:
 						ok.Add(1)
@@ -118,7 +118,7 @@ func TestMoney(t *testing.T) {
 			if won < 0 {
 				t.Fatal("no withdrawal went through")
 			}
-			first, created, err := s.Withdraw(ctx, app.Movement{ID: "wx", UserID: "u1", Key: fmt.Sprintf("k%d", won), Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0)
+			first, created, err := s.Withdraw(ctx, app.Movement{ID: "wx", UserID: "u1", Key: fmt.Sprintf("k%d", won), Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil)
 			if err != nil || created || first.ID != fmt.Sprintf("w%d", won) {
 				t.Errorf("Withdraw(same key) = %+v, %v, %v; want w%d back, not created", first, created, err, won)
 			}
@@ -153,10 +153,10 @@ func TestStaleFenceRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "k1", Amount: 1000, CreatedAt: time.UnixMicro(now)}, next.Fence()); err != nil {
+			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "k1", Amount: 1000, CreatedAt: time.UnixMicro(now)}, next.Fence(), nil); err != nil {
 				t.Fatalf("Withdraw by the current holder = %v", err)
 			}
-			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w2", UserID: "u1", Key: "k2", Amount: 1000, CreatedAt: time.UnixMicro(now)}, slow.Fence()); !errors.Is(err, app.ErrStaleFence) {
+			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w2", UserID: "u1", Key: "k2", Amount: 1000, CreatedAt: time.UnixMicro(now)}, slow.Fence(), nil); !errors.Is(err, app.ErrStaleFence) {
 				t.Errorf("Withdraw by the stale holder = %v; want ErrStaleFence", err)
 			}
 			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 9000 || sum != bal {
@@ -194,14 +194,14 @@ func TestSettleRecord(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, id := range []string{"w1", "w2"} {
-				if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0); err != nil {
+				if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
 					t.Fatal(err)
 				}
 			}
 			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0), ('a2', 0), ('a3', 0)`); err != nil {
 				t.Fatal(err)
 			}
-			s.Records = markOnce{q(`UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`)}
+			s.Records = markOnce{stmt: q(`UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`)}
 			settle := func(id, rec string) (bool, error) {
 				moved, _, err := s.Settle(ctx, app.Withdrawal, id, app.Succeeded, time.UnixMicro(now), &app.Record{ID: rec, Lease: "l"}, "")
 				return moved, err
@@ -255,7 +255,10 @@ func TestSettleRecord(t *testing.T) {
 var errRefused = errors.New("record refused")
 
 // markOnce completes a "record" by marking its row of also_t, once.
-type markOnce struct{ stmt string }
+type markOnce struct {
+	sqlstore.RecordCompleter // only CompleteTx is used
+	stmt                     string
+}
 
 func (m markOnce) CompleteTx(ctx context.Context, tx *sql.Tx, id, _ string, _ idemstore.Response) error {
 	res, err := tx.ExecContext(ctx, m.stmt, id)

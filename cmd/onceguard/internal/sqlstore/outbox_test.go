@@ -85,7 +85,7 @@ func TestSettleWritesOneEvent(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "wd_1", UserID: "u1", Key: "k2", Amount: 1000, CreatedAt: at}, 0); err != nil {
+			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "wd_1", UserID: "u1", Key: "k2", Amount: 1000, CreatedAt: at}, 0, nil); err != nil {
 				t.Fatal(err)
 			}
 			if _, _, err := s.Settle(ctx, app.Withdrawal, "wd_1", app.Failed, at, nil, ""); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
+	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/sqldialect"
 )
@@ -45,10 +46,18 @@ type EventWriter interface {
 
 var _ app.Store = (*Store)(nil)
 
-// RecordCompleter completes an Idempotency-Key record on a caller's
-// transaction (idempotency/sqlstore.Store on this database).
+// RecordCompleter creates and completes Idempotency-Key records in a
+// caller's transaction or statement (idempotency/sqlstore.Store on this
+// database).
 type RecordCompleter interface {
 	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idemstore.Response) error
+	StartTx(ctx context.Context, tx *sql.Tx, st *idemstore.Start) error
+	Abandon(ctx context.Context, id, lease string) error
+	// PostgreSQL: composed into one statement.
+	StartCTE(st *idemstore.Start, first int, after string) (idemsql.CTE, error)
+	Started(ctx context.Context, st *idemstore.Start, created int64, err error) error
+	CompleteCTE(id, lease string, resp idemstore.Response, first int) (idemsql.CTE, error)
+	Completed(n int64, err error) error
 }
 
 // Open returns a Store on db (migrated with Migrate).

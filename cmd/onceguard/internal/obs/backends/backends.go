@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
+	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/lock/fallback"
 	"github.com/onceguard/onceguard/token"
 )
@@ -42,10 +43,16 @@ func FallbackObserver(m *obs.Metrics, log *slog.Logger) func(from, to fallback.S
 type KeyStore interface {
 	idemstore.FullStore
 	CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string, resp idemstore.Response) error
+	StartTx(ctx context.Context, tx *sql.Tx, st *idemstore.Start) error
+	// Composed into the caller's PostgreSQL statement, timed with it.
+	StartCTE(st *idemstore.Start, first int, after string) (idemsql.CTE, error)
+	Started(ctx context.Context, st *idemstore.Start, created int64, err error) error
+	CompleteCTE(id, lease string, resp idemstore.Response, first int) (idemsql.CTE, error)
+	Completed(n int64, err error) error
 }
 
 // TimeKeys returns s with every call timed into db_duration_seconds, under
-// the ops key_begin, key_complete, key_complete_tx, key_abandon,
+// the ops key_begin, key_complete, key_complete_tx, key_start_tx, key_abandon,
 // window_claim, window_free, token_put, token_get, token_bind and
 // token_unbind.
 func TimeKeys(m *obs.Metrics, s KeyStore) KeyStore { return timedKeys{s: s, m: m} }
@@ -73,6 +80,25 @@ func (t timedKeys) CompleteTx(ctx context.Context, tx *sql.Tx, id, lease string,
 	defer t.time("key_complete_tx", time.Now())
 	return t.s.CompleteTx(ctx, tx, id, lease, resp)
 }
+
+func (t timedKeys) StartTx(ctx context.Context, tx *sql.Tx, st *idemstore.Start) error {
+	defer t.time("key_start_tx", time.Now())
+	return t.s.StartTx(ctx, tx, st)
+}
+
+func (t timedKeys) StartCTE(st *idemstore.Start, first int, after string) (idemsql.CTE, error) {
+	return t.s.StartCTE(st, first, after)
+}
+
+func (t timedKeys) Started(ctx context.Context, st *idemstore.Start, created int64, err error) error {
+	return t.s.Started(ctx, st, created, err)
+}
+
+func (t timedKeys) CompleteCTE(id, lease string, resp idemstore.Response, first int) (idemsql.CTE, error) {
+	return t.s.CompleteCTE(id, lease, resp, first)
+}
+
+func (t timedKeys) Completed(n int64, err error) error { return t.s.Completed(n, err) }
 
 func (t timedKeys) Abandon(ctx context.Context, id, lease string) error {
 	defer t.time("key_abandon", time.Now())
