@@ -30,8 +30,10 @@ type Options[R any] struct {
 
 	// Tokens, when set, treats keys starting with "st_" as submit tokens
 	// of Purpose and binds each, on first use, atomically with creating its
-	// record (the store must keep both, see idemstore.FullStore). Default: nil, keys
-	// are only keys.
+	// record (the store must keep both, see idemstore.FullStore). Signed
+	// tokens (token.Options.Key) are verified here, before the store, and
+	// bound by the record alone (idemstore.SignedTokenStore). Default: nil,
+	// keys are only keys.
 	Tokens *token.Tokens
 	// Purpose is the submit-token purpose of the routes this middleware
 	// guards (for example "withdrawal").
@@ -172,6 +174,11 @@ type Guard[R any] struct {
 func NewGuard[R any](o Options[R]) *Guard[R] {
 	if o.Store == nil {
 		panic("idempotency: a Guard needs a Store")
+	}
+	if o.Tokens != nil && o.Tokens.Signed() {
+		if _, ok := o.Store.(idemstore.SignedTokenStore); !ok {
+			panic("idempotency: signed submit tokens need a Store that binds them (idemstore.SignedTokenStore: sqlstore)")
+		}
 	}
 	if o.Window > 0 && o.Windows == nil {
 		ws, ok := o.Store.(idemstore.WindowStore)
@@ -335,6 +342,17 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 	switch {
 	case o.Tokens != nil && token.IsToken(key):
 		claim = &idemstore.TokenClaim{Hash: token.Hash(key), Subject: principal, Purpose: o.Purpose, Scope: scope.String()}
+		if o.Tokens.Signed() { // its signature says all but whether it was used: no round trip
+			claim.Signed = true
+			switch err := o.Tokens.Verify(key, principal, o.Purpose); {
+			case errors.Is(err, token.ErrExpired):
+				// A retry of the request it keys is answered as any key's
+				// is, with no expiry but the key's: the store looks.
+				claim.Expired, deferred = true, false
+			case err != nil:
+				return g.tokenError(ctx, r, err)
+			}
+		}
 	case o.RequireToken:
 		return g.fail(r, "token_required", probTokenRequired)
 	}

@@ -14,13 +14,22 @@
 //
 // The idempotency package binds a token in the same atomic operation that
 // creates the Idempotency-Key record, when its store keeps both.
+//
+// Signed tokens (Options.Key) need no store at all until they are used:
+// the token carries its expiry and an HMAC-SHA-256 signature of its
+// subject, purpose and expiry, so minting one is a computation and
+// checking one (Verify) costs no round trip. Its one-time use is the key's
+// record it creates, which holds its hash under a UNIQUE index
+// (idempotency/sqlstore).
 package token
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -109,6 +118,15 @@ const (
 type Options struct {
 	// TTL is how long an unused token lives. Default: DefaultTTL, 5m.
 	TTL time.Duration
+	// Key, when set (at least 32 bytes, shared by every instance), makes
+	// tokens signed instead of stored: Issue writes nothing, and Verify
+	// checks a token's subject, purpose and expiry from its HMAC-SHA-256
+	// signature alone. Its one-time use is the Idempotency-Key record it
+	// creates: a store that binds signed tokens (idempotency/sqlstore)
+	// refuses a second record with the same token (ErrUsed). Check,
+	// Consume and Release do not apply to them. Default: nil, stored
+	// tokens.
+	Key []byte
 	// Now is the clock. Default: time.Now.
 	Now func() time.Time
 }
@@ -118,6 +136,7 @@ type Tokens struct {
 	store Store
 	ttl   time.Duration
 	now   func() time.Time
+	key   []byte // signed tokens; nil: stored ones
 }
 
 // New returns Tokens on store.
@@ -130,9 +149,18 @@ func New(store Store, opts *Options) *Tokens {
 		if opts.Now != nil {
 			t.now = opts.Now
 		}
+		if opts.Key != nil {
+			if len(opts.Key) < 32 {
+				panic("token: Options.Key must be at least 32 bytes")
+			}
+			t.key = append([]byte(nil), opts.Key...)
+		}
 	}
 	return t
 }
+
+// Signed reports whether t mints signed tokens (Options.Key).
+func (t *Tokens) Signed() bool { return t.key != nil }
 
 // Issued is a freshly minted token.
 type Issued struct {
@@ -147,10 +175,14 @@ func (t *Tokens) Issue(ctx context.Context, subject, purpose string) (Issued, er
 	if subject == "" || purpose == "" {
 		return Issued{}, errors.New("token: issue: empty subject or purpose")
 	}
+	exp := t.now().Add(t.ttl)
+	if t.key != nil {
+		tok := t.sign(subject, purpose, exp)
+		return Issued{Token: tok, Subject: subject, Purpose: purpose, ExpiresAt: exp.Truncate(time.Second)}, nil
+	}
 	var b [24]byte
 	_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
 	tok := Prefix + base64.RawURLEncoding.EncodeToString(b[:])
-	exp := t.now().Add(t.ttl)
 	if err := t.store.PutToken(ctx, Record{Hash: Hash(tok), Subject: subject, Purpose: purpose, ExpiresAt: exp}); err != nil {
 		return Issued{}, fmt.Errorf("token: issue: %w", err)
 	}
@@ -187,6 +219,66 @@ func (t *Tokens) Release(ctx context.Context, tok, scope string) error {
 		return ErrUnknown
 	}
 	return t.store.UnbindToken(ctx, Hash(tok), scope)
+}
+
+// A signed token is Prefix and 43 characters: the base64 of its expiry
+// (4 bytes, Unix seconds), a nonce (9), a tag of its subject (3) and the
+// signature (16) of subject, purpose and those.
+const (
+	signedLen = len(Prefix) + 43
+	tagLen    = 3
+	macLen    = 16
+)
+
+func (t *Tokens) sign(subject, purpose string, exp time.Time) string {
+	var b [32]byte
+	binary.BigEndian.PutUint32(b[:4], uint32(exp.Unix()))
+	_, _ = rand.Read(b[4:13])
+	copy(b[13:16], t.tag(subject))
+	copy(b[16:], t.mac(subject, purpose, b[:16]))
+	return Prefix + base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+func (t *Tokens) tag(subject string) []byte {
+	h := hmac.New(sha256.New, t.key)
+	h.Write([]byte("onceguard token subject\x00"))
+	h.Write([]byte(subject))
+	return h.Sum(nil)[:tagLen]
+}
+
+func (t *Tokens) mac(subject, purpose string, payload []byte) []byte {
+	h := hmac.New(sha256.New, t.key)
+	h.Write([]byte("onceguard token v1\x00"))
+	h.Write([]byte(subject))
+	h.Write([]byte{0})
+	h.Write([]byte(purpose))
+	h.Write([]byte{0})
+	h.Write(payload)
+	return h.Sum(nil)[:macLen]
+}
+
+// Verify checks a signed token (Options.Key) for subject and purpose now,
+// without the store: nil, ErrForeign (minted for another subject),
+// ErrExpired, or ErrUnknown (malformed, forged, for another purpose, or
+// t does not sign tokens). Whether it was used is its record's to say.
+func (t *Tokens) Verify(tok, subject, purpose string) error {
+	if t.key == nil || len(tok) != signedLen || !IsToken(tok) {
+		return ErrUnknown
+	}
+	var b [32]byte
+	if n, err := base64.RawURLEncoding.Decode(b[:], []byte(tok[len(Prefix):])); err != nil || n != len(b) {
+		return ErrUnknown
+	}
+	if !hmac.Equal(b[13:16], t.tag(subject)) {
+		return ErrForeign
+	}
+	if !hmac.Equal(b[16:], t.mac(subject, purpose, b[:16])) {
+		return ErrUnknown
+	}
+	if !t.now().Before(time.Unix(int64(binary.BigEndian.Uint32(b[:4])), 0)) {
+		return ErrExpired
+	}
+	return nil
 }
 
 // IsToken reports whether key has the token prefix.

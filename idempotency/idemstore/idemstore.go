@@ -80,6 +80,22 @@ type TokenClaim struct {
 	Subject string // who sends it: it must have been issued to them
 	Purpose string // the route's purpose: it must have been issued for it
 	Scope   string // idempotency.Scope.String() of the request: where it gets bound
+	// Signed: the token was verified by its signature (token.Options.Key)
+	// and has no record of its own: the store binds it by the key's record
+	// alone, refusing a second record with the same Hash (token.ErrUsed).
+	// Only a SignedTokenStore is given such a claim.
+	Signed bool
+	// Expired: a signed token past its TTL. Only a record it created
+	// before (a retry of its request) may be answered; without one the
+	// store creates nothing and returns token.ErrExpired.
+	Expired bool
+}
+
+// A SignedTokenStore binds signed submit tokens (TokenClaim.Signed) by the
+// key's record: at most one record holds a token's hash.
+type SignedTokenStore interface {
+	Store
+	BindsSignedTokens()
 }
 
 // BeginRequest is one attempt to start a keyed request.

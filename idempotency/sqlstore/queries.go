@@ -13,6 +13,7 @@ type queries struct {
 	notify, completeNotify                                       string // PostgreSQL with a Listener
 	insertFresh                                                  string // "" where the dialect has no INSERT ... RETURNING
 	selectLease, bindToken, bindFresh, unbind, unbindAny         string
+	tokenRecord                                                  string // the record holding a signed token
 	putToken, getToken, claimWindow, selectWindow, freeWindow    string
 	prune                                                        []string
 	inspect, settle                                              string // the operator's (admin.go)
@@ -39,6 +40,7 @@ WHERE hash = ? AND subject = ? AND purpose = ? AND scope IS NULL AND expires_at 
 		putToken:     `INSERT INTO {p}submit_tokens (hash, subject, purpose, expires_at, keep_until) VALUES (?, ?, ?, ?, ?)`,
 		getToken:     `SELECT subject, purpose, expires_at, scope FROM {p}submit_tokens WHERE hash = ?`,
 		selectWindow: `SELECT owner, expires_at FROM {p}repeat_window WHERE id = ?`,
+		tokenRecord:  `SELECT id FROM {p}idempotency WHERE token_hash = ?`,
 		freeWindow:   `DELETE FROM {p}repeat_window WHERE id = ? AND owner = ?`,
 		inspect:      `SELECT fingerprint, state, lease, lease_until, expires_at, token_hash, status, header, body FROM {p}idempotency WHERE id = ?` + forUpdate,
 		settle:       `UPDATE {p}idempotency SET state = 2, lease = NULL, status = ?, header = ?, body = ? WHERE id = ?`,
@@ -62,6 +64,7 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
   lease VARCHAR(255), lease_until BIGINT NOT NULL, expires_at BIGINT NOT NULL, token_hash VARCHAR(255),
   status INTEGER, header TEXT, body BYTEA)`,
 			`CREATE INDEX IF NOT EXISTS {p}idempotency_expires ON {p}idempotency (expires_at)`,
+			`CREATE UNIQUE INDEX IF NOT EXISTS {p}idempotency_token ON {p}idempotency (token_hash)`,
 			`CREATE TABLE IF NOT EXISTS {p}submit_tokens (hash VARCHAR(255) PRIMARY KEY, subject VARCHAR(255) NOT NULL,
   purpose VARCHAR(255) NOT NULL, expires_at BIGINT NOT NULL, scope VARCHAR(255), keep_until BIGINT NOT NULL)`,
 			`CREATE INDEX IF NOT EXISTS {p}submit_tokens_keep ON {p}submit_tokens (keep_until)`,
@@ -87,6 +90,7 @@ ON DUPLICATE KEY UPDATE owner = IF(expires_at <= ? OR owner = ? OR SUBSTRING(own
   INDEX {p}submit_tokens_keep (keep_until)) ENGINE=InnoDB`,
 			`CREATE TABLE IF NOT EXISTS {p}repeat_window (id VARCHAR(255) NOT NULL PRIMARY KEY, owner VARCHAR(255) NOT NULL,
   expires_at BIGINT NOT NULL) ENGINE=InnoDB`,
+			`CREATE UNIQUE INDEX IF NOT EXISTS {p}idempotency_token ON {p}idempotency (token_hash)`,
 		}
 	case sqldialect.SQLite:
 		q.insertRecord = `INSERT OR IGNORE INTO {p}idempotency ` + cols
@@ -100,6 +104,7 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
   lease TEXT, lease_until INTEGER NOT NULL, expires_at INTEGER NOT NULL, token_hash TEXT,
   status INTEGER, header TEXT, body BLOB)`,
 			`CREATE INDEX IF NOT EXISTS {p}idempotency_expires ON {p}idempotency (expires_at)`,
+			`CREATE UNIQUE INDEX IF NOT EXISTS {p}idempotency_token ON {p}idempotency (token_hash)`,
 			`CREATE TABLE IF NOT EXISTS {p}submit_tokens (hash TEXT PRIMARY KEY, subject TEXT NOT NULL, purpose TEXT NOT NULL,
   expires_at INTEGER NOT NULL, scope TEXT, keep_until INTEGER NOT NULL)`,
 			`CREATE INDEX IF NOT EXISTS {p}submit_tokens_keep ON {p}submit_tokens (keep_until)`,
@@ -118,7 +123,7 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 	}
 	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete, &q.notify, &q.completeNotify,
 		&q.selectLease, &q.bindToken, &q.bindFresh, &q.unbind, &q.unbindAny, &q.putToken, &q.getToken,
-		&q.claimWindow, &q.selectWindow, &q.freeWindow, &q.inspect, &q.settle} {
+		&q.claimWindow, &q.selectWindow, &q.tokenRecord, &q.freeWindow, &q.inspect, &q.settle} {
 		*sp = fix(*sp)
 	}
 	for i := range q.create {

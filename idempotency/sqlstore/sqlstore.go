@@ -155,14 +155,18 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 	// One lease for every attempt: if an attempt's commit went through but
 	// its answer was lost, the next finds the record carrying it, ours.
 	lease := newLease()
-	if r.Token == nil && s.q.insertFresh != "" {
+	if (r.Token == nil || (r.Token.Signed && !r.Token.Expired)) && s.q.insertFresh != "" {
 		// A key not seen before, with no token to bind, is the common
 		// case: one autocommitted INSERT ... RETURNING, where the dialect
 		// has it. A row back means the insert happened, so the record is
 		// ours; anything else (a record exists, or an error) takes the
 		// general path, which finds out what to do in a transaction.
 		var got string
-		err := s.db.QueryRowContext(ctx, s.q.insertFresh, r.ID, r.Fingerprint, lease, us(r.Now.Add(r.Lease)), us(r.Now.Add(r.TTL)), nil).Scan(&got)
+		var tokenHash any
+		if r.Token != nil {
+			tokenHash = r.Token.Hash // a signed token: held by this record, or refused by its UNIQUE index
+		}
+		err := s.db.QueryRowContext(ctx, s.q.insertFresh, r.ID, r.Fingerprint, lease, us(r.Now.Add(r.Lease)), us(r.Now.Add(r.TTL)), tokenHash).Scan(&got)
 		if err == nil && got == lease {
 			return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease}, nil
 		}
@@ -192,6 +196,18 @@ func (s *Store) begin(ctx context.Context, r idemstore.BeginRequest, lease strin
 	var tokenHash any
 	if r.Token != nil {
 		tokenHash = r.Token.Hash
+		// Held by another record (UNIQUE token_hash): used elsewhere.
+		if err = s.signedFree(ctx, tx, r.Token.Hash, r.ID); err != nil {
+			return res, err
+		}
+		if r.Token.Expired { // only the record it made may answer
+			var holder string
+			if err = tx.QueryRowContext(ctx, s.q.tokenRecord, r.Token.Hash).Scan(&holder); errors.Is(err, sql.ErrNoRows) {
+				return res, token.ErrExpired
+			} else if err != nil {
+				return res, err
+			}
+		}
 	}
 	// Insert if absent, then read the row under a lock: it is ours if it
 	// carries our lease (whatever the driver reports as rows affected).
@@ -250,7 +266,7 @@ func (s *Store) begin(ctx context.Context, r idemstore.BeginRequest, lease strin
 			return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease, Recovered: true}, tx.Commit()
 		}
 	}
-	if r.Token != nil {
+	if r.Token != nil && !r.Token.Signed {
 		t := r.Token
 		out, err := tx.ExecContext(ctx, s.q.bindToken, t.Scope, us(r.Now.Add(r.TTL)), t.Hash, t.Subject, t.Purpose, us(r.Now), t.Scope)
 		if err != nil {
@@ -266,6 +282,40 @@ func (s *Store) begin(ctx context.Context, r idemstore.BeginRequest, lease strin
 		}
 	}
 	return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease}, tx.Commit()
+}
+
+// BindsSignedTokens implements idemstore.SignedTokenStore: a record holds
+// its signed token's hash, which a UNIQUE index keeps to one record.
+func (s *Store) BindsSignedTokens() {}
+
+// signedFree returns token.ErrUsed when a record other than id holds the
+// token hash (a signed token's only binding; a stored one's too).
+func (s *Store) signedFree(ctx context.Context, q querier, hash, id string) error {
+	var other string
+	err := q.QueryRowContext(ctx, s.q.tokenRecord, hash).Scan(&other)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	case other != id:
+		return token.ErrUsed
+	}
+	return nil
+}
+
+// unique reports a unique-constraint violation, in every dialect.
+func unique(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	for _, s := range []string{"23505", "Error 1062", "duplicate key", "UNIQUE constraint"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // tokenReason returns why a token may not be bound, or nil if it may.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/sqldialect"
+	"github.com/onceguard/onceguard/token"
 )
 
 // StartTx creates a Deferred call's record (idempotency.Call.Start) in
@@ -32,6 +33,9 @@ func (s *Store) StartTx(ctx context.Context, tx *sql.Tx, st *idemstore.Start) er
 	var tokenHash any
 	if st.Token != nil {
 		tokenHash = st.Token.Hash
+		if err := s.signedFree(ctx, tx, st.Token.Hash, st.ID); err != nil {
+			return wrap("start", err)
+		}
 	}
 	args := []any{st.ID, st.Fingerprint, st.Lease, us(st.LeaseUntil), us(st.ExpiresAt), tokenHash}
 	if s.q.insertFresh != "" {
@@ -39,6 +43,8 @@ func (s *Store) StartTx(ctx context.Context, tx *sql.Tx, st *idemstore.Start) er
 		err := tx.QueryRowContext(ctx, s.q.insertFresh, args...).Scan(&got)
 		if errors.Is(err, sql.ErrNoRows) {
 			return idemstore.ErrKeyTaken
+		} else if unique(err) && st.Token != nil {
+			return token.ErrUsed // another record took the token meanwhile
 		} else if err != nil {
 			return wrap("start", err)
 		}
@@ -53,7 +59,7 @@ func (s *Store) StartTx(ctx context.Context, tx *sql.Tx, st *idemstore.Start) er
 			return idemstore.ErrKeyTaken
 		}
 	}
-	if t := st.Token; t != nil {
+	if t := st.Token; t != nil && !t.Signed {
 		out, err := tx.ExecContext(ctx, s.q.bindToken, t.Scope, us(st.ExpiresAt), t.Hash, t.Subject, t.Purpose, us(st.Now), t.Scope)
 		if err != nil {
 			return wrap("start", err)
@@ -137,7 +143,7 @@ func (s *Store) StartCTE(st *idemstore.Start, first int, after string) (CTE, err
   ON CONFLICT (id) DO NOTHING RETURNING 1 AS n
 )`, p, ph(st.ID, &args), ph(st.Fingerprint, &args), ph(st.Lease, &args), ph(us(st.LeaseUntil), &args), ph(us(st.ExpiresAt), &args), ph(tokenHash, &args), from)
 	started := []string{`SELECT 1 FROM og_rec`}
-	if t := st.Token; t != nil {
+	if t := st.Token; t != nil && !t.Signed { // a signed one: the record's UNIQUE token_hash binds it
 		scope := ph(t.Scope, &args)
 		fmt.Fprintf(&b, `, og_tok AS (
   UPDATE %ssubmit_tokens SET scope = %s, keep_until = %s::bigint
@@ -180,11 +186,14 @@ func (s *Store) StartCTE(st *idemstore.Start, first int, after string) (CTE, err
 // err itself.
 func (s *Store) Started(ctx context.Context, st *idemstore.Start, created int64, err error) error {
 	if err != nil {
+		if unique(err) && st.Token != nil && !strings.Contains(err.Error(), startRefused) {
+			return token.ErrUsed // the token's hash is another record's
+		}
 		if !strings.Contains(err.Error(), startRefused) {
 			return wrap("start", err)
 		}
 		// Refused, and rolled back: say why, from what refused it.
-		if t := st.Token; t != nil {
+		if t := st.Token; t != nil && !t.Signed {
 			if reason := s.tokenReason(ctx, s.db, t, st.Now); reason != nil {
 				return reason
 			}

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,8 +28,9 @@ type deferredRig struct {
 	s      *sqlstore.Store
 	db     *sql.DB
 	table  string
-	h      http.Handler
+	h, raw http.Handler
 	tokens *token.Tokens
+	later  atomic.Int64 // the tokens' clock is this far ahead
 	d      sqldialect.Dialect
 	// rollback, when set, makes the handler roll back after creating the
 	// record and its effect (composed: makes its effect fail in the same
@@ -37,13 +39,20 @@ type deferredRig struct {
 }
 
 func newDeferredRig(t *testing.T, d database, composed bool) *deferredRig {
+	return newRig(t, d, composed, true, nil)
+}
+
+// newRig is a deferredRig, Deferred or not, its tokens signed with key
+// (nil: stored).
+func newRig(t *testing.T, d database, composed, deferred bool, key []byte) *deferredRig {
 	t.Helper()
 	s, db := d.store(t)
 	ctx := context.Background()
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rig := &deferredRig{s: s, db: db, table: fmt.Sprintf("deferred_%d", time.Now().UnixNano()), tokens: token.New(s, nil), d: d.dialect}
+	rig := &deferredRig{s: s, db: db, table: fmt.Sprintf("deferred_%d", time.Now().UnixNano()), d: d.dialect}
+	rig.tokens = token.New(s, &token.Options{Key: key, Now: func() time.Time { return time.Now().Add(time.Duration(rig.later.Load())) }})
 	if _, err := db.ExecContext(ctx, `CREATE TABLE `+rig.table+` (k VARCHAR(200))`); err != nil {
 		t.Fatal(err)
 	}
@@ -67,8 +76,9 @@ func newDeferredRig(t *testing.T, d database, composed bool) *deferredRig {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"key":%q}`, call.Key)
 	})
+	rig.raw = handler
 	rig.h = idempotency.Middleware(idempotency.Config{
-		Store: s, Deferred: true, Tokens: rig.tokens, Purpose: "pay", Window: time.Minute,
+		Store: s, Deferred: deferred, Tokens: rig.tokens, Purpose: "pay", Window: time.Minute,
 		Principal: func(r *http.Request) (string, error) { return "alice", nil },
 	})(handler)
 	return rig
@@ -245,6 +255,92 @@ func TestDeferred(t *testing.T) {
 				}
 				if e := rig.effects(t, tok); e != 1 {
 					t.Fatalf("token: %d effects; want 1", e)
+				}
+			})
+		}
+	}
+}
+
+// Signed submit tokens on the SQL store, Deferred (in one transaction or,
+// on PostgreSQL, one statement) and not: minted with no write, bound by
+// the record they create. The token's retry replays; on another path it is
+// 400 (used), as it is for another user (foreign) or when forged; of ten
+// first uses on ten paths at once, one runs.
+func TestSignedTokens(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	for _, d := range databases {
+		for _, mode := range []string{"begin", "tx", "cte"} {
+			if mode == "cte" && d.dialect != sqldialect.Postgres {
+				continue
+			}
+			t.Run(d.name+"/"+mode, func(t *testing.T) {
+				rig := newRig(t, d, mode == "cte", mode != "begin", key)
+				n := time.Now().UnixNano()
+				path := fmt.Sprint("/signed/", n)
+				issued, err := rig.tokens.Issue(context.Background(), "alice", "pay")
+				if err != nil {
+					t.Fatal(err)
+				}
+				tok := issued.Token
+				// Expired before its first use: refused, nothing made.
+				late := token.New(rig.s, &token.Options{Key: key, TTL: time.Minute, Now: func() time.Time { return time.Now().Add(-2 * time.Minute) }})
+				old, _ := late.Issue(context.Background(), "alice", "pay")
+				if w := rig.post(t, path+"/old", old.Token, `{"amount":9}`); w.Code != 400 || rig.effects(t, old.Token) != 0 {
+					t.Fatalf("an expired token = %d, %d effects; want 400, none", w.Code, rig.effects(t, old.Token))
+				}
+				first := rig.post(t, path+"/a", tok, `{"amount":1}`)
+				if first.Code != 201 {
+					t.Fatalf("first use = %d %s; want 201", first.Code, first.Body)
+				}
+				if w := rig.post(t, path+"/a", tok, `{"amount":1}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+					t.Fatalf("its retry = %d %v; want the replay", w.Code, w.Header())
+				}
+				for _, c := range []struct{ name, path, key string }{
+					{"on another path", path + "/b", tok},
+					{"forged", path + "/c", tok[:len(tok)-2] + "AA"},
+				} {
+					if w := rig.post(t, c.path, c.key, `{"amount":2}`); w.Code != 400 || !strings.Contains(w.Body.String(), "submit_token_invalid") {
+						t.Fatalf("the token %s = %d %s; want 400 submit_token_invalid", c.name, w.Code, w.Body)
+					}
+				}
+				bobs, _ := rig.tokens.Issue(context.Background(), "bob", "pay")
+				if w := rig.post(t, path+"/d", bobs.Token, `{"amount":3}`); w.Code != 400 {
+					t.Fatalf("bob's token = %d; want 400", w.Code)
+				}
+				if e := rig.effects(t, tok); e != 1 {
+					t.Fatalf("%d effects of the token; want 1", e)
+				}
+				// Past its TTL, its request's retry is still its record's replay.
+				rig.later.Store(int64(time.Hour))
+				if w := rig.post(t, path+"/a", tok, `{"amount":1}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+					t.Fatalf("its retry after its TTL = %d %s; want the replay", w.Code, w.Body)
+				}
+				rig.later.Store(0)
+
+				// Ten first uses of one token on ten paths at once: one runs.
+				issued, _ = rig.tokens.Issue(context.Background(), "alice", "pay")
+				var wg sync.WaitGroup
+				codes := make([]int, 10)
+				for i := range codes {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						codes[i] = rig.post(t, fmt.Sprint(path, "/r", i), issued.Token, fmt.Sprintf(`{"amount":%d}`, 10+i)).Code
+					}()
+				}
+				wg.Wait()
+				ok := 0
+				for _, c := range codes {
+					switch c {
+					case 201:
+						ok++
+					case 400, 409:
+					default:
+						t.Fatalf("race answers %v; want 201, 400 or 409", codes)
+					}
+				}
+				if e := rig.effects(t, issued.Token); ok != 1 || e != 1 {
+					t.Fatalf("race: %d answered 201, %d effects (answers %v); want 1 and 1", ok, e, codes)
 				}
 			})
 		}
