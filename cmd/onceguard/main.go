@@ -251,6 +251,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	store := sqlstore.Open(db, dialect)
 	store.Observe = metrics.DBObserver()
 	store.Records = timedKeys // the key's record completes in the settlement's transaction
+	// Submit tokens are signed with a key every instance reads from the database: minting one
+	// writes nothing, and its first use is bound by the record it creates.
+	tokenKey, err := store.Secret(ctx, "submit_tokens")
+	if err != nil {
+		return fmt.Errorf("database: the submit tokens' key: %w", err)
+	}
 	var relay *events.Relay
 	eventsWhere := "off"
 	if c.events != "" {
@@ -275,7 +281,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	})
 	handler := httpapi.New(httpapi.Config{
 		App: svc, Keys: timedKeys, RequireToken: require, Window: c.repeatWindow, KeyTTL: c.keyTTL, TokenTTL: c.tokenTTL,
-		Ping: db.PingContext, DeferKeys: true, Web: web.Handler(), Windows: coord.windows, Components: comps,
+		Ping: db.PingContext, DeferKeys: true, TokenKey: tokenKey, Web: web.Handler(), Windows: coord.windows, Components: comps,
 		Metrics: metrics, Logger: log,
 		RateLimit: c.rateLimit, RateBurst: c.rateBurst, LoginAttempts: c.loginAttempts, SignupLimit: c.signupLimit, ClientIPHeader: c.clientIPHeader, SecureCookies: c.secureCookies,
 		NotifySecret: []byte(c.notifySecret),

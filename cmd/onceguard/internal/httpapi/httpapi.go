@@ -30,6 +30,10 @@ type Config struct {
 	// (idempotency.Options.Deferred), with the session's check: Keys must be the SQL key store
 	// the App's store creates records with (sqlstore.Store.Records).
 	DeferKeys bool
+	// TokenKey, if set, signs submit tokens instead of storing them (token.Options.Key): minting
+	// one writes nothing, and its one-time use is the record of the request it keys. Keys must
+	// bind signed tokens (idemstore.SignedTokenStore). Every instance needs the same key.
+	TokenKey []byte
 	Metrics   *obs.Metrics // served at /metrics and updated (nil: none)
 	Logger    *slog.Logger // request lines (nil: none)
 
@@ -101,7 +105,7 @@ func New(cfg Config) http.Handler {
 		cfg.SignupLimit = 100
 	}
 	s := &server{cfg: cfg, app: cfg.App, log: cfg.Logger, rates: newRates(cfg.RateLimit, cfg.RateBurst),
-		tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL}), routes: map[string]map[string]http.Handler{}}
+		tokens: token.New(cfg.Keys, &token.Options{TTL: cfg.TokenTTL, Key: cfg.TokenKey}), routes: map[string]map[string]http.Handler{}}
 	if n := cfg.LoginAttempts; n > 0 {
 		s.loginPair = newFailures(n, 15*time.Minute)
 		s.loginAddr = newFailures(4*n, 15*time.Minute)

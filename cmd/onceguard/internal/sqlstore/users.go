@@ -2,11 +2,14 @@ package sqlstore
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"time"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // CreateUser adds a user with an empty account in currency.
@@ -65,4 +68,25 @@ func (s *Store) DeleteSession(ctx context.Context, tokenHash string) (err error)
 	defer s.timed("delete_session", time.Now(), &err)
 	_, err = s.db.ExecContext(ctx, s.q(`DELETE FROM sessions WHERE token_hash = ?`), tokenHash)
 	return err
+}
+
+// Secret returns the service's secret name, 32 random bytes made by the
+// first caller on this database and read by every later one (every
+// instance gets the same).
+func (s *Store) Secret(ctx context.Context, name string) (key []byte, err error) {
+	defer s.timed("secret", time.Now(), &err)
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	insert := `INSERT INTO service_secrets (name, secret) VALUES (?, ?) ON CONFLICT (name) DO NOTHING`
+	if s.d == sqldialect.MySQL {
+		insert = `INSERT IGNORE INTO service_secrets (name, secret) VALUES (?, ?)`
+	}
+	if _, err := s.db.ExecContext(ctx, s.q(insert), name, hex.EncodeToString(b[:])); err != nil {
+		return nil, err
+	}
+	var h string
+	if err := s.db.QueryRowContext(ctx, s.q(`SELECT secret FROM service_secrets WHERE name = ?`), name).Scan(&h); err != nil {
+		return nil, err
+	}
+	return hex.DecodeString(h)
 }

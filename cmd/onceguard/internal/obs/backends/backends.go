@@ -49,6 +49,7 @@ type KeyStore interface {
 	Started(ctx context.Context, st *idemstore.Start, created int64, err error) error
 	CompleteCTE(id, lease string, resp idemstore.Response, first int) (idemsql.CTE, error)
 	Completed(n int64, err error) error
+	BindsSignedTokens() // signed submit tokens bound by the record (idemstore.SignedTokenStore)
 }
 
 // TimeKeys returns s with every call timed into db_duration_seconds, under
@@ -99,6 +100,8 @@ func (t timedKeys) CompleteCTE(id, lease string, resp idemstore.Response, first 
 }
 
 func (t timedKeys) Completed(n int64, err error) error { return t.s.Completed(n, err) }
+
+func (t timedKeys) BindsSignedTokens() {}
 
 func (t timedKeys) Abandon(ctx context.Context, id, lease string) error {
 	defer t.time("key_abandon", time.Now())
