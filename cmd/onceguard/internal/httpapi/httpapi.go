@@ -34,8 +34,8 @@ type Config struct {
 	// one writes nothing, and its one-time use is the record of the request it keys. Keys must
 	// bind signed tokens (idemstore.SignedTokenStore). Every instance needs the same key.
 	TokenKey []byte
-	Metrics   *obs.Metrics // served at /metrics and updated (nil: none)
-	Logger    *slog.Logger // request lines (nil: none)
+	Metrics  *obs.Metrics // served at /metrics and updated (nil: none)
+	Logger   *slog.Logger // request lines (nil: none)
 
 	// RateLimit is the requests a second one client address may send, RateBurst at once (0: no limit).
 	RateLimit float64
