@@ -15,6 +15,7 @@ type queries struct {
 	selectLease, bindToken, bindFresh, unbind, unbindAny         string
 	tokenRecord                                                  string // the record holding a signed token
 	putToken, getToken, claimWindow, selectWindow, freeWindow    string
+	claimWindowReturning                                         string // claimWindow RETURNING owner (not MySQL)
 	prune                                                        []string
 	inspect, settle                                              string // the operator's (admin.go)
 }
@@ -111,6 +112,9 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 			`CREATE TABLE IF NOT EXISTS {p}repeat_window (id TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at INTEGER NOT NULL)`,
 		}
 	}
+	if d != sqldialect.MySQL {
+		q.claimWindowReturning = q.claimWindow + ` RETURNING owner`
+	}
 	// complete and its NOTIFY in one statement: both or neither, in one
 	// round trip (PostgreSQL sends it at commit).
 	q.completeNotify = `WITH c AS (` + q.complete + ` RETURNING id) SELECT pg_notify(?, c.id) FROM c`
@@ -123,7 +127,7 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 	}
 	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete, &q.notify, &q.completeNotify,
 		&q.selectLease, &q.bindToken, &q.bindFresh, &q.unbind, &q.unbindAny, &q.putToken, &q.getToken,
-		&q.claimWindow, &q.selectWindow, &q.tokenRecord, &q.freeWindow, &q.inspect, &q.settle} {
+		&q.claimWindow, &q.claimWindowReturning, &q.selectWindow, &q.tokenRecord, &q.freeWindow, &q.inspect, &q.settle} {
 		*sp = fix(*sp)
 	}
 	for i := range q.create {

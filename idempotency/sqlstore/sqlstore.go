@@ -70,6 +70,8 @@ type Store struct {
 	dialect sqldialect.Dialect
 	opts    Options
 	q       queries
+	st      *sqldb.Stmts // SQLite: hot statements prepared once; nil elsewhere
+	ctes    sync.Map     // cteShape -> CTE (its text) of StartCTE
 
 	migrateMu sync.Mutex
 	migrated  atomic.Bool
@@ -109,7 +111,11 @@ func New(db *sql.DB, dialect sqldialect.Dialect, opts *Options) (*Store, error) 
 	if dialect < sqldialect.Postgres || dialect > sqldialect.SQLite {
 		return nil, fmt.Errorf("sqlstore: unknown dialect %d", dialect)
 	}
-	return &Store{db: db, dialect: dialect, opts: o, q: buildQueries(dialect, o.Prefix)}, nil
+	st := &Store{db: db, dialect: dialect, opts: o, q: buildQueries(dialect, o.Prefix)}
+	if dialect == sqldialect.SQLite {
+		st.st = sqldb.NewStmts(db)
+	}
+	return st, nil
 }
 
 // Migrate creates the tables if they do not exist. Safe to run from
@@ -166,7 +172,7 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 		if r.Token != nil {
 			tokenHash = r.Token.Hash // a signed token: held by this record, or refused by its UNIQUE index
 		}
-		err := s.db.QueryRowContext(ctx, s.q.insertFresh, r.ID, r.Fingerprint, lease, us(r.Now.Add(r.Lease)), us(r.Now.Add(r.TTL)), tokenHash).Scan(&got)
+		err := s.st.QueryRow(ctx, s.db, s.q.insertFresh, r.ID, r.Fingerprint, lease, us(r.Now.Add(r.Lease)), us(r.Now.Add(r.TTL)), tokenHash).Scan(&got)
 		if err == nil && got == lease {
 			return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease}, nil
 		}
@@ -469,7 +475,12 @@ func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp i
 		}
 		return nil
 	}
-	out, err := e.ExecContext(ctx, s.q.complete, args...)
+	var out sql.Result
+	if c, ok := e.(sqldb.Conn); ok {
+		out, err = s.st.Exec(ctx, c, s.q.complete, args...)
+	} else {
+		out, err = e.ExecContext(ctx, s.q.complete, args...)
+	}
 	if err != nil {
 		return wrap("complete", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/sqldialect"
 	"github.com/onceguard/onceguard/token"
 )
@@ -33,14 +34,11 @@ func (s *Store) StartTx(ctx context.Context, tx *sql.Tx, st *idemstore.Start) er
 	var tokenHash any
 	if st.Token != nil {
 		tokenHash = st.Token.Hash
-		if err := s.signedFree(ctx, tx, st.Token.Hash, st.ID); err != nil {
-			return wrap("start", err)
-		}
 	}
 	args := []any{st.ID, st.Fingerprint, st.Lease, us(st.LeaseUntil), us(st.ExpiresAt), tokenHash}
 	if s.q.insertFresh != "" {
 		var got string
-		err := tx.QueryRowContext(ctx, s.q.insertFresh, args...).Scan(&got)
+		err := s.st.QueryRow(ctx, tx, s.q.insertFresh, args...).Scan(&got)
 		if errors.Is(err, sql.ErrNoRows) {
 			return idemstore.ErrKeyTaken
 		} else if unique(err) && st.Token != nil {
@@ -56,11 +54,18 @@ func (s *Store) StartTx(ctx context.Context, tx *sql.Tx, st *idemstore.Start) er
 		if n, err := out.RowsAffected(); err != nil {
 			return wrap("start", err)
 		} else if n != 1 {
+			// Either key's duplicate: this record's id, or the token's hash
+			// held by another record (used elsewhere).
+			if st.Token != nil {
+				if err := s.signedFree(ctx, tx, st.Token.Hash, st.ID); err != nil {
+					return wrap("start", err)
+				}
+			}
 			return idemstore.ErrKeyTaken
 		}
 	}
 	if t := st.Token; t != nil && !t.Signed {
-		out, err := tx.ExecContext(ctx, s.q.bindToken, t.Scope, us(st.ExpiresAt), t.Hash, t.Subject, t.Purpose, us(st.Now), t.Scope)
+		out, err := s.st.Exec(ctx, tx, s.q.bindToken, t.Scope, us(st.ExpiresAt), t.Hash, t.Subject, t.Purpose, us(st.Now), t.Scope)
 		if err != nil {
 			return wrap("start", err)
 		}
@@ -121,10 +126,17 @@ func (s *Store) StartCTE(st *idemstore.Start, first int, after string) (CTE, err
 		return CTE{}, errors.New("sqlstore: StartCTE needs PostgreSQL")
 	}
 	p := s.opts.Prefix
+	// The text depends only on the shape: built once per shape, so that it
+	// costs no formatting per request (and pgx's statement cache finds it).
+	shape := cteShape{first: first, after: after, token: st.Token != nil && !st.Token.Signed, window: st.WindowID != ""}
+	cached, hit := s.ctes.Load(shape)
 	n := first
 	ph := func(v any, args *[]any) string {
 		*args = append(*args, v)
 		n++
+		if hit {
+			return ""
+		}
 		return fmt.Sprintf("$%d", n-1)
 	}
 	var args []any
@@ -137,7 +149,12 @@ func (s *Store) StartCTE(st *idemstore.Start, first int, after string) (CTE, err
 		from = " FROM " + after
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, `og_rec AS (
+	emit := func(format string, a ...any) {
+		if !hit {
+			fmt.Fprintf(&b, format, a...)
+		}
+	}
+	emit(`og_rec AS (
   INSERT INTO %sidempotency (id, fingerprint, state, lease, lease_until, expires_at, token_hash)
   SELECT %s, %s, 1, %s, %s::bigint, %s::bigint, %s::text%s
   ON CONFLICT (id) DO NOTHING RETURNING 1 AS n
@@ -145,7 +162,7 @@ func (s *Store) StartCTE(st *idemstore.Start, first int, after string) (CTE, err
 	started := []string{`SELECT 1 FROM og_rec`}
 	if t := st.Token; t != nil && !t.Signed { // a signed one: the record's UNIQUE token_hash binds it
 		scope := ph(t.Scope, &args)
-		fmt.Fprintf(&b, `, og_tok AS (
+		emit(`, og_tok AS (
   UPDATE %ssubmit_tokens SET scope = %s, keep_until = %s::bigint
   WHERE hash = %s AND subject = %s AND purpose = %s AND ((scope IS NULL AND expires_at > %s::bigint) OR scope = %s)
     AND EXISTS (SELECT 1 FROM og_rec)
@@ -156,7 +173,7 @@ func (s *Store) StartCTE(st *idemstore.Start, first int, after string) (CTE, err
 	if st.WindowID != "" {
 		rec := idemstore.WindowRecord(st.WindowOwner)
 		now := ph(us(st.Now), &args)
-		fmt.Fprintf(&b, `, og_win AS (
+		emit(`, og_win AS (
   INSERT INTO %srepeat_window AS w (id, owner, expires_at) SELECT %s, %s, %s::bigint FROM og_rec
   ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner,
     expires_at = CASE WHEN w.expires_at <= %s::bigint THEN EXCLUDED.expires_at ELSE w.expires_at END
@@ -164,6 +181,11 @@ func (s *Store) StartCTE(st *idemstore.Start, first int, after string) (CTE, err
   RETURNING 1
 )`, p, ph(st.WindowID, &args), ph(st.WindowOwner, &args), ph(us(st.WindowUntil), &args), now, now, ph(rec, &args), ph(len(rec)+1, &args), ph(rec+"/", &args))
 		started = append(started, `SELECT 1 FROM og_win`)
+	}
+	if hit {
+		c := cached.(CTE)
+		c.Args = args
+		return c, nil
 	}
 	cond := make([]string, len(started))
 	for i, q := range started {
@@ -176,7 +198,17 @@ func (s *Store) StartCTE(st *idemstore.Start, first int, after string) (CTE, err
 	fmt.Fprintf(&b, `, og_check AS (
   SELECT CASE WHEN r.n > 0 AND NOT (%s) THEN CAST('%s:' || r.n AS int) ELSE r.n END AS n FROM (SELECT count(*) AS n FROM og_rec) r
 )`, all, startRefused)
-	return CTE{With: b.String(), Started: "(" + all + ")", Result: `(SELECT n FROM og_check)`, Args: args}, nil
+	c := CTE{With: b.String(), Started: "(" + all + ")", Result: `(SELECT n FROM og_check)`}
+	s.ctes.Store(shape, c)
+	c.Args = args
+	return c, nil
+}
+
+// cteShape is what StartCTE's text depends on.
+type cteShape struct {
+	first         int
+	after         string
+	token, window bool
 }
 
 // Started reads a composed statement's outcome (StartCTE): created is
@@ -215,10 +247,7 @@ func (s *Store) Started(ctx context.Context, st *idemstore.Start, created int64,
 }
 
 // conn is a database or a transaction.
-type conn interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+type conn = sqldb.Conn
 
 // claimWindow is ClaimWindow on c.
 func (s *Store) claimWindow(ctx context.Context, c conn, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
@@ -227,12 +256,21 @@ func (s *Store) claimWindow(ctx context.Context, c conn, id, owner string, windo
 	if s.dialect != sqldialect.MySQL {
 		args = []any{id, owner, us(now.Add(window)), us(now), us(now), rec, len(rec) + 1, rec + "/"}
 	}
-	if _, err := c.ExecContext(ctx, s.q.claimWindow, args...); err != nil {
-		return 0, wrap("claim window", err)
-	}
 	var got string
 	var exp int64
-	if err := c.QueryRowContext(ctx, s.q.selectWindow, id).Scan(&got, &exp); err != nil {
+	if s.dialect != sqldialect.MySQL {
+		// The upsert says whether it claimed the entry: a row back is ours;
+		// none, another's (read, for its time left).
+		err := s.st.QueryRow(ctx, c, s.q.claimWindowReturning, args...).Scan(&got)
+		if err == nil {
+			return 0, nil
+		} else if !errors.Is(err, sql.ErrNoRows) {
+			return 0, wrap("claim window", err)
+		}
+	} else if _, err := c.ExecContext(ctx, s.q.claimWindow, args...); err != nil {
+		return 0, wrap("claim window", err)
+	}
+	if err := s.st.QueryRow(ctx, c, s.q.selectWindow, id).Scan(&got, &exp); err != nil {
 		return 0, wrap("claim window", err)
 	}
 	if got == owner {

@@ -325,7 +325,11 @@ func TestSignedTokens(t *testing.T) {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						codes[i] = rig.post(t, fmt.Sprint(path, "/r", i), issued.Token, fmt.Sprintf(`{"amount":%d}`, 10+i)).Code
+						w := rig.post(t, fmt.Sprint(path, "/r", i), issued.Token, fmt.Sprintf(`{"amount":%d}`, 10+i))
+						codes[i] = w.Code
+						if w.Code == 503 {
+							t.Log(w.Body.String())
+						}
 					}()
 				}
 				wg.Wait()
