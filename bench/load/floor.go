@@ -17,6 +17,8 @@ import (
 	"time"
 
 	_ "modernc.org/sqlite" // database/sql driver "sqlite", the service's
+
+	"github.com/onceguard/onceguard/internal/sqldb"
 )
 
 // The floor is pgbench's transaction behind HTTP: a minimal withdrawal
@@ -100,6 +102,9 @@ func serveFloor(driver, dsn string) error {
 	if driver != "sqlite" {
 		db.SetMaxOpenConns(20)
 		db.SetMaxIdleConns(20)
+	} else { // as the service keeps SQLite (cmd/onceguard's sqliteConns)
+		db.SetMaxOpenConns(4)
+		db.SetMaxIdleConns(4)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -183,14 +188,26 @@ INSERT INTO users (username, aid) SELECT $1, aid FROM a RETURNING aid`, c.Userna
 		}
 		floorAnswer(w, http.StatusOK, `{"balance":"`+fmtCents(balance)+`"}`)
 	})
-	mux.HandleFunc("POST /api/v1/deposits", floorMove(db, 1))
-	mux.HandleFunc("POST /api/v1/withdrawals", floorMove(db, -1))
+	mux.HandleFunc("POST /api/v1/deposits", floorMove(db, sqlite, 1))
+	mux.HandleFunc("POST /api/v1/withdrawals", floorMove(db, sqlite, -1))
 	return mux
 }
 
+// The ceiling's transaction, as the floor runs it.
+const (
+	floorUpdate = `UPDATE accounts SET balance = balance + $1, version = version + 1, updated_at = $2 WHERE aid = $3 AND balance + $1 >= 0 RETURNING balance`
+	floorInsert = `INSERT INTO ledger (aid, kind, amount, balance_after, ref, created_at) VALUES ($1, $2, $3, $4, $5, $6)`
+)
+
 // floorMove answers a deposit (sign 1) or a withdrawal (sign -1): the
-// ceiling's transaction, with the amount from the body.
-func floorMove(db *sql.DB, sign int64) http.HandlerFunc {
+// ceiling's transaction, with the amount from the body. On SQLite its two
+// statements are prepared once, as the service prepares its own there
+// (internal/sqldb.Stmts); pgx caches them on PostgreSQL.
+func floorMove(db *sql.DB, sqlite bool, sign int64) http.HandlerFunc {
+	var stmts *sqldb.Stmts
+	if sqlite {
+		stmts = sqldb.NewStmts(db)
+	}
 	kind := map[int64]string{1: "deposit", -1: "withdrawal"}[sign]
 	return func(w http.ResponseWriter, r *http.Request) {
 		aid, ok := floorAccount(r)
@@ -217,12 +234,10 @@ func floorMove(db *sql.DB, sign int64) http.HandlerFunc {
 			}
 			defer tx.Rollback()
 			var balance int64
-			if err := tx.QueryRowContext(r.Context(), `UPDATE accounts SET balance = balance + $1, version = version + 1, updated_at = $2 WHERE aid = $3 AND balance + $1 >= 0 RETURNING balance`,
-				delta, ref, aid).Scan(&balance); err != nil {
+			if err := stmts.QueryRow(r.Context(), tx, floorUpdate, delta, ref, aid).Scan(&balance); err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(r.Context(), `INSERT INTO ledger (aid, kind, amount, balance_after, ref, created_at) VALUES ($1, $2, $3, $4, $5, $6)`,
-				aid, kind, delta, balance, strconv.FormatInt(ref, 10), ref); err != nil {
+			if _, err := stmts.Exec(r.Context(), tx, floorInsert, aid, kind, delta, balance, strconv.FormatInt(ref, 10), ref); err != nil {
 				return err
 			}
 			return tx.Commit()
