@@ -18,6 +18,9 @@ import (
 	"github.com/onceguard/onceguard/sqldialect"
 )
 
+// sqliteConns is how many connections the service keeps open to SQLite.
+const sqliteConns = 4
+
 // openDB opens --db (default: SQLite under --data-dir, created if missing).
 func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 	u := c.db
@@ -63,7 +66,12 @@ func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 	if err != nil {
 		return nil, 0, "", err
 	}
-	if dialect != sqldialect.SQLite {
+	if dialect == sqldialect.SQLite {
+		// One writer at a time, and each new connection parses the schema: a few kept open,
+		// the rest of a storm queued here rather than in SQLite's busy handler.
+		db.SetMaxOpenConns(sqliteConns)
+		db.SetMaxIdleConns(sqliteConns)
+	} else {
 		// A storm must queue for connections here, not exhaust the server's
 		// (PostgreSQL's default max_connections is 100, for every instance).
 		db.SetMaxOpenConns(c.dbConns)

@@ -85,22 +85,28 @@ func (s *Store) withdrawTx(ctx context.Context, m app.Movement, fence int64, chk
 	if err := s.lockRow(ctx, tx, "accounts", "user_id", m.UserID); err != nil {
 		return m, false, err
 	}
-	if chk.session != "" {
-		var one int
-		err := tx.QueryRowContext(ctx, s.q(`SELECT 1 FROM sessions WHERE token_hash = ? AND user_id = ? AND expires_at > ?`), chk.session, m.UserID, us(m.CreatedAt)).Scan(&one)
-		if errors.Is(err, sql.ErrNoRows) {
-			return m, false, app.ErrSessionEnded
-		} else if err != nil {
-			return m, false, err
-		}
-	}
 	if chk.start != nil {
 		if err := s.Records.StartTx(ctx, tx, chk.start); err != nil {
+			if chk.session != "" && s.sessionEnded(ctx, tx, chk.session, m.UserID, m.CreatedAt) {
+				return m, false, app.ErrSessionEnded // first, as the contract's order says
+			}
 			return m, false, err
 		}
 	}
-	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
-		m.ID, m.UserID, m.Key, int64(m.Amount), string(m.Status), us(m.CreatedAt)); err != nil {
+	// The row, if the session is still live: one statement for both.
+	insert, args := `INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+		[]any{m.ID, m.UserID, m.Key, int64(m.Amount), string(m.Status), us(m.CreatedAt)}
+	if chk.session != "" {
+		dual := ``
+		if s.d == sqldialect.MySQL {
+			dual = ` FROM DUAL`
+		}
+		insert = `INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) SELECT ?, ?, ?, ?, ?, ?` + dual + `
+WHERE EXISTS (SELECT 1 FROM sessions WHERE token_hash = ? AND user_id = ? AND expires_at > ?)`
+		args = append(args, chk.session, m.UserID, us(m.CreatedAt))
+	}
+	res, err := s.st.Exec(ctx, tx, s.q(insert), args...)
+	if err != nil {
 		if duplicate(err) {
 			_ = tx.Rollback()
 			existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key)
@@ -111,6 +117,11 @@ func (s *Store) withdrawTx(ctx context.Context, m app.Movement, fence int64, chk
 		}
 		return m, false, err
 	}
+	if n, err := res.RowsAffected(); err != nil {
+		return m, false, err
+	} else if n == 0 {
+		return m, false, app.ErrSessionEnded // rolled back: the record with it
+	}
 	after, err := s.adjustFenced(ctx, tx, m.UserID, -m.Amount, fence, us(m.CreatedAt))
 	if err != nil {
 		return m, false, err
@@ -119,6 +130,14 @@ func (s *Store) withdrawTx(ctx context.Context, m app.Movement, fence int64, chk
 		return m, false, err
 	}
 	return m, true, tx.Commit()
+}
+
+// sessionEnded reports whether the session with hash is no longer live for userID at now, read
+// in tx (on SQLite's few connections, a transaction must not wait for a second one).
+func (s *Store) sessionEnded(ctx context.Context, tx *sql.Tx, hash, userID string, now time.Time) bool {
+	var one int
+	err := tx.QueryRowContext(ctx, s.q(`SELECT 1 FROM sessions WHERE token_hash = ? AND user_id = ? AND expires_at > ?`), hash, userID, us(now)).Scan(&one)
+	return errors.Is(err, sql.ErrNoRows)
 }
 
 // startAlone creates a key's record in a transaction of its own.
@@ -259,7 +278,7 @@ func (s *Store) adjust(ctx context.Context, tx *sql.Tx, userID string, delta mon
 func (s *Store) update(ctx context.Context, tx *sql.Tx, query, userID string, args ...any) (bool, money.Amount, error) {
 	var after int64
 	if s.d != sqldialect.MySQL {
-		err := tx.QueryRowContext(ctx, s.q(query+` RETURNING balance`), args...).Scan(&after)
+		err := s.st.QueryRow(ctx, tx, s.q(query+` RETURNING balance`), args...).Scan(&after)
 		if errors.Is(err, sql.ErrNoRows) {
 			return false, 0, nil
 		}
@@ -301,7 +320,7 @@ WHERE user_id = ? AND balance + ? >= 0 AND fence <= ?`, userID, int64(delta), fe
 }
 
 func (s *Store) ledger(ctx context.Context, tx *sql.Tx, userID string, kind app.EntryKind, amount, after money.Amount, ref string, now int64) error {
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO ledger (user_id, kind, amount, balance_after, ref, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+	_, err := s.st.Exec(ctx, tx, s.q(`INSERT INTO ledger (user_id, kind, amount, balance_after, ref, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
 		userID, string(kind), int64(amount), int64(after), ref, now)
 	return err
 }
@@ -481,7 +500,7 @@ func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id string, sta
 		return err
 	}
 	if s.d != sqldialect.MySQL {
-		err = tx.QueryRowContext(ctx, s.q(update+` RETURNING user_id, amount`), string(status), id).Scan(&userID, &amount)
+		err = s.st.QueryRow(ctx, tx, s.q(update+` RETURNING user_id, amount`), string(status), id).Scan(&userID, &amount)
 		if errors.Is(err, sql.ErrNoRows) {
 			err = read() // settled before, or not there
 			return false, userID, amount, after, err

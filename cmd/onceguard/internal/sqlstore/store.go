@@ -20,6 +20,7 @@ import (
 type Store struct {
 	db *sql.DB
 	d  sqldialect.Dialect
+	st *sqldb.Stmts // SQLite: the hot statements prepared once; nil elsewhere
 
 	// Observe, if set, is told how long each operation took (op is a
 	// fixed name: "withdraw", "session_user", ...). Set it before use.
@@ -61,7 +62,13 @@ type RecordCompleter interface {
 }
 
 // Open returns a Store on db (migrated with Migrate).
-func Open(db *sql.DB, d sqldialect.Dialect) *Store { return &Store{db: db, d: d} }
+func Open(db *sql.DB, d sqldialect.Dialect) *Store {
+	s := &Store{db: db, d: d}
+	if d == sqldialect.SQLite {
+		s.st = sqldb.NewStmts(db)
+	}
+	return s
+}
 
 // timed reports op's duration and marks *err with app.ErrUnavailable when
 // the database could not answer.
