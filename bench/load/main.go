@@ -411,6 +411,7 @@ func run(cfg config, out, progress io.Writer) error {
 	fmt.Fprintf(out, "%d round(s) interleaved, %v measured + %v warm-up per cell; medians over rounds\n\n", cfg.rounds, cfg.duration, cfg.warmup)
 	rep.print(out, cfg.markdown)
 	rep.printTargets(out)
+	rep.printTargets22(out, roundCommits(services))
 	var ceilingWork []string
 	if pgb != nil {
 		ceilingWork = pgb.workNotes

@@ -139,8 +139,8 @@ func (r *report) tableGroups() []string {
 }
 
 func (r *report) print(out io.Writer, markdown bool) {
-	head := []string{"configuration", "submit tokens", "clients", "withdrawals/s", "p50", "p99", "vs ceiling", "vs floor", "pg round trips", "service cpu", "postgres cpu", "redis cpu", "client cpu", "spread", "not 201"}
-	right := []bool{false, false, true, true, true, true, true, true, true, true, true, true, true, true, false}
+	head := []string{"configuration", "submit tokens", "clients", "withdrawals/s", "p50", "p99", "vs ceiling", "vs floor", "pg round trips", "service cpu", "postgres cpu", "redis cpu", "client cpu", "cpu/wd", "spread", "not 201"}
+	right := []bool{false, false, true, true, true, true, true, true, true, true, true, true, true, true, true, false}
 	var rows [][]string
 	for _, n := range r.sortedClients() {
 		ceil, hasCeil := r.summarize(groupPgbench, n)
@@ -169,6 +169,10 @@ func (r *report) print(out io.Writer, markdown bool) {
 			if !math.IsNaN(s.rt) {
 				rt = fmt.Sprintf("%.2f", s.rt)
 			}
+			cpuWd := "?"
+			if x, ok := r.cpuPerWd(g, n); ok {
+				cpuWd = fmt.Sprintf("%.2fms", x)
+			}
 			if s.nonOK > 0 {
 				nonOK += " (" + s.merged.nonOKSummary() + ")"
 			}
@@ -179,7 +183,7 @@ func (r *report) print(out io.Writer, markdown bool) {
 				}
 			}
 			rows = append(rows, []string{groupLabels[g], submitTokens(g), fmt.Sprint(n), rate, fmtDur(s.p50), fmtDur(s.p99), vs, vsFloor, rt,
-				fmtCPU(s.cpu[cpuSvc]), fmtCPU(s.cpu[cpuPG]), fmtCPU(s.cpu[cpuRedis]), fmtCPU(s.cpu[cpuLoad]),
+				fmtCPU(s.cpu[cpuSvc]), fmtCPU(s.cpu[cpuPG]), fmtCPU(s.cpu[cpuRedis]), fmtCPU(s.cpu[cpuLoad]), cpuWd,
 				fmt.Sprintf("%.0f%%", 100*s.spread), nonOK})
 		}
 	}
@@ -218,7 +222,8 @@ func (r *report) print(out io.Writer, markdown bool) {
 	fmt.Fprintln(out, "vs floor: withdrawals/s / the floor's on the same database at the same clients (SQLite service: the SQLite floor; PostgreSQL services: the PostgreSQL floor);")
 	fmt.Fprintln(out, "pg round trips: client→PostgreSQL round trips (Sync + Query messages, counted by the contender's proxy) in the window per withdrawal (pgbench: transaction) in it;")
 	fmt.Fprintln(out, "cpu columns: CPU time over the window in % of one core: the service process; all postgres processes on the machine; Redis (INFO cpu);")
-	fmt.Fprintln(out, "the client (this process, or pgbench); '-' does not apply. spread: (max-min)/median of the rate over rounds;")
+	fmt.Fprintln(out, "the client (this process, or pgbench); '-' does not apply. cpu/wd: ms of CPU per withdrawal (pgbench: transaction), those four together")
+	fmt.Fprintln(out, "(those that apply) over the window / withdrawals/s, median over rounds; '?' unknown. spread: (max-min)/median of the rate over rounds;")
 	fmt.Fprintln(out, "not 201: every other answer over all rounds, warm-up included (pgbench: failed transactions).")
 }
 
@@ -355,4 +360,211 @@ func (r *report) printNotes(out io.Writer, services []*serviceConfig, ceilingWor
 	for _, n := range notes {
 		fmt.Fprintln(out, "  "+n)
 	}
+}
+
+// Issue 22's targets, against the floors (and a commit budget).
+const (
+	targetPGFloor     = 0.6 // PostgreSQL + Redis, tokens off: withdrawals/s ≥ 0.6× the PostgreSQL floor's
+	targetTokensFloor = 0.5 // PostgreSQL + Redis, default (a token minted per withdrawal): ≥ 0.5× it
+	targetSQLiteFloor = 0.5 // embedded (SQLite): ≥ 0.5× the SQLite floor's
+	targetCPU         = 2.5 // CPU per withdrawal, all processes: ≤ 2.5× the floor's on the same database
+	targetCommits     = 2.0 // PostgreSQL + Redis, tokens off: commits per withdrawal ≤ 2
+)
+
+// rule is a target: a figure at least (or at most) want.
+type rule struct {
+	want   float64
+	atMost bool
+}
+
+func (t rule) met(x float64) bool {
+	if t.atMost {
+		return x <= t.want
+	}
+	return x >= t.want
+}
+
+// verdict is PASS or FAIL on the median figure, as the old block's; TIE
+// when the rounds' own figures fall on both sides of the target.
+func (t rule) verdict(median float64, perRound []float64) string {
+	var pass, fail bool
+	for _, x := range perRound {
+		if t.met(x) {
+			pass = true
+		} else {
+			fail = true
+		}
+	}
+	switch {
+	case pass && fail:
+		return "TIE"
+	case t.met(median):
+		return "PASS"
+	default:
+		return "FAIL"
+	}
+}
+
+func (t rule) String() string {
+	if t.atMost {
+		return "≤"
+	}
+	return "≥"
+}
+
+// ran says whether a round's cell ran (summarize's rule).
+func ran(c *cellResult) bool { return !(c.ok == 0 && c.err != "") }
+
+// cellCPUPerWd is a cell's CPU time per withdrawal (pgbench: transaction)
+// in ms, all processes measured for it: the service, postgres, Redis and
+// the client, those that do not apply left out; false when one that
+// applies is unknown or nothing ended.
+func cellCPUPerWd(c *cellResult) (float64, bool) {
+	if !ran(c) || c.rate() <= 0 {
+		return 0, false
+	}
+	sum := 0.0
+	for _, i := range []int{cpuSvc, cpuPG, cpuRedis, cpuLoad} {
+		switch v := c.cpu[i]; {
+		case v == cpuNA:
+		case v < 0 || math.IsNaN(v):
+			return 0, false
+		default:
+			sum += v
+		}
+	}
+	return 1000 * sum / c.rate(), true
+}
+
+// cpuPerWd is the median over rounds of cellCPUPerWd.
+func (r *report) cpuPerWd(g string, n int) (float64, bool) {
+	var xs []float64
+	for _, c := range r.cells[cellKey(g, n)] {
+		if x, ok := cellCPUPerWd(c); ok {
+			xs = append(xs, x)
+		}
+	}
+	return median(xs), len(xs) > 0
+}
+
+// perRound is each round's f(g's cell) / f(its floor's cell), rounds
+// paired by index as the old block pairs them.
+func (r *report) perRound(g, fl string, n int, f func(*cellResult) (float64, bool)) []float64 {
+	var out []float64
+	a, b := r.cells[cellKey(g, n)], r.cells[cellKey(fl, n)]
+	for i := range min(len(a), len(b)) {
+		x, ok1 := f(a[i])
+		y, ok2 := f(b[i])
+		if ok1 && ok2 && y > 0 {
+			out = append(out, x/y)
+		}
+	}
+	return out
+}
+
+func cellRate(c *cellResult) (float64, bool) { return c.rate(), ran(c) }
+
+func fmtPer(xs []float64) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(s, " ")
+}
+
+func targetLabel(g string) string {
+	label := groupLabels[g]
+	if st := submitTokens(g); st != "-" {
+		label += " (submit tokens " + st + ")"
+	}
+	return label
+}
+
+// issue22Lines are issue 22's target lines; commits is, per group, its
+// PostgreSQL commits per withdrawal of each round (roundCommits). A
+// figure that cannot be computed (a group not run) has no line.
+func (r *report) issue22Lines(commits map[string][]float64) []string {
+	var lines []string
+	for _, n := range r.sortedClients() {
+		for _, t := range []struct {
+			g string
+			r rule
+		}{{groupPostgres, rule{want: targetPGFloor}}, {groupTokens, rule{want: targetTokensFloor}}, {groupSQLite, rule{want: targetSQLiteFloor}}} {
+			fl := floorOf(t.g)
+			s, ok1 := r.summarize(t.g, n)
+			f, ok2 := r.summarize(fl, n)
+			if !ok1 || !ok2 || s.rounds == 0 || f.rounds == 0 || f.rate <= 0 {
+				continue
+			}
+			ratio, per := s.rate/f.rate, r.perRound(t.g, fl, n, cellRate)
+			lines = append(lines, fmt.Sprintf("%-55s %3d clients  withdrawals/s %.2f× the floor's (%.0f/s vs %.0f/s, want %s %.2f×)  %s  per round: %s",
+				targetLabel(t.g), n, ratio, s.rate, f.rate, t.r, t.r.want, t.r.verdict(ratio, per), fmtPer(per)))
+		}
+	}
+	cpuRule := rule{want: targetCPU, atMost: true}
+	for _, n := range r.sortedClients() {
+		for _, g := range []string{groupPostgres, groupTokens, groupSQLite} {
+			fl := floorOf(g)
+			x, ok1 := r.cpuPerWd(g, n)
+			y, ok2 := r.cpuPerWd(fl, n)
+			if !ok1 || !ok2 || y <= 0 {
+				continue
+			}
+			ratio, per := x/y, r.perRound(g, fl, n, cellCPUPerWd)
+			lines = append(lines, fmt.Sprintf("%-55s %3d clients  CPU per withdrawal %.2f× the floor's (%.2f ms vs %.2f ms, want %s %.2f×)  %s  per round: %s",
+				targetLabel(g), n, ratio, x, y, cpuRule, cpuRule.want, cpuRule.verdict(ratio, per), fmtPer(per)))
+		}
+	}
+	if per := commits[groupPostgres]; len(per) > 0 {
+		cr := rule{want: targetCommits, atMost: true}
+		m := median(per)
+		lines = append(lines, fmt.Sprintf("%-55s  per round   commits per withdrawal %.2f (want %s %.2f)  %s  per round: %s",
+			targetLabel(groupPostgres), m, cr, cr.want, cr.verdict(m, per), fmtPer(per)))
+	}
+	return lines
+}
+
+// printTargets22 prints issue 22's targets after the old ones.
+func (r *report) printTargets22(out io.Writer, commits map[string][]float64) {
+	lines := r.issue22Lines(commits)
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintln(out, "\nissue 22 targets (medians; per round: that round's pair; TIE: the rounds fall on both sides of the target, whatever the median):")
+	for _, l := range lines {
+		fmt.Fprintln(out, "  "+l)
+	}
+	fmt.Fprintln(out, "withdrawals/s against the floor on the same database at the same clients; CPU per withdrawal: service + postgres + Redis + client CPU")
+	fmt.Fprintln(out, "(those that apply: the PostgreSQL floor has no Redis, the SQLite rows neither PostgreSQL nor Redis) over the window / withdrawals/s, median over rounds;")
+	if len(commits[groupPostgres]) > 0 {
+		fmt.Fprintln(out, "commits per withdrawal: the database-work line of each round below, i.e. pg_stat_database xact_commit of the service's database from before its start")
+		fmt.Fprintln(out, "to after its stop (read-only transactions included, so it bounds the durable commits from above; warm-ups, top-up deposits, balance checks,")
+		fmt.Fprintln(out, "and in round 1 sign-ups and first deposits included) / the withdrawals sent in the round (warm-ups included), as printed there (2 decimals)")
+	}
+}
+
+// roundCommits is, per group, the commits per withdrawal of each round
+// that measured them, read back from its database-work lines (the
+// figure as they print it).
+func roundCommits(services []*serviceConfig) map[string][]float64 {
+	m := map[string][]float64{}
+	for _, s := range services {
+		for _, w := range s.workNotes {
+			if x, ok := noteCommits(w); ok {
+				m[s.group] = append(m[s.group], x)
+			}
+		}
+	}
+	return m
+}
+
+// noteCommits is the commits per withdrawal of a work note "round N: X
+// commits…".
+func noteCommits(note string) (float64, bool) {
+	var round int
+	var x float64
+	if _, err := fmt.Sscanf(note, "round %d: %f commits", &round, &x); err != nil {
+		return 0, false
+	}
+	return x, true
 }

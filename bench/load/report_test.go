@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -127,5 +128,167 @@ func TestReportVsFloorAndRoundTrips(t *testing.T) {
 		if row := mdRow(t, b.String(), groupLabels[g], 16); row["vs floor"] != "-" || row["vs ceiling"] != "-" {
 			t.Errorf("%s without floor and ceiling: vs floor %q, vs ceiling %q, want - and -", g, row["vs floor"], row["vs ceiling"])
 		}
+	}
+}
+
+// tcell is a synthetic cell: ok withdrawals in one second, and the CPU of
+// the service, postgres, Redis and the client in cores (cpuNA: does not
+// apply, -1: unknown).
+func tcell(ok int, svc, pg, redis, load float64) *cellResult {
+	c := &cellResult{ok: ok, ended: ok, window: time.Second, lat: []time.Duration{time.Millisecond}, cpu: unknownCPU()}
+	c.cpu[cpuSvc], c.cpu[cpuPG], c.cpu[cpuRedis], c.cpu[cpuLoad] = svc, pg, redis, load
+	return c
+}
+
+// Issue 22's targets: each line's verdict (PASS, FAIL, or TIE when the
+// rounds fall on both sides), its per-round figures, and no line for
+// what cannot be computed.
+func TestIssue22Targets(t *testing.T) {
+	const na = cpuNA
+	// The floors, the same every case: PostgreSQL 2000/s at 0.8 cores
+	// (0.40 ms per withdrawal), SQLite 2000/s at 0.8 cores.
+	pgFloor := func() *cellResult { return tcell(2000, 0.3, 0.3, na, 0.2) }
+	sqFloor := func() *cellResult { return tcell(2000, 0.6, na, na, 0.2) }
+	type line struct {
+		g       string
+		clients int    // 0: the per-round commits line
+		metric  string // "withdrawals/s", "CPU per withdrawal", "commits"
+		tail    string // from the value on
+	}
+	for _, c := range []struct {
+		name    string
+		groups  []string
+		cells   map[string][]*cellResult // group -> rounds, at 16 clients
+		commits map[string][]float64
+		want    []line
+	}{{
+		name:   "pass",
+		groups: []string{groupPostgres, groupFloor},
+		cells: map[string][]*cellResult{
+			groupPostgres: {tcell(1300, 0.5, 0.3, 0.1, 0.1), tcell(1300, 0.5, 0.3, 0.1, 0.1)}, // 0.77 ms
+			groupFloor:    {pgFloor(), pgFloor()},
+		},
+		commits: map[string][]float64{groupPostgres: {1.5, 1.8}},
+		want: []line{
+			{groupPostgres, 16, "withdrawals/s", "0.65× the floor's (1300/s vs 2000/s, want ≥ 0.60×)  PASS  per round: 0.65 0.65"},
+			{groupPostgres, 16, "CPU per withdrawal", "1.92× the floor's (0.77 ms vs 0.40 ms, want ≤ 2.50×)  PASS  per round: 1.92 1.92"},
+			{groupPostgres, 0, "commits", "1.65 (want ≤ 2.00)  PASS  per round: 1.50 1.80"},
+		},
+	}, {
+		name:   "fail",
+		groups: []string{groupTokens, groupFloor},
+		cells: map[string][]*cellResult{
+			groupTokens: {tcell(800, 0.8, 0.5, 0.1, 0.2), tcell(800, 0.8, 0.5, 0.1, 0.2)}, // 2 ms
+			groupFloor:  {pgFloor(), pgFloor()},
+		},
+		commits: map[string][]float64{groupPostgres: {2.5, 2.2}},
+		want: []line{
+			{groupTokens, 16, "withdrawals/s", "0.40× the floor's (800/s vs 2000/s, want ≥ 0.50×)  FAIL  per round: 0.40 0.40"},
+			{groupTokens, 16, "CPU per withdrawal", "5.00× the floor's (2.00 ms vs 0.40 ms, want ≤ 2.50×)  FAIL  per round: 5.00 5.00"},
+			{groupPostgres, 0, "commits", "2.35 (want ≤ 2.00)  FAIL  per round: 2.50 2.20"},
+		},
+	}, {
+		name:   "tie",
+		groups: []string{groupSQLite, groupFloorSQLite},
+		cells: map[string][]*cellResult{
+			// 0.55 and 0.45 of the floor; 0.80 ms and 1.20 ms: 2× and 3× its 0.40 ms.
+			groupSQLite:      {tcell(1100, 0.68, na, na, 0.2), tcell(900, 0.88, na, na, 0.2)},
+			groupFloorSQLite: {sqFloor(), sqFloor()},
+		},
+		commits: map[string][]float64{groupPostgres: {1.9, 2.1}, groupSQLite: {5, 5}},
+		want: []line{
+			{groupSQLite, 16, "withdrawals/s", "0.50× the floor's (1000/s vs 2000/s, want ≥ 0.50×)  TIE  per round: 0.55 0.45"},
+			{groupSQLite, 16, "CPU per withdrawal", "2.50× the floor's (1.00 ms vs 0.40 ms, want ≤ 2.50×)  TIE  per round: 2.00 3.00"},
+			{groupPostgres, 0, "commits", "2.00 (want ≤ 2.00)  TIE  per round: 1.90 2.10"},
+		},
+	}, {
+		// No floor for PostgreSQL; the SQLite service's CPU unknown; a
+		// round of the floor that did not run; no commit figures.
+		name:   "skipped",
+		groups: []string{groupPostgres, groupTokens, groupSQLite, groupFloorSQLite},
+		cells: map[string][]*cellResult{
+			groupPostgres:    {tcell(1300, 0.5, 0.3, 0.1, 0.1)},
+			groupTokens:      {tcell(800, 0.8, 0.5, 0.1, 0.2)},
+			groupSQLite:      {tcell(1200, -1, na, na, 0.2), tcell(1200, -1, na, na, 0.2)},
+			groupFloorSQLite: {{err: "did not start", cpu: unknownCPU()}, sqFloor()},
+		},
+		want: []line{
+			{groupSQLite, 16, "withdrawals/s", "0.60× the floor's (1200/s vs 2000/s, want ≥ 0.50×)  PASS  per round: 0.60"},
+		},
+	}} {
+		t.Run(c.name, func(t *testing.T) {
+			rep := newReport(config{clients: []int{16, 64}, groups: c.groups})
+			for g, rs := range c.cells {
+				for _, r := range rs {
+					rep.add(g, 16, r)
+				}
+			}
+			lines := rep.issue22Lines(c.commits)
+			for _, w := range c.want {
+				prefix := fmt.Sprintf("%-55s %3d clients  %s ", targetLabel(w.g), w.clients, w.metric)
+				if w.clients == 0 {
+					prefix = fmt.Sprintf("%-55s  per round   commits per withdrawal ", targetLabel(w.g))
+				}
+				found := false
+				for _, l := range lines {
+					if strings.HasPrefix(l, prefix) {
+						found = true
+						if got := strings.TrimPrefix(l, prefix); got != w.tail {
+							t.Errorf("%s:\n got %q\nwant %q", prefix, got, w.tail)
+						}
+					}
+				}
+				if !found {
+					t.Errorf("no line %q in\n%s", prefix, strings.Join(lines, "\n"))
+				}
+			}
+			if len(lines) != len(c.want) {
+				t.Errorf("%d lines, want %d:\n%s", len(lines), len(c.want), strings.Join(lines, "\n"))
+			}
+			var b strings.Builder
+			rep.printTargets22(&b, c.commits)
+			if got := strings.HasPrefix(b.String(), "\nissue 22 targets"); got != (len(c.want) > 0) {
+				t.Errorf("block printed %v with %d lines:\n%s", got, len(c.want), b.String())
+			}
+		})
+	}
+
+	// Nothing to compute: no block at all.
+	var b strings.Builder
+	newReport(config{clients: []int{16}, groups: []string{groupPostgres}}).printTargets22(&b, nil)
+	if b.Len() != 0 {
+		t.Errorf("without floors or commits: %q, want nothing", b.String())
+	}
+}
+
+// The commits target reads the figure its database-work line prints.
+func TestNoteCommits(t *testing.T) {
+	note := fmt.Sprintf("round %d: %s%s", 2, pgWork(dbStats{commits: 100, ok: true}, dbStats{commits: 330, ok: true}, proxyCounts{}, proxyCounts{}, 100), " per withdrawal sent (…)")
+	if x, ok := noteCommits(note); !ok || x != 2.3 {
+		t.Errorf("noteCommits(%q) = %v, %v; want 2.3, true", note, x, ok)
+	}
+	if _, ok := noteCommits("round 1: commits not measured (no readable wal-index x-shm)"); ok {
+		t.Error("a round without commits gave a figure")
+	}
+	svcs := []*serviceConfig{{group: groupPostgres, workNotes: []string{note, "round 3: 1.75 commits, 0.00 rollbacks"}}}
+	if got := roundCommits(svcs)[groupPostgres]; len(got) != 2 || got[0] != 2.3 || got[1] != 1.75 {
+		t.Errorf("roundCommits = %v, want [2.3 1.75]", got)
+	}
+}
+
+// The table's cpu/wd: all processes' CPU per withdrawal, median over
+// rounds; "?" when a figure that applies is unknown.
+func TestReportCPUPerWd(t *testing.T) {
+	rep := newReport(config{clients: []int{16}, groups: []string{groupPostgres, groupFloor}})
+	rep.add(groupPostgres, 16, tcell(1000, 0.5, 0.3, 0.1, 0.1)) // 1 ms
+	rep.add(groupPostgres, 16, tcell(1000, 0.7, 0.3, 0.1, 0.1)) // 1.2 ms
+	rep.add(groupFloor, 16, tcell(2000, 0.3, -1, cpuNA, 0.2))
+	var b strings.Builder
+	rep.print(&b, true)
+	if got := mdRow(t, b.String(), groupLabels[groupPostgres], 16)["cpu/wd"]; got != "1.10ms" {
+		t.Errorf("postgres cpu/wd %q, want 1.10ms", got)
+	}
+	if got := mdRow(t, b.String(), groupLabels[groupFloor], 16)["cpu/wd"]; got != "?" {
+		t.Errorf("floor cpu/wd with postgres unknown %q, want ?", got)
 	}
 }
