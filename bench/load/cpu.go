@@ -41,6 +41,7 @@ type cpuProbe struct {
 	redis   *redisAdmin // nil: do not sample Redis
 	loadPID int         // 0: this process
 	proxy   *pgProxy    // nil: no proxy, no round trips
+	xid     *pgAdmin    // nil: no write-transaction count
 }
 
 type cpuSnap struct {
@@ -49,12 +50,19 @@ type cpuSnap struct {
 	ok [cpuN]bool
 	na [cpuN]bool
 	rt proxyCounts // the proxy's totals
+	// xid is PostgreSQL's next transaction id, when xidOK: it advances once
+	// per transaction that wrote (a read-only one takes none), cluster-wide.
+	xid   int64
+	xidOK bool
 }
 
 func (p cpuProbe) sample() cpuSnap {
 	s := cpuSnap{at: time.Now()}
 	if p.proxy != nil {
 		s.rt = p.proxy.counts() // first: the closest to the window's edge
+	}
+	if p.xid != nil {
+		s.xid, s.xidOK = p.xid.nextXID()
 	}
 	if p.svcPID > 0 {
 		s.v[cpuSvc], s.ok[cpuSvc] = pidCPU(p.svcPID)
@@ -85,6 +93,14 @@ func (p cpuProbe) sample() cpuSnap {
 		s.na[cpuProxy] = true
 	}
 	return s
+}
+
+// writeTxs is the transactions that wrote, cluster-wide, between two snapshots.
+func writeTxs(a, b cpuSnap) (int64, bool) {
+	if !a.xidOK || !b.xidOK {
+		return 0, false
+	}
+	return b.xid - a.xid, true
 }
 
 // roundTrips is the proxy's round trips between two snapshots.

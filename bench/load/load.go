@@ -26,6 +26,10 @@ type cellResult struct {
 	rt    int64
 	rtOK  bool
 	ended int
+	// wtx: transactions that wrote (PostgreSQL's transaction ids taken,
+	// cluster-wide) in the window, when wtxOK.
+	wtx   int64
+	wtxOK bool
 
 	sent         int            // requests over the whole cell, warm-up included
 	other        map[string]int // non-201 answers over the whole cell: "503 busy" -> count
@@ -57,6 +61,15 @@ func (r *cellResult) roundTripsPer() (float64, bool) {
 		return 0, false
 	}
 	return float64(r.rt) / float64(r.ended), true
+}
+
+// writeTxsPer is the window's write transactions per withdrawal (pgbench:
+// per transaction) that ended in it, counted as roundTripsPer counts.
+func (r *cellResult) writeTxsPer() (float64, bool) {
+	if !r.wtxOK || r.ended == 0 {
+		return 0, false
+	}
+	return float64(r.wtx) / float64(r.ended), true
 }
 
 func (r *cellResult) nonOK() int {
@@ -144,6 +157,7 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 			e := probe.sample()
 			res.cpu = cpuShare(b, e)
 			res.rt, res.rtOK = roundTrips(b, e)
+			res.wtx, res.wtxOK = writeTxs(b, e)
 		}
 	}()
 

@@ -67,6 +67,7 @@ type pgbenchCeiling struct {
 	version                string
 	cells                  int
 	proxy                  *pgProxy // nil: pgbench connects directly
+	pg                     *pgAdmin // for the write-transaction count
 	dbName                 string
 	workNotes              []string // its database work per round
 }
@@ -96,7 +97,7 @@ func setupPgbench(ctx context.Context, cfg config, pg *pgAdmin, dbName, tmp stri
 	if err != nil {
 		return nil, fmt.Errorf("%s --version: %w", cfg.pgbench, err)
 	}
-	return &pgbenchCeiling{bin: cfg.pgbench, conn: conn, script: script, dir: dir, jobs: cfg.pgbenchJobs, version: strings.TrimSpace(string(out)), dbName: dbName}, nil
+	return &pgbenchCeiling{bin: cfg.pgbench, conn: conn, script: script, dir: dir, jobs: cfg.pgbenchJobs, version: strings.TrimSpace(string(out)), dbName: dbName, pg: pg}, nil
 }
 
 func (p *pgbenchCeiling) describe() string {
@@ -126,7 +127,7 @@ func (p *pgbenchCeiling) run(ctx context.Context, n int, warmup, duration time.D
 	go func() { done <- cmd.Wait() }()
 	// CPU over (about) the window: pgbench connects its clients first, a
 	// few milliseconds.
-	probe := cpuProbe{pg: true, loadPID: cmd.Process.Pid, proxy: p.proxy}
+	probe := cpuProbe{pg: true, loadPID: cmd.Process.Pid, proxy: p.proxy, xid: p.pg}
 	start := time.Now()
 	sampled := make(chan struct{})
 	go func() {

@@ -36,6 +36,7 @@ type summary struct {
 	cpu      cpuUse
 	spread   float64
 	rt       float64 // PostgreSQL round trips per withdrawal (pgbench: transaction); NaN unknown
+	wtx      float64 // PostgreSQL write transactions per withdrawal (transaction ids taken); NaN unknown
 	nonOK    int
 	merged   *cellResult // non-OK answers of all rounds together
 	errs     []string
@@ -57,7 +58,7 @@ func median(xs []float64) float64 {
 func (r *report) summarize(g string, n int) (summary, bool) {
 	rs := r.cells[cellKey(g, n)]
 	s := summary{merged: &cellResult{other: map[string]int{}, otherSample: map[string]string{}, notSucceeded: map[string]int{}}}
-	var rates, p50, p99, rts []float64
+	var rates, p50, p99, rts, wtxs []float64
 	var cpus [cpuN][]float64
 	na := [cpuN]bool{}
 	for _, c := range rs {
@@ -89,6 +90,9 @@ func (r *report) summarize(g string, n int) (summary, bool) {
 		if rt, ok := c.roundTripsPer(); ok {
 			rts = append(rts, rt)
 		}
+		if w, ok := c.writeTxsPer(); ok {
+			wtxs = append(wtxs, w)
+		}
 		for i, v := range c.cpu {
 			if v == cpuNA {
 				na[i] = true
@@ -111,6 +115,7 @@ func (r *report) summarize(g string, n int) (summary, bool) {
 		}
 	}
 	s.rt = median(rts) // NaN without any
+	s.wtx = median(wtxs)
 	if s.rounds > 0 {
 		s.rate = median(rates)
 		s.p50, s.p99 = time.Duration(median(p50)), time.Duration(median(p99))
@@ -139,8 +144,8 @@ func (r *report) tableGroups() []string {
 }
 
 func (r *report) print(out io.Writer, markdown bool) {
-	head := []string{"configuration", "submit tokens", "clients", "withdrawals/s", "p50", "p99", "vs ceiling", "vs floor", "pg round trips", "service cpu", "postgres cpu", "redis cpu", "client cpu", "cpu/wd", "spread", "not 201"}
-	right := []bool{false, false, true, true, true, true, true, true, true, true, true, true, true, true, true, false}
+	head := []string{"configuration", "submit tokens", "clients", "withdrawals/s", "p50", "p99", "vs ceiling", "vs floor", "pg round trips", "pg write txs", "service cpu", "postgres cpu", "redis cpu", "client cpu", "cpu/wd", "spread", "not 201"}
+	right := []bool{false, false, true, true, true, true, true, true, true, true, true, true, true, true, true, true, false}
 	var rows [][]string
 	for _, n := range r.sortedClients() {
 		ceil, hasCeil := r.summarize(groupPgbench, n)
@@ -165,9 +170,12 @@ func (r *report) print(out io.Writer, markdown bool) {
 			} else {
 				rate = "error"
 			}
-			rt := "-"
+			rt, wtx := "-", "-"
 			if !math.IsNaN(s.rt) {
 				rt = fmt.Sprintf("%.2f", s.rt)
+			}
+			if !math.IsNaN(s.wtx) {
+				wtx = fmt.Sprintf("%.2f", s.wtx)
 			}
 			cpuWd := "?"
 			if x, ok := r.cpuPerWd(g, n); ok {
@@ -182,7 +190,7 @@ func (r *report) print(out io.Writer, markdown bool) {
 					nonOK = "0"
 				}
 			}
-			rows = append(rows, []string{groupLabels[g], submitTokens(g), fmt.Sprint(n), rate, fmtDur(s.p50), fmtDur(s.p99), vs, vsFloor, rt,
+			rows = append(rows, []string{groupLabels[g], submitTokens(g), fmt.Sprint(n), rate, fmtDur(s.p50), fmtDur(s.p99), vs, vsFloor, rt, wtx,
 				fmtCPU(s.cpu[cpuSvc]), fmtCPU(s.cpu[cpuPG]), fmtCPU(s.cpu[cpuRedis]), fmtCPU(s.cpu[cpuLoad]), cpuWd,
 				fmt.Sprintf("%.0f%%", 100*s.spread), nonOK})
 		}
@@ -220,6 +228,8 @@ func (r *report) print(out io.Writer, markdown bool) {
 	fmt.Fprintln(out, "(withdrawals need a submit token), each withdrawal first POSTs /api/v1/submit-tokens and its time includes that request;")
 	fmt.Fprintln(out, "p50/p99: latency of those; vs ceiling: withdrawals/s / pgbench tx/s at the same clients (SQLite rows: against PostgreSQL's ceiling);")
 	fmt.Fprintln(out, "vs floor: withdrawals/s / the floor's on the same database at the same clients (SQLite service: the SQLite floor; PostgreSQL services: the PostgreSQL floor);")
+	fmt.Fprintln(out, "pg write txs: transactions that wrote (durable commits), from PostgreSQL's next transaction id at the window's edges (a read-only transaction takes none;")
+	fmt.Fprintln(out, "cluster-wide, so anything else writing to the server counts too) per withdrawal (pgbench: transaction) that ended in the window;")
 	fmt.Fprintln(out, "pg round trips: client→PostgreSQL round trips (Sync + Query messages, counted by the contender's proxy) in the window per withdrawal (pgbench: transaction) in it;")
 	fmt.Fprintln(out, "cpu columns: CPU time over the window in % of one core: the service process; all postgres processes on the machine; Redis (INFO cpu);")
 	fmt.Fprintln(out, "the client (this process, or pgbench); '-' does not apply. cpu/wd: ms of CPU per withdrawal (pgbench: transaction), those four together")
@@ -515,6 +525,18 @@ func (r *report) issue22Lines(commits map[string][]float64) []string {
 				targetLabel(g), n, ratio, x, y, cpuRule, cpuRule.want, cpuRule.verdict(ratio, per), fmtPer(per)))
 		}
 	}
+	for _, n := range r.sortedClients() {
+		for _, g := range []string{groupPostgres, groupTokens} {
+			per := r.perRoundOne(g, n, func(c *cellResult) (float64, bool) { return c.writeTxsPer() })
+			if len(per) == 0 {
+				continue
+			}
+			cr := rule{want: targetCommits, atMost: true}
+			m := median(per)
+			lines = append(lines, fmt.Sprintf("%-55s %3d clients  durable commits (write transactions) per withdrawal %.2f (want %s %.2f)  %s  per round: %s",
+				targetLabel(g), n, m, cr, cr.want, cr.verdict(m, per), fmtPer(per)))
+		}
+	}
 	if per := commits[groupPostgres]; len(per) > 0 {
 		cr := rule{want: targetCommits, atMost: true}
 		m := median(per)
@@ -522,6 +544,20 @@ func (r *report) issue22Lines(commits map[string][]float64) []string {
 			targetLabel(groupPostgres), m, cr, cr.want, cr.verdict(m, per), fmtPer(per)))
 	}
 	return lines
+}
+
+// perRoundOne is f of each round's cell of group g at n clients that has it.
+func (r *report) perRoundOne(g string, n int, f func(*cellResult) (float64, bool)) []float64 {
+	var out []float64
+	for _, c := range r.cells[cellKey(g, n)] {
+		if c == nil || (c.ok == 0 && c.err != "") {
+			continue
+		}
+		if x, ok := f(c); ok {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // printTargets22 prints issue 22's targets after the old ones.

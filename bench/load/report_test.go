@@ -292,3 +292,40 @@ func TestReportCPUPerWd(t *testing.T) {
 		t.Errorf("floor cpu/wd with postgres unknown %q, want ?", got)
 	}
 }
+
+// Write transactions per withdrawal: the table's "pg write txs" and
+// issue 22's durable-commits line, PASS at 2.00 and FAIL above, no line
+// for a cell without the count.
+func TestReportWriteTxs(t *testing.T) {
+	rep := newReport(config{clients: []int{16, 64}, groups: []string{groupPostgres}})
+	cell := func(ok int, wtx int64) *cellResult {
+		c := &cellResult{ok: ok, ended: ok, window: time.Second, lat: []time.Duration{time.Millisecond}, cpu: unknownCPU()}
+		if wtx >= 0 {
+			c.wtx, c.wtxOK = wtx, true
+		}
+		return c
+	}
+	rep.add(groupPostgres, 16, cell(500, 1000))
+	rep.add(groupPostgres, 64, cell(500, 1500))
+	rep.add(groupPostgres, 64, cell(500, -1)) // a round without the count: the median of those with it
+	var b strings.Builder
+	rep.print(&b, true)
+	out := b.String()
+	if row := mdRow(t, out, groupLabels[groupPostgres], 16); row["pg write txs"] != "2.00" {
+		t.Errorf("16 clients: pg write txs %q; want 2.00", row["pg write txs"])
+	}
+	if row := mdRow(t, out, groupLabels[groupPostgres], 64); row["pg write txs"] != "3.00" {
+		t.Errorf("64 clients: pg write txs %q; want 3.00", row["pg write txs"])
+	}
+	lines := rep.issue22Lines(nil)
+	var got []string
+	for _, l := range lines {
+		if strings.Contains(l, "durable commits") {
+			got = append(got, l)
+		}
+	}
+	if len(got) != 2 || !strings.Contains(got[0], " 16 clients") || !strings.Contains(got[0], "2.00 (want ≤ 2.00)  PASS") ||
+		!strings.Contains(got[1], "3.00 (want ≤ 2.00)  FAIL") {
+		t.Errorf("durable-commit lines = %q; want 16 clients 2.00 PASS, 64 clients 3.00 FAIL", got)
+	}
+}

@@ -38,6 +38,16 @@ func openPG(ctx context.Context, dsn string) (*pgAdmin, error) {
 
 func (p *pgAdmin) close() { _ = p.db.Close() }
 
+// nextXID is the next transaction id PostgreSQL will assign, read without
+// taking one (the snapshot's xmax).
+func (p *pgAdmin) nextXID() (int64, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var x int64
+	err := p.db.QueryRowContext(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`).Scan(&x)
+	return x, err == nil
+}
+
 func (p *pgAdmin) describe(ctx context.Context) string {
 	var version, syncCommit, maxConns string
 	err := p.db.QueryRowContext(ctx, `SELECT split_part(version(), ' on ', 1), current_setting('synchronous_commit'), current_setting('max_connections')`).

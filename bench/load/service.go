@@ -222,7 +222,7 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 		if err := topUp(ctx, a, s.users[:n]); err != nil {
 			return fmt.Errorf("%s: top-up deposits: %w", s.group, err)
 		}
-		probe := cpuProbe{svcPID: s.proc.pid, pg: s.pg != nil, redis: s.redis, proxy: s.proxy}
+		probe := cpuProbe{svcPID: s.proc.pid, pg: s.pg != nil, redis: s.redis, proxy: s.proxy, xid: s.pg}
 		r := runCell(ctx, a, s.users[:n], cfg.warmup, cfg.duration, probe, s.mintTokens)
 		if ctx.Err() != nil {
 			return ctx.Err() // interrupted: the cell is left out
