@@ -382,7 +382,6 @@ func TestServeDatabaseLockMetrics(t *testing.T) {
 				{"onceguard_db_duration_seconds_count", map[string]string{"op": "lock_release"}},
 				{"onceguard_db_duration_seconds_count", map[string]string{"op": "key_begin"}},
 				{"onceguard_db_duration_seconds_count", map[string]string{"op": "key_complete_tx"}},
-				{"onceguard_db_duration_seconds_count", map[string]string{"op": "token_put"}},
 				{"onceguard_lock_acquires_total", map[string]string{"backend": "database", "result": "acquired"}},
 			} {
 				if v, ok := metricValue(m, c.name, c.labels); !ok || v < 1 {
