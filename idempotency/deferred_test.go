@@ -28,8 +28,8 @@ func (b *beginCounter) Begin(ctx context.Context, r idemstore.BeginRequest) (ide
 // 409 at once, without the store (a double click never reaches the
 // handler's transaction); an answer written without Created is kept
 // nowhere ("unrecorded"); the key's next request, finished moments ago
-// here, goes to the store, which creates the record as without Deferred,
-// and the one after replays it.
+// here, takes the deferred path again (no Begin): only the handler's
+// transaction checks the principal.
 func TestDeferredLocal(t *testing.T) {
 	store := &beginCounter{Store: &memstore.Store{}}
 	var events []string

@@ -164,7 +164,7 @@ type Options[R any] struct {
 // is safe for concurrent use.
 type Guard[R any] struct {
 	o             Options[R]
-	local         local    // Deferred: this Guard's keys in flight and recently finished
+	local         local    // Deferred: this Guard's keys in flight
 	replayHeaders []string // o.ReplayHeaders, canonical; nil for "*"
 	allHeaders    bool     // "*"
 }
