@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
@@ -432,6 +433,10 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 	return moved, status, nil
 }
 
+// noMovement marks the error by which settleOne's statement refuses to
+// complete the record of a movement that does not exist.
+const noMovement = "onceguard_no_movement"
+
 // settleOne is Settle on PostgreSQL of a movement whose settlement moves no money and writes no
 // event (a withdrawal that succeeded), with its key's record completed in the same statement
 // (Records.CompleteCTE): one round trip, one commit. A record whose lease was lost leaves the
@@ -446,11 +451,19 @@ func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Sta
 		moved, done int64
 		before      sql.NullString
 	)
+	// og_found fails the statement, the record's completion with it, when
+	// there is no such movement; it reads the table, so it is never folded
+	// away at planning.
 	err = s.db.QueryRowContext(ctx, `WITH mv AS (
   UPDATE `+table+` SET status = $1 WHERE id = $2 AND status = 'pending' RETURNING 1
+), og_found AS (
+  SELECT CASE WHEN count(*) = 0 THEN CAST('`+noMovement+`:' || count(*) AS int)::text ELSE max(status) END AS status
+  FROM `+table+` WHERE id = $2
 ), `+cte.With+`
-SELECT (SELECT count(*) FROM mv), (SELECT status FROM `+table+` WHERE id = $2), `+cte.Result, append([]any{string(outcome), id}, cte.Args...)...).Scan(&moved, &before, &done)
-	if err != nil {
+SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), `+cte.Result, append([]any{string(outcome), id}, cte.Args...)...).Scan(&moved, &before, &done)
+	if err != nil && strings.Contains(err.Error(), noMovement) {
+		return false, "", app.ErrNotFound
+	} else if err != nil {
 		return false, "", s.Records.Completed(0, err)
 	}
 	status := outcome

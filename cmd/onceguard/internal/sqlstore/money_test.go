@@ -13,6 +13,7 @@ import (
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
+	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/memlock"
@@ -171,9 +172,11 @@ func TestStaleFenceRefused(t *testing.T) {
 }
 
 // A settlement and the Idempotency-Key record it completes (Records)
-// commit together or not at all, on every database, in one transaction.
-// The completer here marks a row of a table of its own, once, as
-// completing a record does.
+// commit together or not at all on MySQL and SQLite, in one transaction.
+// On PostgreSQL a withdrawal's success settles and completes its record in
+// one statement (Records.CompleteCTE): a record refused there leaves the
+// settlement committed and says so (app.ErrRecordLost). The completer here
+// marks a row of a table of its own, once, as completing a record does.
 func TestSettleRecord(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
@@ -224,12 +227,22 @@ func TestSettleRecord(t *testing.T) {
 			if st, done := state("w1", "a1"); st != "succeeded" || done != 1 {
 				t.Errorf("after a settlement: %s, done %d; want succeeded, 1", st, done)
 			}
-			// The record is refused (a lost lease): nothing commits.
-			if moved, err := settle("w2", "a1"); !errors.Is(err, errRefused) || moved {
-				t.Errorf("Settle with a refused record = %v, %v; want the refusal", moved, err)
-			}
-			if st, _ := state("w2", "a2"); st != "pending" {
-				t.Errorf("after a refused record: %s; want pending", st)
+			if d.dialect == sqldialect.Postgres {
+				// The record is refused (a lost lease): the settlement commits, the loss is told.
+				if moved, err := settle("w2", "a1"); !errors.Is(err, app.ErrRecordLost) || !errors.Is(err, errRefused) || !moved {
+					t.Errorf("Settle with a refused record = %v, %v; want moved, ErrRecordLost", moved, err)
+				}
+				if st, _ := state("w2", "a2"); st != "succeeded" {
+					t.Errorf("after a refused record: %s; want succeeded", st)
+				}
+			} else {
+				// The record is refused (a lost lease): nothing commits.
+				if moved, err := settle("w2", "a1"); !errors.Is(err, errRefused) || moved {
+					t.Errorf("Settle with a refused record = %v, %v; want the refusal", moved, err)
+				}
+				if st, _ := state("w2", "a2"); st != "pending" {
+					t.Errorf("after a refused record: %s; want pending", st)
+				}
 			}
 			// Settled before: not moved, the record still commits.
 			if moved, err := settle("w1", "a2"); err != nil || moved {
@@ -258,6 +271,22 @@ var errRefused = errors.New("record refused")
 type markOnce struct {
 	sqlstore.RecordCompleter // only CompleteTx is used
 	stmt                     string
+}
+
+// CompleteCTE is CompleteTx composed into PostgreSQL's one statement.
+func (m markOnce) CompleteCTE(id, _ string, _ idemstore.Response, first int) (idemsql.CTE, error) {
+	return idemsql.CTE{
+		With:   fmt.Sprintf(`mark AS (UPDATE also_t SET done = 1 WHERE id = $%d AND done = 0 RETURNING 1)`, first),
+		Result: `(SELECT count(*) FROM mark)`,
+		Args:   []any{id},
+	}, nil
+}
+
+func (m markOnce) Completed(n int64, err error) error {
+	if err == nil && n == 0 {
+		err = errRefused
+	}
+	return err
 }
 
 func (m markOnce) CompleteTx(ctx context.Context, tx *sql.Tx, id, _ string, _ idemstore.Response) error {
