@@ -2,11 +2,15 @@ package idempotency_test
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
@@ -73,5 +77,72 @@ func TestDeferredLocal(t *testing.T) {
 	want := "in_progress unrecorded unrecorded"
 	if got := strings.Join(events, " "); got != want {
 		t.Errorf("events = %q; want %q", got, want)
+	}
+}
+
+// Deferred on one Guard, with a repeat-submit window: the same body under
+// another key is turned away 429 at once, its handler never run, while
+// the first runs and after it created its record, as Begin's claim does
+// without Deferred; a first whose key was freed (a 5xx) or that created
+// nothing lets the window go here.
+func TestDeferredLocalWindow(t *testing.T) {
+	store := &memstore.Store{}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	h := idempotency.Middleware(idempotency.Config{Store: store, Deferred: true, Window: time.Minute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		call, _ := idempotency.FromContext(r.Context())
+		body, _ := io.ReadAll(r.Body)
+		n := runs.Add(1)
+		if n == 1 {
+			close(entered)
+			<-release
+		}
+		switch string(body) {
+		case `{"a":"fail"}`:
+			w.WriteHeader(http.StatusServiceUnavailable) // frees the key and its window
+		case `{"a":"refused"}`:
+			w.WriteHeader(http.StatusUnauthorized) // created nothing
+		default:
+			call.Created() // the handler's transaction committed its record
+			w.WriteHeader(http.StatusCreated)
+		}
+	}))
+	post := func(key, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(body))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	duplicate := func(what string, w *httptest.ResponseRecorder) {
+		t.Helper()
+		ra, _ := strconv.Atoi(w.Header().Get("Retry-After"))
+		if w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), "duplicate_submission") || ra < 1 || ra > 60 {
+			t.Errorf("%s = %d %s, Retry-After %q; want 429 duplicate_submission, 1..60", what, w.Code, w.Body, w.Header().Get("Retry-After"))
+		}
+	}
+	first := make(chan *httptest.ResponseRecorder)
+	go func() { first <- post("k1", `{"a":1}`) }()
+	<-entered
+	duplicate("the same body under k2 while k1 runs", post("k2", `{"a":1}`))
+	if w := post("k3", `{"a":2}`); w.Code != http.StatusCreated {
+		t.Errorf("another body while k1 runs = %d; want 201", w.Code)
+	}
+	close(release)
+	if w := <-first; w.Code != http.StatusCreated {
+		t.Fatalf("k1 = %d; want 201", w.Code)
+	}
+	duplicate("the same body under k4 after k1 created its record", post("k4", `{"a":1}`))
+	if got := runs.Load(); got != 2 {
+		t.Errorf("handler runs = %d; want 2 (k1, k3): the duplicates never ran", got)
+	}
+	for i, body := range []string{`{"a":"fail"}`, `{"a":"refused"}`} {
+		if w := post(fmt.Sprint("x1-", i), body); w.Code == http.StatusTooManyRequests || w.Code == http.StatusBadRequest {
+			t.Fatalf("%s first = %d", body, w.Code)
+		}
+		before := runs.Load()
+		if w := post(fmt.Sprint("x2-", i), body); w.Code == http.StatusTooManyRequests || runs.Load() != before+1 {
+			t.Errorf("%s under a fresh key after its first let the window go = %d, ran %v; want run again", body, w.Code, runs.Load() != before)
+		}
 	}
 }

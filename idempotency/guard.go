@@ -369,6 +369,12 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 		case keyNew:
 			out := g.deferred(ctx, req, id, key, scope, fp, claim, now)
 			out.Call.deferred.done = done
+			if st := out.Call.deferred.start; st.WindowID != "" {
+				if left, ok := g.local.holdWindow(st.WindowID, id, now, st.WindowUntil); !ok {
+					g.local.finish(out.Call) // nothing created: the key is free again
+					return g.fail(r, "duplicate_submission", g.duplicate(left))
+				}
+			}
 			return out
 		case keyInFlight:
 			if o.Wait <= 0 {
@@ -710,6 +716,7 @@ func (g *Guard[R]) fail(r R, ev string, p *Problem) Outcome {
 // release frees a key whose request must be allowed to run again.
 func (g *Guard[R]) release(r R, ctx context.Context, call *Call) {
 	_ = g.o.Store.Abandon(ctx, call.ID, call.Lease)
+	g.local.dropWindow(call)
 	if call.windowID != "" {
 		_ = g.o.Windows.FreeWindow(ctx, call.windowID, idemstore.WindowOwner(call.ID, call.Lease))
 	}

@@ -1,6 +1,9 @@
 package idempotency
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // local is what a Deferred Guard knows of its own keys without asking
 // the store: those in flight here (their first request's handler runs),
@@ -8,10 +11,32 @@ import "sync"
 // It only saves work: the store still decides. A key finished here takes
 // the deferred path again, since only the handler's transaction checks
 // the principal (a session that ended since).
+//
+// It also knows the repeat-submit windows of its keys: one claimed by a
+// key in flight here, or by a key whose record was created here, within
+// the window. The same body under another key is turned away 429 at once,
+// as Begin's claim does without Deferred: not after waiting for the
+// handler's lock to learn it in its transaction, which a lost Redis can
+// make a long wait.
 type local struct {
 	mu       sync.Mutex
 	inflight map[string]chan struct{}
+	windows  map[string]windowHold
+	swept    time.Time // when windows was last cleared of expired holds
 }
+
+// windowHold is a window claimed by the key owner; pending while its
+// request runs (until then is the window's end if it creates its record).
+type windowHold struct {
+	owner   string
+	until   time.Time
+	pending bool
+}
+
+// maxWindows bounds the windows kept: past it a new claim is not kept
+// here (the store still refuses its duplicates, in the handler's
+// transaction).
+const maxWindows = 1 << 17
 
 type keyState int
 
@@ -36,7 +61,40 @@ func (l *local) claim(id string) (chan struct{}, keyState) {
 	return ch, keyNew
 }
 
-// finish ends a Deferred call's key's flight here, once.
+// holdWindow claims window w for the key owner until until, unless
+// another key holds it here: then it returns false and how long is left
+// (the whole window while that key's request runs).
+func (l *local) holdWindow(w, owner string, now, until time.Time) (time.Duration, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h, ok := l.windows[w]; ok && (h.pending || h.until.After(now)) {
+		switch {
+		case h.owner == owner: // a retry of the key that holds it: the store answers
+			return 0, true
+		case h.pending:
+			return until.Sub(now), false
+		}
+		return h.until.Sub(now), false
+	}
+	if l.windows == nil {
+		l.windows = map[string]windowHold{}
+	}
+	if window := until.Sub(now); now.Sub(l.swept) > window {
+		for k, h := range l.windows {
+			if !h.pending && !h.until.After(now) {
+				delete(l.windows, k)
+			}
+		}
+		l.swept = now
+	}
+	if len(l.windows) < maxWindows {
+		l.windows[w] = windowHold{owner: owner, until: until, pending: true}
+	}
+	return 0, true
+}
+
+// finish ends a Deferred call's key's flight here, once: its window stays
+// held if its record was created, else it is let go.
 func (l *local) finish(call *Call) {
 	d := call.deferred
 	if d == nil || d.done == nil {
@@ -49,4 +107,25 @@ func (l *local) finish(call *Call) {
 	}
 	delete(l.inflight, call.ID)
 	close(d.done)
+	if h, ok := l.windows[call.windowID]; ok && h.owner == call.ID && h.pending && h.until.Equal(d.start.WindowUntil) {
+		if d.created.Load() {
+			h.pending = false
+			l.windows[call.windowID] = h
+		} else {
+			delete(l.windows, call.windowID)
+		}
+	}
+}
+
+// dropWindow lets go of a Deferred call's window when its key is freed
+// (the store's window entry is freed with it).
+func (l *local) dropWindow(call *Call) {
+	if call.deferred == nil || call.windowID == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h, ok := l.windows[call.windowID]; ok && h.owner == call.ID {
+		delete(l.windows, call.windowID)
+	}
 }
