@@ -25,7 +25,7 @@ var databases = []database{
 	{"sqlite", sqldialect.SQLite, dbtest.SQLite},
 }
 
-var tables = []string{"outbox", "psp_events", "ledger", "payments", "orders", "withdrawals", "deposits", "accounts", "sessions", "users", "schema_migrations"}
+var tables = []string{"outbox", "pending_movements", "service_secrets", "psp_events", "ledger", "payments", "orders", "withdrawals", "deposits", "accounts", "sessions", "users", "schema_migrations"}
 
 // fresh drops the service's tables, so the test starts from nothing. The
 // shared test databases hold no service data of anyone else.

@@ -214,6 +214,8 @@ func (s *Store) withdrawOne(ctx context.Context, m app.Movement, fence int64, ch
   RETURNING balance
 ), wd AS (
   INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) SELECT $1, $2, $3, $4, 'pending', $5 FROM acct
+), pend AS (
+  INSERT INTO pending_movements (id, kind, created_at) SELECT $1, 'withdrawal', $5 FROM acct
 ), led AS (
   INSERT INTO ledger (user_id, kind, amount, balance_after, ref, created_at) SELECT $2, 'withdrawal', -$4, balance, $1, $5 FROM acct
 )
@@ -331,8 +333,12 @@ func (s *Store) ledger(ctx context.Context, tx *sql.Tx, userID string, kind app.
 func (s *Store) CreateDeposit(ctx context.Context, m app.Movement) (got app.Movement, created bool, err error) {
 	defer s.timed("create_deposit", time.Now(), &err)
 	m.Kind, m.Status = app.Deposit, app.Pending
-	_, err = s.db.ExecContext(ctx, s.q(`INSERT INTO deposits (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
-		m.ID, m.UserID, m.Key, int64(m.Amount), string(m.Status), us(m.CreatedAt))
+	insert := `INSERT INTO deposits (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`
+	if s.d == sqldialect.Postgres { // and into the backlog (migration 008)
+		insert = `WITH d AS (` + insert + ` RETURNING id, created_at)
+INSERT INTO pending_movements (id, kind, created_at) SELECT id, 'deposit', created_at FROM d`
+	}
+	_, err = s.db.ExecContext(ctx, s.q(insert), m.ID, m.UserID, m.Key, int64(m.Amount), string(m.Status), us(m.CreatedAt))
 	if duplicate(err) {
 		return s.movementByKeyCreated(ctx, app.Deposit, m.UserID, m.Key)
 	}
@@ -456,7 +462,7 @@ func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Sta
 	// away at planning.
 	err = s.db.QueryRowContext(ctx, `WITH mv AS (
   UPDATE `+table+` SET status = $1 WHERE id = $2 AND status = 'pending' RETURNING 1
-), og_found AS (
+), `+unpend+`, og_found AS (
   SELECT CASE WHEN count(*) = 0 THEN CAST('`+noMovement+`:' || count(*) AS int)::text ELSE max(status) END AS status
   FROM `+table+` WHERE id = $2
 ), `+cte.With+`
@@ -498,6 +504,11 @@ func outcome(succeeded bool) app.Status {
 	return app.Failed
 }
 
+// unpend is the CTE by which a PostgreSQL statement that settles movement $2
+// takes it out of the backlog (migration 008). Unconditional: a movement
+// settled before is not in it any more.
+const unpend = `unpend AS (DELETE FROM pending_movements WHERE id = $2)`
+
 // settleRow moves the pending row id of table to status and reports
 // whether it did (false: settled before), with the row's user, amount and
 // status after; app.ErrNotFound if there is no such row.
@@ -513,7 +524,11 @@ func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id string, sta
 		return err
 	}
 	if s.d != sqldialect.MySQL {
-		err = s.st.QueryRow(ctx, tx, s.q(update+` RETURNING user_id, amount`), string(status), id).Scan(&userID, &amount)
+		q := s.q(update + ` RETURNING user_id, amount`)
+		if s.d == sqldialect.Postgres {
+			q = `WITH mv AS (` + q + `), ` + unpend + ` SELECT user_id, amount FROM mv`
+		}
+		err = s.st.QueryRow(ctx, tx, q, string(status), id).Scan(&userID, &amount)
 		if errors.Is(err, sql.ErrNoRows) {
 			err = read() // settled before, or not there
 			return false, userID, amount, after, err

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -261,6 +262,85 @@ func TestSettleRecord(t *testing.T) {
 			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 8000 || sum != bal {
 				t.Errorf("balance %v, ledger %v; want 80.00", bal, sum)
 			}
+			// The backlog: w2 is still pending where its refused record rolled it back.
+			want := 1
+			if d.dialect == sqldialect.Postgres {
+				want = 0
+			}
+			if n, err := s.PendingCount(ctx); err != nil || n != want {
+				t.Errorf("PendingCount = %d, %v; want %d", n, err, want)
+			}
+		})
+	}
+}
+
+// The backlog follows the movements through the store, on every database:
+// a deposit or a withdrawal is in it from its creation to its settlement
+// (whichever settles it, once), oldest first; a second settlement and one
+// of a movement that does not exist change nothing.
+func TestBacklog(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			s, _, now := withUserDB(t, d)
+			ctx := context.Background()
+			count := func(want int) {
+				t.Helper()
+				if n, err := s.PendingCount(ctx); err != nil || n != want {
+					t.Fatalf("PendingCount = %d, %v; want %d", n, err, want)
+				}
+			}
+			pending := func(k app.Kind, want string) {
+				t.Helper()
+				got, err := s.Pending(ctx, k, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ids []string
+				for _, m := range got {
+					if m.Status != app.Pending || m.Kind != k {
+						t.Errorf("Pending(%s) gave %s %s %s", k, m.ID, m.Kind, m.Status)
+					}
+					ids = append(ids, m.ID)
+				}
+				if strings.Join(ids, " ") != want {
+					t.Errorf("Pending(%s) = %v; want %q", k, ids, want)
+				}
+			}
+			count(0)
+			for i, id := range []string{"d1", "d2"} {
+				if _, created, err := s.CreateDeposit(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 10000, CreatedAt: time.UnixMicro(now + int64(i))}); err != nil || !created {
+					t.Fatalf("CreateDeposit(%s) = %v, %v", id, created, err)
+				}
+			}
+			if _, created, _ := s.CreateDeposit(ctx, app.Movement{ID: "d3", UserID: "u1", Key: "kd1", Amount: 10000, CreatedAt: time.UnixMicro(now)}); created {
+				t.Fatal("a second deposit under kd1 was created")
+			}
+			count(2)
+			pending(app.Deposit, "d1 d2")
+			if moved, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil || !moved {
+				t.Fatalf("SettleDeposit(d1) = %v, %v", moved, err)
+			}
+			if moved, err := s.SettleDeposit(ctx, "d1", false, time.UnixMicro(now)); err != nil || moved {
+				t.Fatalf("SettleDeposit(d1) again = %v, %v; want not moved", moved, err)
+			}
+			if _, err := s.SettleDeposit(ctx, "d9", true, time.UnixMicro(now)); !errors.Is(err, app.ErrNotFound) {
+				t.Fatalf("SettleDeposit(d9) = %v; want ErrNotFound", err)
+			}
+			count(1)
+			pending(app.Deposit, "d2")
+			for i, id := range []string{"w2", "w1"} { // w2 first: older
+				if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now + 10 + int64(i))}, 0, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			count(3)
+			pending(app.Withdrawal, "w2 w1")
+			if moved, err := s.SettleWithdrawal(ctx, "w2", false, time.UnixMicro(now)); err != nil || !moved {
+				t.Fatalf("SettleWithdrawal(w2) = %v, %v", moved, err)
+			}
+			count(2)
+			pending(app.Withdrawal, "w1")
+			pending(app.Deposit, "d2")
 		})
 	}
 }

@@ -17,11 +17,14 @@ import (
 )
 
 // The reconciler's pending lookups, its backlog count after every pass
-// (PendingCount) and Pending, read the pending indexes of migration 003,
-// not the whole deposits and withdrawals tables, which only grow: with 2000
+// (PendingCount) and Pending, read the pending indexes of migration 003
+// (MySQL, SQLite) or the backlog table of migration 008 (PostgreSQL), not
+// the whole deposits and withdrawals tables, which only grow: with 2000
 // settled rows and 5 pending in each table, each dialect's plan of both
-// statements uses the index, scans neither table and sorts nothing. Both on
-// a fresh database and on one at migration 1, with its rows, that upgrades.
+// statements scans neither table, and on MySQL and SQLite uses the index
+// and sorts nothing (PostgreSQL sorts the backlog, which holds only the
+// pending rows). Both on a fresh database and on one at migration 1, with
+// its rows, that upgrades (migration 008 fills the backlog table).
 func TestPendingIndexes(t *testing.T) {
 	for _, d := range databases {
 		for _, upgrade := range []bool{false, true} {
@@ -46,6 +49,13 @@ func TestPendingIndexes(t *testing.T) {
 				}
 				if !upgrade {
 					seedMovements(t, db)
+					if d.dialect == sqldialect.Postgres { // as the store's inserts do
+						if _, err := db.Exec(`INSERT INTO pending_movements (id, kind, created_at)
+SELECT id, 'deposit', created_at FROM deposits WHERE status = 'pending'
+UNION ALL SELECT id, 'withdrawal', created_at FROM withdrawals WHERE status = 'pending'`); err != nil {
+							t.Fatal(err)
+						}
+					}
 				}
 				analyze(t, db, d.dialect)
 
@@ -65,9 +75,9 @@ func TestPendingIndexes(t *testing.T) {
 					t.Errorf("Pending(withdrawals, 3) = %v; want %s (the oldest pending, in order)", ids, want)
 				}
 
-				checkPlan(t, db, d.dialect, "backlog count", sqlstore.PendingCountQuery, nil, false, "deposits", "withdrawals")
+				checkPlan(t, db, d.dialect, "backlog count", sqlstore.PendingCountQuery(d.dialect), nil, false, "deposits", "withdrawals")
 				for _, tb := range []string{"deposits", "withdrawals"} {
-					checkPlan(t, db, d.dialect, "pending "+tb, sqlstore.PendingQuery(tb), []any{100}, true, tb)
+					checkPlan(t, db, d.dialect, "pending "+tb, sqlstore.PendingQuery(d.dialect, tb), []any{100}, true, tb)
 				}
 			})
 		}
@@ -166,13 +176,13 @@ func checkPlan(t *testing.T, db *sql.DB, d sqldialect.Dialect, what, query strin
 		t.Helper()
 		t.Errorf("%s: %s (plan above)", what, fmt.Sprintf(format, args...))
 	}
+	if d == sqldialect.Postgres && !strings.Contains(text, "pending_movements") {
+		fail("the backlog table pending_movements is not in the plan")
+	}
 	for _, tb := range tables {
 		index := tb + "_pending"
 		switch d {
-		case sqldialect.Postgres:
-			if !strings.Contains(text, " "+index) {
-				fail("no %s in the plan", index)
-			}
+		case sqldialect.Postgres: // read by key from the backlog, if at all
 			if strings.Contains(text, "Seq Scan on "+tb) {
 				fail("a sequential scan of %s", tb)
 			}
@@ -207,7 +217,7 @@ func checkPlan(t *testing.T, db *sql.DB, d sqldialect.Dialect, what, query strin
 			}
 		}
 	}
-	if ordered {
+	if ordered && d != sqldialect.Postgres {
 		sorted := map[sqldialect.Dialect]string{sqldialect.Postgres: "Sort", sqldialect.MySQL: "filesort", sqldialect.SQLite: "TEMP B-TREE"}[d]
 		if strings.Contains(text, sorted) {
 			fail("a sort (%s): the index's order does not serve the ORDER BY", sorted)

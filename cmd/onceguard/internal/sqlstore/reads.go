@@ -8,6 +8,7 @@ import (
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // Balance returns a user's balance and the sum of their ledger, which must
@@ -29,7 +30,7 @@ func (s *Store) Pending(ctx context.Context, kind app.Kind, limit int) (out []ap
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.db.QueryContext(ctx, s.q(pendingQuery(t)), limit)
+	rows, err := s.db.QueryContext(ctx, s.q(pendingQuery(s.d, t)), limit)
 	if err != nil {
 		return nil, err
 	}
@@ -44,24 +45,44 @@ func (s *Store) Pending(ctx context.Context, kind app.Kind, limit int) (out []ap
 	return out, rows.Err()
 }
 
-// pendingQuery is Pending's statement on table, an index scan of its
-// pending index (migration 003) that stops at the ? limit. The status stays
-// a literal: a partial index serves only a WHERE that implies its predicate
-// when planned, which a parameter does not.
-func pendingQuery(table string) string {
+// pendingQuery is Pending's statement on table, which stops at the ? limit.
+// On PostgreSQL it reads the backlog table (migration 008), a few rows, and
+// each movement by its key; elsewhere an index scan of the pending index
+// (migration 003). The status stays a literal: a partial index serves only
+// a WHERE that implies its predicate when planned, which a parameter does
+// not.
+func pendingQuery(d sqldialect.Dialect, table string) string {
+	if d == sqldialect.Postgres {
+		return `SELECT m.id, m.user_id, m.idempotency_key, m.amount, m.status, m.created_at FROM pending_movements p JOIN ` + table +
+			` m ON m.id = p.id WHERE p.kind = '` + kindOf(table) + `' AND m.status = 'pending' ORDER BY p.created_at, p.id LIMIT ?`
+	}
 	return `SELECT id, user_id, idempotency_key, amount, status, created_at FROM ` + table +
 		` WHERE status = 'pending' ORDER BY created_at, id LIMIT ?`
 }
 
+// kindOf is the backlog's kind of a movement table's rows.
+func kindOf(table string) string {
+	if table == "deposits" {
+		return string(app.Deposit)
+	}
+	return string(app.Withdrawal)
+}
+
 // pendingCountQuery counts the pending deposits and withdrawals from the
-// pending indexes alone (see pendingQuery), not the tables, which only grow.
-const pendingCountQuery = `SELECT (SELECT COUNT(*) FROM deposits WHERE status = 'pending') + (SELECT COUNT(*) FROM withdrawals WHERE status = 'pending')`
+// backlog table (PostgreSQL) or the pending indexes alone (see
+// pendingQuery), not the tables, which only grow.
+func pendingCountQuery(d sqldialect.Dialect) string {
+	if d == sqldialect.Postgres {
+		return `SELECT COUNT(*) FROM pending_movements`
+	}
+	return `SELECT (SELECT COUNT(*) FROM deposits WHERE status = 'pending') + (SELECT COUNT(*) FROM withdrawals WHERE status = 'pending')`
+}
 
 // PendingCount counts the deposits and withdrawals still pending, from the
 // pending indexes, whose size is the backlog's, not the tables'.
 func (s *Store) PendingCount(ctx context.Context) (n int, err error) {
 	defer classify("pending_count", &err) // timed by the reconciler
-	err = s.db.QueryRowContext(ctx, pendingCountQuery).Scan(&n)
+	err = s.db.QueryRowContext(ctx, pendingCountQuery(s.d)).Scan(&n)
 	return n, err
 }
 
