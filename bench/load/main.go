@@ -273,8 +273,11 @@ func run(cfg config, out, progress io.Writer) error {
 	var services []*serviceConfig
 	// --signup-limit -1: the clients are users signed up from one address,
 	// more of them than the service lets one address create in an hour
-	// with -clients over 100.
-	baseArgs := []string{"serve", "--addr", "127.0.0.1:0", "--require-submit-token", "", "--signup-limit", "-1"}
+	// with -clients over 100. --rate-limit 0: and they send more requests a
+	// second, from that one address, than the service's default per-address
+	// limit (2000/s) lets through; a real deployment's clients come from
+	// many addresses, and the floor has no limit.
+	baseArgs := []string{"serve", "--addr", "127.0.0.1:0", "--require-submit-token", "", "--signup-limit", "-1", "--rate-limit", "0"}
 	if has(groupSQLite) {
 		dir := filepath.Join(tmp, "sqlite-data")
 		services = append(services, &serviceConfig{group: groupSQLite, bin: bin, runID: runID,
@@ -426,7 +429,7 @@ func serviceFlagsNote(cfg config) string {
 	if cfg.proxy {
 		db = "<fresh database, through its proxy>"
 	}
-	s := `--addr 127.0.0.1:0 --require-submit-token "" --signup-limit -1 (repeat window default 10s); SQLite: --data-dir <tmp>; PostgreSQL: --db ` + db + ` --redis ` + redactURL(cfg.redisURL)
+	s := `--addr 127.0.0.1:0 --require-submit-token "" --signup-limit -1 --rate-limit 0 (repeat window default 10s); SQLite: --data-dir <tmp>; PostgreSQL: --db ` + db + ` --redis ` + redactURL(cfg.redisURL)
 	if cfg.dbConns > 0 {
 		s += " --db-conns " + strconv.Itoa(cfg.dbConns)
 	}
