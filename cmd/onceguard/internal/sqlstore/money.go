@@ -455,7 +455,7 @@ func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Sta
 	}
 	var (
 		moved, done int64
-		before      sql.NullString
+		before      string
 	)
 	// og_found fails the statement, the record's completion with it, when
 	// there is no such movement; it reads the table, so it is never folded
@@ -473,11 +473,8 @@ SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), `+cte.Result, a
 		return false, "", s.Records.Completed(0, err)
 	}
 	status := outcome
-	switch {
-	case moved == 0 && !before.Valid:
-		return false, "", app.ErrNotFound
-	case moved == 0:
-		status = app.Status(before.String) // settled before: as it was
+	if moved == 0 {
+		status = app.Status(before) // settled before: as it was (og_found: it exists)
 	}
 	if err := s.Records.Completed(done, nil); err != nil {
 		return moved == 1, status, fmt.Errorf("%w: %w", app.ErrRecordLost, err)
