@@ -15,6 +15,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
+	"github.com/onceguard/onceguard/token"
 )
 
 // beginCounter counts a store's Begins.
@@ -87,9 +88,30 @@ func TestDeferredLocal(t *testing.T) {
 // nothing lets the window go here.
 func TestDeferredLocalWindow(t *testing.T) {
 	store := &memstore.Store{}
+	tokens := token.New(store, nil)
+	// Another instance, without Deferred or a window, made records first:
+	// a key answered 201 "old", a submit token used on another path.
+	user := func(*http.Request) (string, error) { return "u1", nil }
+	plain := idempotency.Middleware(idempotency.Config{Store: store, Tokens: tokens, Purpose: "withdrawal", Principal: user})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte("old"))
+	}))
+	usedToken, err := tokens.Issue(context.Background(), "u1", "withdrawal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, key := range map[string]string{"/pay": "old", "/other": usedToken.Token} {
+		r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(`{"a":1}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		plain.ServeHTTP(w, r)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("%s on the other instance = %d", path, w.Code)
+		}
+	}
 	entered, release := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int32
-	h := idempotency.Middleware(idempotency.Config{Store: store, Deferred: true, Window: time.Minute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.Middleware(idempotency.Config{Store: store, Tokens: tokens, Purpose: "withdrawal", Principal: user, Deferred: true, Window: time.Minute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		call, _ := idempotency.FromContext(r.Context())
 		body, _ := io.ReadAll(r.Body)
 		n := runs.Add(1)
@@ -125,6 +147,14 @@ func TestDeferredLocalWindow(t *testing.T) {
 	go func() { first <- post("k1", `{"a":1}`) }()
 	<-entered
 	duplicate("the same body under k2 while k1 runs", post("k2", `{"a":1}`))
+	// The store's answer of a key with a record of its own comes first.
+	if w := post("old", `{"a":1}`); w.Code != http.StatusCreated || w.Body.String() != "old" {
+		t.Errorf("a retry of an older key with the body k1 holds = %d %q; want its replay, 201 old", w.Code, w.Body)
+	}
+	if w := post(usedToken.Token, `{"a":1}`); w.Code != http.StatusBadRequest {
+		t.Errorf("a token used on another path, with the body k1 holds = %d %s; want 400", w.Code, w.Body)
+	}
+	duplicate("k2 again, after the store was asked", post("k2", `{"a":1}`))
 	if w := post("k3", `{"a":2}`); w.Code != http.StatusCreated {
 		t.Errorf("another body while k1 runs = %d; want 201", w.Code)
 	}

@@ -360,6 +360,7 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 	// 5. The key's record.
 	id := RecordID(scope, key)
 	now := o.Now()
+	held := time.Duration(-1) // the 429's wait when a key here holds the body's window
 	if deferred {
 		// A key in flight here is turned away before its handler runs
 		// (a double click, a client's storm), and one finished moments
@@ -369,13 +370,20 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 		case keyNew:
 			out := g.deferred(ctx, req, id, key, scope, fp, claim, now)
 			out.Call.deferred.done = done
-			if st := out.Call.deferred.start; st.WindowID != "" {
-				if left, ok := g.local.holdWindow(st.WindowID, id, now, st.WindowUntil); !ok {
-					g.local.finish(out.Call) // nothing created: the key is free again
-					return g.fail(r, "duplicate_submission", g.duplicate(left))
-				}
+			st := out.Call.deferred.start
+			left, ok := time.Duration(0), true
+			if st.WindowID != "" {
+				left, ok = g.local.holdWindow(st.WindowID, id, now, st.WindowUntil)
 			}
-			return out
+			if ok {
+				return out
+			}
+			// Another key here holds the body's window. The key may still
+			// have a record of its own (a retry of an older key; a used
+			// token): the store's answer comes first, as without Deferred,
+			// and only a key it does not know is turned away 429.
+			g.local.finish(out.Call) // nothing created: the key is free again
+			held = left
 		case keyInFlight:
 			if o.Wait <= 0 {
 				return g.fail(r, "in_progress", probInProgress)
@@ -409,6 +417,10 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 		return g.fail(r, "in_progress", probInProgress)
 	case idemstore.Mismatch:
 		return g.fail(r, "mismatch", probReused)
+	}
+	if held >= 0 { // new to the store: a duplicate of the key in flight or created here
+		_ = o.Store.Abandon(context.WithoutCancel(ctx), id, res.Lease) // not recorded: key and token stay usable
+		return g.fail(r, "duplicate_submission", g.duplicate(held))
 	}
 	// One allocation carries the call, the handler's context and body.
 	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fp, Recovered: res.Recovered, replayHeaders: &g.replayHeaders}

@@ -14,10 +14,14 @@ import (
 //
 // It also knows the repeat-submit windows of its keys: one claimed by a
 // key in flight here, or by a key whose record was created here, within
-// the window. The same body under another key is turned away 429 at once,
-// as Begin's claim does without Deferred: not after waiting for the
+// the window. The same body under another key is turned away 429 as
+// Begin's claim does without Deferred, once the store's Begin says that
+// key has no record of its own (a retry of an older key is replayed, a
+// used token refused, as without Deferred): not after waiting for the
 // handler's lock to learn it in its transaction, which a lost Redis can
-// make a long wait.
+// make a long wait. A hold kept for a record whose commit's outcome was
+// unknown (Call.Created) may turn such a body away until the window ends
+// though the record was never made: never a duplicate, at worst a wait.
 type local struct {
 	mu       sync.Mutex
 	inflight map[string]chan struct{}
@@ -117,10 +121,11 @@ func (l *local) finish(call *Call) {
 	}
 }
 
-// dropWindow lets go of a Deferred call's window when its key is freed
-// (the store's window entry is freed with it).
+// dropWindow lets go of the window a key holds here when the key is freed
+// (the store's window entry is freed with it), whichever of the key's
+// calls frees it: a Deferred one, or the one Resume began for it.
 func (l *local) dropWindow(call *Call) {
-	if call.deferred == nil || call.windowID == "" {
+	if call.windowID == "" {
 		return
 	}
 	l.mu.Lock()
