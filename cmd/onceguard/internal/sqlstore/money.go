@@ -367,6 +367,11 @@ func (s *Store) movementByKeyCreated(ctx context.Context, k app.Kind, userID, ke
 // settled it (a request, a callback or the reconciler).
 func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome app.Status, now time.Time, rec *app.Record, event string) (moved bool, status app.Status, err error) {
 	defer s.timed("settle", time.Now(), &err)
+	if outcome != app.Succeeded && outcome != app.Failed {
+		// Pending would "settle" a pending row as pending and take it out
+		// of the backlog (unpend): a movement no reconciler finds again.
+		return false, "", fmt.Errorf("sqlstore: settle: outcome %q is not final", outcome)
+	}
 	var credit bool
 	var entry app.EntryKind
 	switch kind {
@@ -476,6 +481,16 @@ SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), `+cte.Result, a
 	if moved == 0 {
 		status = app.Status(before) // settled before: as it was (og_found: it exists)
 	}
+	if status == app.Pending {
+		// Settled by another statement after this one's snapshot: mv waited
+		// for its row, found it settled, and og_found read the snapshot.
+		// The status it committed is read afresh.
+		var st string
+		if err := s.db.QueryRowContext(ctx, `SELECT status FROM `+table+` WHERE id = $1`, id).Scan(&st); err != nil {
+			return false, "", fmt.Errorf("sqlstore: settle: read its status: %w", err)
+		}
+		status = app.Status(st)
+	}
 	if err := s.Records.Completed(done, nil); err != nil {
 		return moved == 1, status, fmt.Errorf("%w: %w", app.ErrRecordLost, err)
 	}
@@ -503,7 +518,9 @@ func outcome(succeeded bool) app.Status {
 
 // unpend is the CTE by which a PostgreSQL statement that settles movement $2
 // takes it out of the backlog (migration 008). Unconditional: a movement
-// settled before is not in it any more.
+// settled before is not in it any more, and a row left there by an
+// instance older than the migration goes with the next attempt to settle
+// it. Settle refuses a Pending outcome, which would match a pending row.
 const unpend = `unpend AS (DELETE FROM pending_movements WHERE id = $2)`
 
 // settleRow moves the pending row id of table to status and reports

@@ -379,3 +379,101 @@ func (m markOnce) CompleteTx(ctx context.Context, tx *sql.Tx, id, _ string, _ id
 	}
 	return nil
 }
+
+// A settlement that waits for another's uncommitted one of the same
+// movement reports the status that other committed, not the pending one
+// its statement began with, and completes its key's record all the same;
+// and a settlement to Pending, which would take a pending movement out of
+// the backlog, is refused on every database.
+func TestSettleConcurrent(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			s, db, now := withUserDB(t, d)
+			ctx := context.Background()
+			q := func(query string) string {
+				if d.dialect == sqldialect.Postgres {
+					return sqldb.Rebind(query)
+				}
+				return query
+			}
+			_, _, _ = s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: time.UnixMicro(now)})
+			if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "kw1", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
+				t.Fatal(err)
+			}
+			if moved, _, err := s.Settle(ctx, app.Withdrawal, "w1", app.Pending, time.UnixMicro(now), nil, ""); err == nil || moved {
+				t.Errorf("Settle to pending = %v, %v; want refused", moved, err)
+			}
+			if n, err := s.PendingCount(ctx); err != nil || n != 1 {
+				t.Errorf("PendingCount after a refused settlement to pending = %d, %v; want 1", n, err)
+			}
+			if d.dialect == sqldialect.SQLite {
+				return // one writer: a settlement never waits for another's row
+			}
+			if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0)`); err != nil {
+				t.Fatal(err)
+			}
+			s.Records = markOnce{stmt: q(`UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`)}
+
+			// The other settlement holds the row, uncommitted.
+			other, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Rollback()
+			if _, err := other.ExecContext(ctx, q(`UPDATE withdrawals SET status = 'failed' WHERE id = ? AND status = 'pending'`), "w1"); err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				moved  bool
+				status app.Status
+				err    error
+			}
+			res := make(chan result, 1)
+			go func() {
+				moved, status, err := s.Settle(ctx, app.Withdrawal, "w1", app.Succeeded, time.UnixMicro(now), &app.Record{ID: "a1", Lease: "l"}, "")
+				res <- result{moved, status, err}
+			}()
+			waiting := `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%withdrawals%'`
+			if d.dialect == sqldialect.MySQL {
+				// MariaDB waits for a row it reads by its key while planning
+				// ("Statistics"), before innodb_trx shows the wait.
+				waiting = `SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'SELECT user_id, amount, status FROM withdrawals%FOR UPDATE'`
+			}
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				var n int
+				if err := db.QueryRowContext(ctx, waiting).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n > 0 {
+					break
+				}
+				select {
+				case r := <-res:
+					t.Fatalf("the settlement did not wait for the other's row: %v, %s, %v", r.moved, r.status, r.err)
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the settlement never waited for the other's row")
+				}
+			}
+			if err := other.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			r := <-res
+			if r.err != nil || r.moved || r.status != app.Failed {
+				t.Errorf("Settle after another settled it = %v, %s, %v; want not moved, failed", r.moved, r.status, r.err)
+			}
+			var done int
+			if err := db.QueryRowContext(ctx, `SELECT done FROM also_t WHERE id = 'a1'`).Scan(&done); err != nil || done != 1 {
+				t.Errorf("the record after a settlement found settled: done %d, %v; want 1", done, err)
+			}
+		})
+	}
+}
