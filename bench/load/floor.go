@@ -27,8 +27,9 @@ import (
 // drives the service. The SQLite floor is the same server on SQLite, with
 // the service's driver (modernc.org/sqlite) opened exactly as the service
 // opens its embedded database (sqliteDSN: WAL, synchronous=NORMAL,
-// busy_timeout 10 s, BEGIN IMMEDIATE; database/sql's default pool, which
-// the service does not bound for SQLite either). A withdrawal is the ceiling's script and nothing
+// busy_timeout 10 s, BEGIN IMMEDIATE; four connections, the WAL
+// checkpointed beside the writers, write transactions begun one at a
+// time through a sqldb.WriteGate). A withdrawal is the ceiling's script and nothing
 // more: BEGIN; UPDATE accounts … WHERE balance - amount >= 0 RETURNING
 // balance; INSERT INTO ledger …; COMMIT. No session lookup (the bearer
 // token is the account id), no Idempotency-Key record, no repeat window,
@@ -81,10 +82,10 @@ CREATE TABLE IF NOT EXISTS users (
 `
 
 // sqliteDSN opens path as cmd/onceguard's openDB opens the service's
-// embedded database (keep the two the same).
-func sqliteDSN(path string) string {
-	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
-}
+// embedded database: the same sqldb.SQLiteDSN, and as the service the
+// floor checkpoints the WAL beside its writers (sqldb.CheckpointWAL) and
+// begins its write transactions through a sqldb.WriteGate.
+func sqliteDSN(path string) string { return sqldb.SQLiteDSN(path) }
 
 // serveFloor serves the floor on 127.0.0.1:0 until SIGTERM or SIGINT, and
 // says where as the service does ("listening on http://ADDR;"): on
@@ -111,16 +112,19 @@ func serveFloor(driver, dsn string) error {
 	if err := db.PingContext(ctx); err != nil {
 		return err
 	}
+	var gate *sqldb.WriteGate
 	if driver == "sqlite" {
 		if _, err := db.ExecContext(ctx, floorSQLiteSchema); err != nil {
 			return fmt.Errorf("schema: %w", err)
 		}
+		gate = sqldb.NewWriteGate()
+		go sqldb.CheckpointWAL(ctx, db, sqldb.CheckpointEvery)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: floorHandler(db, driver == "sqlite"), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: floorHandler(db, gate), ReadHeaderTimeout: 10 * time.Second}
 	fmt.Printf("listening on http://%s; floor: pgbench's transaction over HTTP on %s\n", ln.Addr(), driver)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -134,7 +138,9 @@ func serveFloor(driver, dsn string) error {
 	return srv.Shutdown(sctx)
 }
 
-func floorHandler(db *sql.DB, sqlite bool) http.Handler {
+// floorHandler serves the floor on db: on SQLite when gate is not nil.
+func floorHandler(db *sql.DB, gate *sqldb.WriteGate) http.Handler {
+	sqlite := gate != nil
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/v1/users", func(w http.ResponseWriter, r *http.Request) {
 		var c struct{ Username string }
@@ -146,10 +152,11 @@ func floorHandler(db *sql.DB, sqlite bool) http.Handler {
 		var err error
 		if sqlite { // no data-modifying WITH: two statements in one transaction
 			err = func() error {
-				tx, err := db.BeginTx(r.Context(), nil)
+				tx, done, err := gate.Begin(r.Context(), db)
 				if err != nil {
 					return err
 				}
+				defer done()
 				defer tx.Rollback()
 				if err := tx.QueryRowContext(r.Context(), `INSERT INTO accounts (balance) VALUES (0) RETURNING aid`).Scan(&aid); err != nil {
 					return err
@@ -188,8 +195,8 @@ INSERT INTO users (username, aid) SELECT $1, aid FROM a RETURNING aid`, c.Userna
 		}
 		floorAnswer(w, http.StatusOK, `{"balance":"`+fmtCents(balance)+`"}`)
 	})
-	mux.HandleFunc("POST /api/v1/deposits", floorMove(db, sqlite, 1))
-	mux.HandleFunc("POST /api/v1/withdrawals", floorMove(db, sqlite, -1))
+	mux.HandleFunc("POST /api/v1/deposits", floorMove(db, gate, 1))
+	mux.HandleFunc("POST /api/v1/withdrawals", floorMove(db, gate, -1))
 	return mux
 }
 
@@ -203,9 +210,9 @@ const (
 // ceiling's transaction, with the amount from the body. On SQLite its two
 // statements are prepared once, as the service prepares its own there
 // (internal/sqldb.Stmts); pgx caches them on PostgreSQL.
-func floorMove(db *sql.DB, sqlite bool, sign int64) http.HandlerFunc {
+func floorMove(db *sql.DB, gate *sqldb.WriteGate, sign int64) http.HandlerFunc {
 	var stmts *sqldb.Stmts
-	if sqlite {
+	if gate != nil {
 		stmts = sqldb.NewStmts(db)
 	}
 	kind := map[int64]string{1: "deposit", -1: "withdrawal"}[sign]
@@ -228,10 +235,11 @@ func floorMove(db *sql.DB, sqlite bool, sign int64) http.HandlerFunc {
 		ref := mrand.Int64N(9_000_000_000_000_000_000) + 1
 		delta := sign * cents
 		err := func() error {
-			tx, err := db.BeginTx(r.Context(), nil)
+			tx, done, err := gate.Begin(r.Context(), db)
 			if err != nil {
 				return err
 			}
+			defer done()
 			defer tx.Rollback()
 			var balance int64
 			if err := stmts.QueryRow(r.Context(), tx, floorUpdate, delta, ref, aid).Scan(&balance); err != nil {

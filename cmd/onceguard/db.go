@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/sqldialect"
 )
 
@@ -30,7 +31,7 @@ func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 	)
 	sqlite := func(path string) {
 		driver, dialect = "sqlite", sqldialect.SQLite
-		dsn = "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+		dsn = sqldb.SQLiteDSN(path)
 	}
 	switch {
 	case u == "":
@@ -79,6 +80,22 @@ func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 		db.SetConnMaxIdleTime(time.Minute)
 	}
 	return db, dialect, dialect.String() + " (" + redactURL(u) + ")", nil
+}
+
+// checkpoints checkpoints SQLite's WAL beside the writers
+// (sqldb.CheckpointWAL), not in the commit that crosses SQLite's threshold,
+// until stop is called; on the other databases it does nothing.
+func checkpoints(db *sql.DB, d sqldialect.Dialect) (stop func()) {
+	if d != sqldialect.SQLite {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sqldb.CheckpointWAL(ctx, db, sqldb.CheckpointEvery)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // boundTx adds to a database URL or DSN the session settings in set that

@@ -148,6 +148,7 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		return err
 	}
 	defer db.Close()
+	defer checkpoints(db, dialect)()
 	keys, err := idemsql.New(db, dialect, nil)
 	if err != nil {
 		return err

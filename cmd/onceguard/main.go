@@ -215,6 +215,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return err
 	}
 	defer db.Close()
+	defer checkpoints(db, dialect)()
 	if err := sqlstore.Migrate(ctx, db, dialect); err != nil {
 		return err
 	}

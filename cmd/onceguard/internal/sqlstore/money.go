@@ -78,10 +78,11 @@ func refusal(err error) error {
 
 // withdrawTx is Withdraw in a transaction of several statements (MySQL, SQLite).
 func (s *Store) withdrawTx(ctx context.Context, m app.Movement, fence int64, chk checks) (app.Movement, bool, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, done, err := s.gate.Begin(ctx, s.db)
 	if err != nil {
 		return m, false, err
 	}
+	defer done()
 	defer tx.Rollback()
 	if err := s.lockRow(ctx, tx, "accounts", "user_id", m.UserID); err != nil {
 		return m, false, err
@@ -110,6 +111,7 @@ WHERE EXISTS (SELECT 1 FROM sessions WHERE token_hash = ? AND user_id = ? AND ex
 	if err != nil {
 		if duplicate(err) {
 			_ = tx.Rollback()
+			done() // startAlone passes the gate again
 			existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key)
 			if ferr == nil && chk.start != nil {
 				ferr = s.startAlone(ctx, chk.start) // the first one's answer is this key's too
@@ -143,10 +145,11 @@ func (s *Store) sessionEnded(ctx context.Context, tx *sql.Tx, hash, userID strin
 
 // startAlone creates a key's record in a transaction of its own.
 func (s *Store) startAlone(ctx context.Context, st *idemstore.Start) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, done, err := s.gate.Begin(ctx, s.db)
 	if err != nil {
 		return err
 	}
+	defer done()
 	defer tx.Rollback()
 	if err := s.Records.StartTx(ctx, tx, st); err != nil {
 		return err
@@ -390,10 +393,11 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 	if s.d == sqldialect.Postgres && rec != nil && !credit && event == "" && s.Events == nil {
 		return s.settleOne(ctx, t, id, outcome, rec)
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, done, err := s.gate.Begin(ctx, s.db)
 	if err != nil {
 		return false, "", err
 	}
+	defer done()
 	defer tx.Rollback()
 	if event != "" {
 		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO psp_events (event_id, movement_id, status, received_at) VALUES (?, ?, ?, ?)`),

@@ -84,10 +84,11 @@ func (s *Store) PayOrder(ctx context.Context, p app.Payment, fence int64) (got a
 	if err != nil {
 		return p, false, err
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, done, err := s.gate.Begin(ctx, s.db)
 	if err != nil {
 		return p, false, err
 	}
+	defer done()
 	defer tx.Rollback()
 	if err := s.lockRow(ctx, tx, "orders", "id", p.OrderID); err != nil {
 		return p, false, err

@@ -21,6 +21,9 @@ type Store struct {
 	db *sql.DB
 	d  sqldialect.Dialect
 	st *sqldb.Stmts // SQLite: the hot statements prepared once; nil elsewhere
+	// SQLite: the write transactions begin one at a time, queued in Go
+	// (sqldb.WriteGate); nil elsewhere.
+	gate *sqldb.WriteGate
 
 	// Observe, if set, is told how long each operation took (op is a
 	// fixed name: "withdraw", "session_user", ...). Set it before use.
@@ -66,6 +69,7 @@ func Open(db *sql.DB, d sqldialect.Dialect) *Store {
 	s := &Store{db: db, d: d}
 	if d == sqldialect.SQLite {
 		s.st = sqldb.NewStmts(db)
+		s.gate = sqldb.NewWriteGate()
 	}
 	return s
 }

@@ -15,10 +15,11 @@ import (
 // CreateUser adds a user with an empty account in currency.
 func (s *Store) CreateUser(ctx context.Context, u app.User, currency string) (err error) {
 	defer s.timed("create_user", time.Now(), &err)
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, done, err := s.gate.Begin(ctx, s.db)
 	if err != nil {
 		return err
 	}
+	defer done()
 	defer tx.Rollback()
 	now := us(u.CreatedAt)
 	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (id, username, password_hash, created_at) VALUES (?, ?, ?, ?)`), u.ID, u.Username, u.PasswordHash, now); err != nil {
