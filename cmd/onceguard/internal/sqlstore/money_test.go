@@ -45,6 +45,20 @@ func withUserDB(t *testing.T, d database) (*sqlstore.Store, *sql.DB, int64) {
 	return s, db, now
 }
 
+// withFunds is withUserDB with u1's account credited 100.00 (deposit d1, settled).
+func withFunds(t *testing.T, d database) (*sqlstore.Store, *sql.DB, int64) {
+	t.Helper()
+	s, db, now := withUserDB(t, d)
+	ctx := context.Background()
+	if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: time.UnixMicro(now)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
+		t.Fatal(err)
+	}
+	return s, db, now
+}
+
 // Money moves exactly once and never below zero, whatever races: 30
 // withdrawals of 10.00 against 100.00 succeed ten times; the same key
 // twice debits once; settling twice credits or refunds once; the ledger
@@ -181,22 +195,13 @@ func TestStaleFenceRefused(t *testing.T) {
 func TestSettleRecord(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
-			s, db, now := withUserDB(t, d)
+			s, db, now := withFunds(t, d)
 			ctx := context.Background()
-			q := func(query string) string {
-				if d.dialect == sqldialect.Postgres {
-					return sqldb.Rebind(query)
-				}
-				return query
-			}
+			q := d.rebind
 			if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
-			_, _, _ = s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: time.UnixMicro(now)})
-			if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
-				t.Fatal(err)
-			}
 			for _, id := range []string{"w1", "w2"} {
 				if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
 					t.Fatal(err)
@@ -388,18 +393,9 @@ func (m markOnce) CompleteTx(ctx context.Context, tx *sql.Tx, id, _ string, _ id
 func TestSettleConcurrent(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
-			s, db, now := withUserDB(t, d)
+			s, db, now := withFunds(t, d)
 			ctx := context.Background()
-			q := func(query string) string {
-				if d.dialect == sqldialect.Postgres {
-					return sqldb.Rebind(query)
-				}
-				return query
-			}
-			_, _, _ = s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: time.UnixMicro(now)})
-			if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
-				t.Fatal(err)
-			}
+			q := d.rebind
 			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "kw1", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
 				t.Fatal(err)
 			}
@@ -476,4 +472,12 @@ func TestSettleConcurrent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rebind rewrites ? placeholders for d's database.
+func (d database) rebind(query string) string {
+	if d.dialect == sqldialect.Postgres {
+		return sqldb.Rebind(query)
+	}
+	return query
 }
