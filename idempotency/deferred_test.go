@@ -155,6 +155,24 @@ func TestDeferredLocalWindow(t *testing.T) {
 		t.Errorf("a token used on another path, with the body k1 holds = %d %s; want 400", w.Code, w.Body)
 	}
 	duplicate("k2 again, after the store was asked", post("k2", `{"a":1}`))
+	// A key whose earlier attempt crashed with the same body (its record's
+	// lease ran out) is the store's to answer: taken over and run, its
+	// record kept, not abandoned as a duplicate.
+	crashed := idempotency.RecordID(idempotency.Scope{Principal: "u1", Method: http.MethodPost, Path: "/pay"}, "crashed")
+	fp, _ := idempotency.Fingerprint([]byte(`{"a":1}`))
+	if _, err := store.Begin(context.Background(), idemstore.BeginRequest{ID: crashed, Fingerprint: fp, Lease: time.Millisecond, TTL: time.Hour, Now: time.Now().Add(-time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if w := post("crashed", `{"a":1}`); w.Code != http.StatusCreated {
+		t.Errorf("a crashed key's retry with the body k1 holds = %d %s; want 201, run", w.Code, w.Body)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{"a":2}`))
+	r.Header.Set("Idempotency-Key", "crashed")
+	w := httptest.NewRecorder()
+	plain.ServeHTTP(w, r)
+	if w.Code != http.StatusUnprocessableEntity {
+		t.Errorf("the crashed key with another body, after its retry = %d %s; want 422: its record kept", w.Code, w.Body)
+	}
 	if w := post("k3", `{"a":2}`); w.Code != http.StatusCreated {
 		t.Errorf("another body while k1 runs = %d; want 201", w.Code)
 	}
@@ -163,8 +181,8 @@ func TestDeferredLocalWindow(t *testing.T) {
 		t.Fatalf("k1 = %d; want 201", w.Code)
 	}
 	duplicate("the same body under k4 after k1 created its record", post("k4", `{"a":1}`))
-	if got := runs.Load(); got != 2 {
-		t.Errorf("handler runs = %d; want 2 (k1, k3): the duplicates never ran", got)
+	if got := runs.Load(); got != 3 {
+		t.Errorf("handler runs = %d; want 3 (k1, k3, crashed): the duplicates never ran", got)
 	}
 	for i, body := range []string{`{"a":"fail"}`, `{"a":"refused"}`} {
 		if w := post(fmt.Sprint("x1-", i), body); w.Code == http.StatusTooManyRequests || w.Code == http.StatusBadRequest {

@@ -418,7 +418,7 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 	case idemstore.Mismatch:
 		return g.fail(r, "mismatch", probReused)
 	}
-	if held >= 0 { // new to the store: a duplicate of the key in flight or created here
+	if held >= 0 && !res.Recovered { // new to the store: a duplicate of the key in flight or created here
 		_ = o.Store.Abandon(context.WithoutCancel(ctx), id, res.Lease) // not recorded: key and token stay usable
 		return g.fail(r, "duplicate_submission", g.duplicate(held))
 	}
