@@ -49,7 +49,11 @@ func CheckpointWAL(ctx context.Context, db *sql.DB, interval time.Duration) {
 // SQLite's busy handler, which polls the write lock with sleeps of 1, 2,
 // 5 ms and more while it may be free, and holds a connection of the small
 // pool while it sleeps. A nil *WriteGate lets every transaction begin at
-// once (PostgreSQL, MySQL). Only write transactions should pass it.
+// once (PostgreSQL, MySQL). Only write transactions should pass it, and
+// only those that pass it are queued: a writer that does not (a
+// single-statement write, another store's transaction on the same
+// database) still waits in the busy handler, and the gate's holder waits
+// for it there.
 type WriteGate struct{ ch chan struct{} }
 
 // NewWriteGate returns an open WriteGate.

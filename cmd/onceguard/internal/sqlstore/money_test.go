@@ -426,6 +426,12 @@ func TestSettleConcurrent(t *testing.T) {
 			if _, err := other.ExecContext(ctx, q(`UPDATE withdrawals SET status = 'failed' WHERE id = ? AND status = 'pending'`), "w1"); err != nil {
 				t.Fatal(err)
 			}
+			var otherPID int64
+			if d.dialect == sqldialect.Postgres {
+				if err := other.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID); err != nil {
+					t.Fatal(err)
+				}
+			}
 			type result struct {
 				moved  bool
 				status app.Status
@@ -436,15 +442,16 @@ func TestSettleConcurrent(t *testing.T) {
 				moved, status, err := s.Settle(ctx, app.Withdrawal, "w1", app.Succeeded, time.UnixMicro(now), &app.Record{ID: "a1", Lease: "l"}, "")
 				res <- result{moved, status, err}
 			}()
-			waiting := `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%withdrawals%'`
+			// Only a session of this database blocked by the other settlement.
+			waiting, args := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))`, []any{otherPID}
 			if d.dialect == sqldialect.MySQL {
 				// MariaDB waits for a row it reads by its key while planning
 				// ("Statistics"), before innodb_trx shows the wait.
-				waiting = `SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'SELECT user_id, amount, status FROM withdrawals%FOR UPDATE'`
+				waiting, args = `SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND info LIKE 'SELECT user_id, amount, status FROM withdrawals%FOR UPDATE'`, nil
 			}
 			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 				var n int
-				if err := db.QueryRowContext(ctx, waiting).Scan(&n); err != nil {
+				if err := db.QueryRowContext(ctx, waiting, args...).Scan(&n); err != nil {
 					t.Fatal(err)
 				}
 				if n > 0 {

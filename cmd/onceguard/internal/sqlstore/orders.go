@@ -101,6 +101,7 @@ func (s *Store) PayOrder(ctx context.Context, p app.Payment, fence int64) (got a
 			return p, false, err
 		}
 		_ = tx.Rollback()
+		done() // the reads that follow need no gate
 		existing := app.Payment{UserID: p.UserID, Key: p.Key}
 		var amount, created int64
 		var status string
