@@ -373,7 +373,7 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 			st := out.Call.deferred.start
 			left, ok := time.Duration(0), true
 			if st.WindowID != "" {
-				left, ok = g.local.holdWindow(st.WindowID, id, now, st.WindowUntil)
+				left, ok = g.local.holdWindow(st.WindowID, id, st.Lease, now, st.WindowUntil)
 			}
 			if ok {
 				return out

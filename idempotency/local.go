@@ -29,12 +29,13 @@ type local struct {
 	swept    time.Time // when windows was last cleared of expired holds
 }
 
-// windowHold is a window claimed by the key owner; pending while its
-// request runs (until then is the window's end if it creates its record).
+// windowHold is a window claimed by the key owner, by its attempt under
+// lease; pending while that request runs (until then is the window's end
+// if it creates its record).
 type windowHold struct {
-	owner   string
-	until   time.Time
-	pending bool
+	owner, lease string
+	until        time.Time
+	pending      bool
 }
 
 // maxWindows bounds the windows kept: past it a new claim is not kept
@@ -65,10 +66,10 @@ func (l *local) claim(id string) (chan struct{}, keyState) {
 	return ch, keyNew
 }
 
-// holdWindow claims window w for the key owner until until, unless
-// another key holds it here: then it returns false and how long is left
-// (the whole window while that key's request runs).
-func (l *local) holdWindow(w, owner string, now, until time.Time) (time.Duration, bool) {
+// holdWindow claims window w for the key owner's attempt under lease
+// until until, unless another key holds it here: then it returns false
+// and how long is left (the whole window while that key's request runs).
+func (l *local) holdWindow(w, owner, lease string, now, until time.Time) (time.Duration, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if h, ok := l.windows[w]; ok && (h.pending || h.until.After(now)) {
@@ -92,7 +93,7 @@ func (l *local) holdWindow(w, owner string, now, until time.Time) (time.Duration
 		l.swept = now
 	}
 	if len(l.windows) < maxWindows {
-		l.windows[w] = windowHold{owner: owner, until: until, pending: true}
+		l.windows[w] = windowHold{owner: owner, lease: lease, until: until, pending: true}
 	}
 	return 0, true
 }
@@ -111,7 +112,7 @@ func (l *local) finish(call *Call) {
 	}
 	delete(l.inflight, call.ID)
 	close(d.done)
-	if h, ok := l.windows[call.windowID]; ok && h.owner == call.ID && h.pending && h.until.Equal(d.start.WindowUntil) {
+	if h, ok := l.windows[call.windowID]; ok && h.owner == call.ID && h.lease == call.Lease && h.pending {
 		if d.created.Load() {
 			h.pending = false
 			l.windows[call.windowID] = h
@@ -122,15 +123,17 @@ func (l *local) finish(call *Call) {
 }
 
 // dropWindow lets go of the window a key holds here when the key is freed
-// (the store's window entry is freed with it), whichever of the key's
-// calls frees it: a Deferred one, or the one Resume began for it.
+// (the store's window entry is freed with it): a hold kept for the key's
+// record whichever of its calls frees it (a Deferred one, or the one
+// Resume began for it), a pending one only by its own attempt, whose
+// request still runs.
 func (l *local) dropWindow(call *Call) {
 	if call.windowID == "" {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if h, ok := l.windows[call.windowID]; ok && h.owner == call.ID {
+	if h, ok := l.windows[call.windowID]; ok && h.owner == call.ID && (!h.pending || h.lease == call.Lease) {
 		delete(l.windows, call.windowID)
 	}
 }
