@@ -128,12 +128,16 @@ func (s *Service) pay(ctx context.Context, m Movement, rec *KeyRecord) (Movement
 			// of it more: still inside the key's lease.
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RequestTimeout/4)
 			defer cancel()
-			if _, _, err := s.settle(sctx, settled, rec, "", ""); err != nil {
+			_, status, err := s.settle(sctx, settled, rec, "", "")
+			if err != nil {
 				// Whether it committed is unknown: the caller answers an error, not a pending
 				// movement a replay may contradict.
 				return Movement{}, err
 			}
-			return settled, nil // moved, or settled meanwhile by the reconciler or a callback, which said so
+			// Moved, or settled meanwhile by the reconciler or a callback: as that settled it,
+			// also when the provider's answer here contradicts it (the record says the same).
+			settled.Status = status
+			return settled, nil
 		}
 	}
 	s.audit(ctx, string(m.Kind), m.ID, m.UserID, m.Key, m.Amount, Outcome(m.Status), "")
@@ -151,6 +155,16 @@ func (s *Service) settle(ctx context.Context, m Movement, rec *KeyRecord, by, ev
 	if rec != nil {
 		r := &Record{ID: rec.ID, Lease: rec.Lease, Answer: rec.Answer(m)}
 		moved, status, err = s.cfg.Store.Settle(ctx, m.Kind, m.ID, m.Status, now, r, event)
+		if err == nil && status != m.Status {
+			// Settled otherwise before (a callback the provider contradicts here): nothing
+			// committed, and the record answers the movement as it is.
+			s.logger(ctx).Error("provider answer contradicts the movement", "kind", string(m.Kind), "id", m.ID,
+				"provider_status", string(m.Status), "movement_status", string(status))
+			as := m
+			as.Status = status
+			r.Answer = rec.Answer(as)
+			_, status, err = s.cfg.Store.Settle(ctx, m.Kind, m.ID, status, now, r, "")
+		}
 		if err == nil && rec.Completed != nil {
 			rec.Completed()
 		}

@@ -37,7 +37,7 @@ type Store interface {
 	// event, unless "", is a provider callback's id, recorded once (UNIQUE) in that transaction:
 	// ErrDuplicateEvent when it was recorded before, and nothing changes. moved is false when it
 	// was settled before; status is the movement's status after the call, another than outcome
-	// when it was settled so before (with an event, nothing changes then). A record the store
+	// when it was settled so before (then nothing changes: not the event, not rec). A record the store
 	// cannot complete fails it all, or (a store that settles and completes in one statement)
 	// leaves the settlement committed and returns ErrRecordLost with its results; ErrNotFound
 	// when there is no such movement.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
@@ -104,5 +105,52 @@ func TestWithdrawErrors(t *testing.T) {
 	}
 	if bal, _, _ := s.Balance(ctx, "u1"); bal != 400 {
 		t.Errorf("balance %v; want 4.00", bal)
+	}
+}
+
+// contradicting is a provider whose answer contradicts the callback that
+// settled the payout first: it fails the withdrawal in the store, as its
+// callback would, then answers succeeded.
+type contradicting struct{ s *sqlstore.Store }
+
+func (c contradicting) Pay(ctx context.Context, _ app.Kind, key string, _ money.Amount) (app.Status, error) {
+	if _, err := c.s.SettleWithdrawal(ctx, key, false, time.Now()); err != nil {
+		return "", err
+	}
+	return app.Succeeded, nil
+}
+
+func (contradicting) Lookup(context.Context, string) (app.Status, error) { return app.Failed, nil }
+
+// A withdrawal whose provider answers succeeded after its callback failed
+// it is answered failed, and its key's record says failed too: the
+// settlement committed first is the movement, its refund made once.
+func TestWithdrawContradictedByItsCallback(t *testing.T) {
+	s, _, now := withAlice(t)
+	ctx := context.Background()
+	if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 5000, CreatedAt: time.UnixMicro(now)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
+		t.Fatal(err)
+	}
+	recs := &records{}
+	s.Records = recs
+	svc := app.New(app.Config{Store: s, Provider: contradicting{s}, Currency: "CNY", MaxAmount: 1_000_00,
+		Locks: lock.New(&memlock.Backend{}, nil)})
+	completed := 0
+	m, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "kw", Amount: 1000, Record: &app.KeyRecord{
+		ID: "rec", Lease: "l",
+		Answer:    func(m app.Movement) app.Answer { return app.Answer{Status: 201, Body: []byte(string(m.Status))} },
+		Completed: func() { completed++ },
+	}})
+	if err != nil || m.Status != app.Failed {
+		t.Fatalf("Withdraw = %+v, %v; want failed, as its callback settled it", m, err)
+	}
+	if got := strings.Join(recs.completed, ","); got != "rec failed" || completed != 1 {
+		t.Errorf("records %q, Completed told %d times; want %q, 1", got, completed, "rec failed")
+	}
+	if bal, sum, err := s.Balance(ctx, "u1"); err != nil || bal != 5000 || sum != bal {
+		t.Errorf("balance %v, ledger %v, %v; want 50.00 (refunded once)", bal, sum, err)
 	}
 }

@@ -362,8 +362,10 @@ func (s *Store) movementByKeyCreated(ctx context.Context, k app.Kind, userID, ke
 // event, unless "", is a provider callback's id, inserted first in the same
 // transaction: psp_events' UNIQUE(event_id) refuses it a second time
 // (app.ErrDuplicateEvent, nothing changes), also when two deliveries of it
-// run at once on two instances. A callback whose outcome contradicts the
-// movement's final status commits nothing, not even its event.
+// run at once on two instances. A settlement whose outcome contradicts the
+// movement's final status commits nothing, not its event, not rec: it
+// returns moved false and that status, and the caller completes rec with
+// the answer for it (Settle again, outcome that status).
 //
 // With Events set, the movement's event is written in the same
 // transaction when this call moved it: one event per settlement, whoever
@@ -412,8 +414,8 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 	if err != nil {
 		return false, "", err
 	}
-	if !moved && status != outcome && event != "" {
-		return false, status, nil // a contradiction changes nothing: the rollback drops the event
+	if !moved && status != outcome {
+		return false, status, nil // a contradiction changes nothing: the rollback drops the event and rec
 	}
 	if moved && credit {
 		after, err := s.adjust(ctx, tx, userID, money.Amount(amount), us(now))
@@ -448,57 +450,75 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 	return moved, status, nil
 }
 
-// noMovement marks the error by which settleOne's statement refuses to
-// complete the record of a movement that does not exist.
-const noMovement = "onceguard_no_movement"
+// noMovement and settledAs mark the errors by which settleOne's statement
+// refuses to complete the record: no such movement; the movement was
+// settled otherwise (settledAs, then its status), or by a statement that
+// committed after this one's snapshot (settledAs + "pending").
+const (
+	noMovement = "onceguard_no_movement"
+	settledAs  = "onceguard_settled_as:"
+)
 
 // settleOne is Settle on PostgreSQL of a movement whose settlement moves no money and writes no
 // event (a withdrawal that succeeded), with its key's record completed in the same statement
 // (Records.CompleteCTE): one round trip, one commit. A record whose lease was lost leaves the
-// settlement committed: app.ErrRecordLost.
+// settlement committed: app.ErrRecordLost. A movement settled otherwise commits nothing and
+// returns its status, as Settle says.
 func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Status, rec *app.Record) (bool, app.Status, error) {
 	resp := idemstore.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
 	cte, err := s.Records.CompleteCTE(rec.ID, rec.Lease, resp, 3)
 	if err != nil {
 		return false, "", err
 	}
-	var (
-		moved, done int64
-		before      string
-	)
 	// og_found fails the statement, the record's completion with it, when
-	// there is no such movement; it reads the table, so it is never folded
-	// away at planning.
-	err = s.db.QueryRowContext(ctx, `WITH mv AS (
-  UPDATE `+table+` SET status = $1 WHERE id = $2 AND status = 'pending' RETURNING 1
-), `+unpend+`, og_found AS (
-  SELECT CASE WHEN count(*) = 0 THEN CAST('`+noMovement+`:' || count(*) AS int)::text ELSE max(status) END AS status
-  FROM `+table+` WHERE id = $2
-), `+cte.With+`
-SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), `+cte.Result, append([]any{string(outcome), id}, cte.Args...)...).Scan(&moved, &before, &done)
-	if err != nil && strings.Contains(err.Error(), noMovement) {
-		return false, "", app.ErrNotFound
-	} else if err != nil {
-		return false, "", s.Records.Completed(0, err)
-	}
-	status := outcome
-	if moved == 0 {
-		status = app.Status(before) // settled before: as it was (og_found: it exists)
-	}
-	if status == app.Pending {
-		// Settled by another statement after this one's snapshot: mv waited
-		// for its row, found it settled, and og_found read the snapshot.
-		// The status it committed is read afresh.
-		var st string
-		if err := s.db.QueryRowContext(ctx, `SELECT status FROM `+table+` WHERE id = $1`, id).Scan(&st); err != nil {
-			return false, "", fmt.Errorf("sqlstore: settle: read its status: %w", err)
+	// there is no such movement or it was not moved here and is not
+	// outcome: settled otherwise, or pending in this statement's snapshot
+	// though mv found it settled (another settlement committed meanwhile:
+	// tried again, with a new snapshot). It reads the table, so it is never
+	// folded away at planning.
+	q := `WITH mv AS (
+  UPDATE ` + table + ` SET status = $1 WHERE id = $2 AND status = 'pending' RETURNING 1
+), ` + unpend + `, og_found AS (
+  SELECT CASE WHEN count(*) = 0 THEN CAST('` + noMovement + `:' || count(*) AS int)::text
+    WHEN (SELECT count(*) FROM mv) = 0 AND max(status) <> $1 THEN CAST('` + settledAs + `' || max(status) AS int)::text
+    ELSE max(status) END AS status
+  FROM ` + table + ` WHERE id = $2
+), ` + cte.With + `
+SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), ` + cte.Result
+	args := append([]any{string(outcome), id}, cte.Args...)
+	for try := 1; ; try++ {
+		var (
+			moved, done int64
+			status      string
+		)
+		err = s.db.QueryRowContext(ctx, q, args...).Scan(&moved, &status, &done)
+		if err != nil && strings.Contains(err.Error(), noMovement) {
+			return false, "", app.ErrNotFound
+		} else if _, other, ok := strings.Cut(errText(err), settledAs); ok {
+			other, _, _ = strings.Cut(other, `"`)
+			if other != string(app.Pending) {
+				return false, app.Status(other), nil
+			}
+			if try < 3 {
+				continue // settled meanwhile: read again
+			}
+			return false, "", fmt.Errorf("sqlstore: settle %s: still pending after its row was settled", id)
+		} else if err != nil {
+			return false, "", s.Records.Completed(0, err)
 		}
-		status = app.Status(st)
+		if err := s.Records.Completed(done, nil); err != nil {
+			return moved == 1, outcome, fmt.Errorf("%w: %w", app.ErrRecordLost, err)
+		}
+		return moved == 1, outcome, nil
 	}
-	if err := s.Records.Completed(done, nil); err != nil {
-		return moved == 1, status, fmt.Errorf("%w: %w", app.ErrRecordLost, err)
+}
+
+// errText is err's message, or "" for nil.
+func errText(err error) string {
+	if err == nil {
+		return ""
 	}
-	return moved == 1, status, nil
+	return err.Error()
 }
 
 // SettleDeposit is Settle of a deposit, succeeded or failed, with no record or event.

@@ -385,11 +385,14 @@ func (m markOnce) CompleteTx(ctx context.Context, tx *sql.Tx, id, _ string, _ id
 	return nil
 }
 
-// A settlement that waits for another's uncommitted one of the same
-// movement reports the status that other committed, not the pending one
-// its statement began with, and completes its key's record all the same;
-// and a settlement to Pending, which would take a pending movement out of
-// the backlog, is refused on every database.
+// A settlement whose outcome contradicts one committed before (a provider
+// whose answer contradicts its callback) commits nothing, not the key's
+// record, and reports the committed status, on every database; the record
+// then completes under a settlement to that status. One that waits for
+// another's uncommitted settlement of the same movement does the same
+// with the status that other committed, not the pending one its statement
+// began with. A settlement to Pending, which would take a pending movement
+// out of the backlog, is refused.
 func TestSettleConcurrent(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
@@ -405,77 +408,120 @@ func TestSettleConcurrent(t *testing.T) {
 			if n, err := s.PendingCount(ctx); err != nil || n != 1 {
 				t.Errorf("PendingCount after a refused settlement to pending = %d, %v; want 1", n, err)
 			}
-			if d.dialect == sqldialect.SQLite {
-				return // one writer: a settlement never waits for another's row
-			}
 			if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
-			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0)`); err != nil {
+			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0), ('a2', 0)`); err != nil {
 				t.Fatal(err)
 			}
 			s.Records = markOnce{stmt: q(`UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`)}
-
-			// The other settlement holds the row, uncommitted.
-			other, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer other.Rollback()
-			if _, err := other.ExecContext(ctx, q(`UPDATE withdrawals SET status = 'failed' WHERE id = ? AND status = 'pending'`), "w1"); err != nil {
-				t.Fatal(err)
-			}
-			var otherPID int64
-			if d.dialect == sqldialect.Postgres {
-				if err := other.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID); err != nil {
+			recDone := func(id string) (done int) {
+				t.Helper()
+				if err := db.QueryRowContext(ctx, q(`SELECT done FROM also_t WHERE id = ?`), id).Scan(&done); err != nil {
 					t.Fatal(err)
 				}
+				return done
 			}
+
+			// Settled otherwise before.
+			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w2", UserID: "u1", Key: "kw2", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.SettleWithdrawal(ctx, "w2", false, time.UnixMicro(now)); err != nil {
+				t.Fatal(err)
+			}
+			if moved, status, err := s.Settle(ctx, app.Withdrawal, "w2", app.Succeeded, time.UnixMicro(now), &app.Record{ID: "a2", Lease: "l"}, ""); err != nil || moved || status != app.Failed {
+				t.Errorf("Settle contradicting a settlement before = %v, %s, %v; want not moved, failed", moved, status, err)
+			}
+			if recDone("a2") != 0 {
+				t.Error("a contradicting settlement completed the key's record")
+			}
+			if moved, status, err := s.Settle(ctx, app.Withdrawal, "w2", app.Failed, time.UnixMicro(now), &app.Record{ID: "a2", Lease: "l"}, ""); err != nil || moved || status != app.Failed || recDone("a2") != 1 {
+				t.Errorf("Settle to the committed status = %v, %s, %v, record done %d; want not moved, failed, 1", moved, status, err, recDone("a2"))
+			}
+			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 9000 || sum != bal {
+				t.Errorf("balance %v, ledger %v; want 90.00 (w1 debited, w2 refunded once)", bal, sum)
+			}
+			if d.dialect == sqldialect.SQLite {
+				return // one writer: a settlement never waits for another's row
+			}
+
 			type result struct {
 				moved  bool
 				status app.Status
 				err    error
 			}
-			res := make(chan result, 1)
-			go func() {
-				moved, status, err := s.Settle(ctx, app.Withdrawal, "w1", app.Succeeded, time.UnixMicro(now), &app.Record{ID: "a1", Lease: "l"}, "")
-				res <- result{moved, status, err}
-			}()
-			// Only a session of this database blocked by the other settlement.
-			waiting, args := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))`, []any{otherPID}
-			if d.dialect == sqldialect.MySQL {
-				// MariaDB waits for a row it reads by its key while planning
-				// ("Statistics"), before innodb_trx shows the wait.
-				waiting, args = `SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND info LIKE 'SELECT user_id, amount, status FROM withdrawals%FOR UPDATE'`, nil
-			}
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				var n int
-				if err := db.QueryRowContext(ctx, waiting, args...).Scan(&n); err != nil {
+			// race settles id succeeded, with its record rec, while another
+			// settlement holds the row, uncommitted, having set it to
+			// otherStatus, and commits that other once this one waits.
+			race := func(id, rec, otherStatus string) result {
+				t.Helper()
+				if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
 					t.Fatal(err)
 				}
-				if n > 0 {
-					break
+				other, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
 				}
-				select {
-				case r := <-res:
-					t.Fatalf("the settlement did not wait for the other's row: %v, %s, %v", r.moved, r.status, r.err)
-				default:
+				defer other.Rollback()
+				if _, err := other.ExecContext(ctx, q(`UPDATE withdrawals SET status = ? WHERE id = ? AND status = 'pending'`), otherStatus, id); err != nil {
+					t.Fatal(err)
 				}
-				if time.Now().After(deadline) {
-					t.Fatal("the settlement never waited for the other's row")
+				var otherPID int64
+				if d.dialect == sqldialect.Postgres {
+					if err := other.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID); err != nil {
+						t.Fatal(err)
+					}
 				}
+				res := make(chan result, 1)
+				go func() {
+					moved, status, err := s.Settle(ctx, app.Withdrawal, id, app.Succeeded, time.UnixMicro(now), &app.Record{ID: rec, Lease: "l"}, "")
+					res <- result{moved, status, err}
+				}()
+				// Only a session of this database blocked by the other settlement.
+				waiting, args := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))`, []any{otherPID}
+				if d.dialect == sqldialect.MySQL {
+					// MariaDB waits for a row it reads by its key while planning
+					// ("Statistics"), before innodb_trx shows the wait.
+					waiting, args = `SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND info LIKE 'SELECT user_id, amount, status FROM withdrawals%FOR UPDATE'`, nil
+				}
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+					var n int
+					if err := db.QueryRowContext(ctx, waiting, args...).Scan(&n); err != nil {
+						t.Fatal(err)
+					}
+					if n > 0 {
+						break
+					}
+					select {
+					case r := <-res:
+						t.Fatalf("the settlement did not wait for the other's row: %v, %s, %v", r.moved, r.status, r.err)
+					default:
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("the settlement never waited for the other's row")
+					}
+				}
+				if err := other.Commit(); err != nil {
+					t.Fatal(err)
+				}
+				return <-res
 			}
-			if err := other.Commit(); err != nil {
+			if r := race("w4", "a1", "failed"); r.err != nil || r.moved || r.status != app.Failed {
+				t.Errorf("Settle after another failed it = %v, %s, %v; want not moved, failed", r.moved, r.status, r.err)
+			}
+			if recDone("a1") != 0 {
+				t.Error("a settlement contradicting the one it waited for completed the key's record")
+			}
+			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a3', 0)`); err != nil {
 				t.Fatal(err)
 			}
-			r := <-res
-			if r.err != nil || r.moved || r.status != app.Failed {
-				t.Errorf("Settle after another settled it = %v, %s, %v; want not moved, failed", r.moved, r.status, r.err)
+			if r := race("w3", "a3", "succeeded"); r.err != nil || r.moved || r.status != app.Succeeded {
+				t.Errorf("Settle after another settled it the same = %v, %s, %v; want not moved, succeeded", r.moved, r.status, r.err)
 			}
-			var done int
-			if err := db.QueryRowContext(ctx, `SELECT done FROM also_t WHERE id = 'a1'`).Scan(&done); err != nil || done != 1 {
-				t.Errorf("the record after a settlement found settled: done %d, %v; want 1", done, err)
+			if recDone("a3") != 1 {
+				t.Error("a settlement agreeing with the one it waited for did not complete the key's record")
 			}
 		})
 	}
