@@ -35,6 +35,30 @@ func (r *records) CompleteTx(_ context.Context, _ *sql.Tx, id, _ string, resp id
 	return nil
 }
 
+// withFundedAlice is withAlice with 50.00 deposited and settled.
+func withFundedAlice(t *testing.T) *sqlstore.Store {
+	t.Helper()
+	s, _, now := withAlice(t)
+	ctx := context.Background()
+	if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 5000, CreatedAt: time.UnixMicro(now)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// statusRecord is the key's record "rec", whose answer is the movement's
+// status, counting in *completed the times it is told it completed.
+func statusRecord(completed *int) *app.KeyRecord {
+	return &app.KeyRecord{
+		ID: "rec", Lease: "l",
+		Answer:    func(m app.Movement) app.Answer { return app.Answer{Status: 201, Body: []byte(string(m.Status))} },
+		Completed: func() { *completed++ },
+	}
+}
+
 // A withdrawal settles through the one path: the key's record completes in
 // the settlement's transaction with the answer for the settled movement,
 // Completed is told, and one audit line is written. A record that cannot
@@ -42,25 +66,15 @@ func (r *records) CompleteTx(_ context.Context, _ *sql.Tx, id, _ string, resp id
 // commits alone, and Completed is not told.
 func TestWithdrawSettlesWithItsRecord(t *testing.T) {
 	for _, refuse := range []bool{false, true} {
-		s, _, now := withAlice(t)
+		s := withFundedAlice(t)
 		ctx := context.Background()
-		if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 5000, CreatedAt: time.UnixMicro(now)}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
-			t.Fatal(err)
-		}
 		recs := &records{refuse: refuse}
 		s.Records = recs
 		var logs bytes.Buffer
 		svc := app.New(app.Config{Store: s, Provider: psp.Port(&psp.Sim{}), Currency: "CNY", MaxAmount: 1_000_00,
 			Locks: lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true}), Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 		completed := 0
-		m, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "kw", Amount: 1000, Record: &app.KeyRecord{
-			ID: "rec", Lease: "l",
-			Answer:    func(m app.Movement) app.Answer { return app.Answer{Status: 201, Body: []byte(string(m.Status))} },
-			Completed: func() { completed++ },
-		}})
+		m, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "kw", Amount: 1000, Record: statusRecord(&completed)})
 		if err != nil || m.Status != app.Succeeded {
 			t.Fatalf("refuse %v: Withdraw = %+v, %v; want succeeded", refuse, m, err)
 		}
@@ -126,24 +140,14 @@ func (contradicting) Lookup(context.Context, string) (app.Status, error) { retur
 // it is answered failed, and its key's record says failed too: the
 // settlement committed first is the movement, its refund made once.
 func TestWithdrawContradictedByItsCallback(t *testing.T) {
-	s, _, now := withAlice(t)
+	s := withFundedAlice(t)
 	ctx := context.Background()
-	if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 5000, CreatedAt: time.UnixMicro(now)}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.SettleDeposit(ctx, "d1", true, time.UnixMicro(now)); err != nil {
-		t.Fatal(err)
-	}
 	recs := &records{}
 	s.Records = recs
 	svc := app.New(app.Config{Store: s, Provider: contradicting{s}, Currency: "CNY", MaxAmount: 1_000_00,
 		Locks: lock.New(&memlock.Backend{}, nil)})
 	completed := 0
-	m, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "kw", Amount: 1000, Record: &app.KeyRecord{
-		ID: "rec", Lease: "l",
-		Answer:    func(m app.Movement) app.Answer { return app.Answer{Status: 201, Body: []byte(string(m.Status))} },
-		Completed: func() { completed++ },
-	}})
+	m, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: "kw", Amount: 1000, Record: statusRecord(&completed)})
 	if err != nil || m.Status != app.Failed {
 		t.Fatalf("Withdraw = %+v, %v; want failed, as its callback settled it", m, err)
 	}
