@@ -492,9 +492,13 @@ SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), ` + cte.Result
 			status      string
 		)
 		err = s.db.QueryRowContext(ctx, q, args...).Scan(&moved, &status, &done)
-		if err != nil && strings.Contains(err.Error(), noMovement) {
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		if strings.Contains(msg, noMovement) {
 			return false, "", app.ErrNotFound
-		} else if _, other, ok := strings.Cut(errText(err), settledAs); ok {
+		} else if _, other, ok := strings.Cut(msg, settledAs); ok {
 			other, _, _ = strings.Cut(other, `"`)
 			if other != string(app.Pending) {
 				return false, app.Status(other), nil
@@ -511,14 +515,6 @@ SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), ` + cte.Result
 		}
 		return moved == 1, outcome, nil
 	}
-}
-
-// errText is err's message, or "" for nil.
-func errText(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }
 
 // SettleDeposit is Settle of a deposit, succeeded or failed, with no record or event.
