@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql" // driver "mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // driver "pgx"
@@ -56,8 +57,23 @@ func SQLite(t testing.TB) *sql.DB {
 	if err != nil {
 		t.Fatalf("sql.Open(sqlite) = %v", err)
 	}
-	t.Cleanup(func() { _ = db.Close() })
+	t.Cleanup(func() { closeSQLite(t, db) })
 	return db
+}
+
+// closeSQLite closes db and waits until its last connection is closed:
+// database/sql closes a connection in use when it is given back, after
+// Close returns (one preparing a statement in the background, say), and
+// SQLite's last close of the file writes beside it (its WAL checkpoint,
+// the -wal and -shm files), which would race the removal of t's temp dir.
+func closeSQLite(t testing.TB, db *sql.DB) {
+	_ = db.Close()
+	for deadline := time.Now().Add(10 * time.Second); db.Stats().OpenConnections > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("SQLite: %d connections still open 10 s after Close", db.Stats().OpenConnections)
+			return
+		}
+	}
 }
 
 // FreshPostgres creates (or re-creates) a database for name on the server
