@@ -76,63 +76,61 @@ func refusal(err error) error {
 	return err
 }
 
+// errDuplicate rolls back a transaction that met a row of its key: the
+// caller reads that row.
+var errDuplicate = errors.New("sqlstore: the key's row exists")
+
 // withdrawTx is Withdraw in a transaction of several statements (MySQL, SQLite).
 func (s *Store) withdrawTx(ctx context.Context, m app.Movement, fence int64, chk checks) (app.Movement, bool, error) {
-	tx, done, err := s.gate.Begin(ctx, s.db)
-	if err != nil {
-		return m, false, err
-	}
-	defer done()
-	defer tx.Rollback()
-	if err := s.lockRow(ctx, tx, "accounts", "user_id", m.UserID); err != nil {
-		return m, false, err
-	}
-	if chk.start != nil {
-		if err := s.Records.StartTx(ctx, tx, chk.start); err != nil {
-			if chk.session != "" && s.sessionEnded(ctx, tx, chk.session, m.UserID, m.CreatedAt) {
-				return m, false, app.ErrSessionEnded // first, as the contract's order says
+	err := s.gate.Run(ctx, s.db, func(ctx context.Context, tx *sql.Tx) error {
+		if err := s.lockRow(ctx, tx, "accounts", "user_id", m.UserID); err != nil {
+			return err
+		}
+		if chk.start != nil {
+			if err := s.Records.StartTx(ctx, tx, chk.start); err != nil {
+				if chk.session != "" && s.sessionEnded(ctx, tx, chk.session, m.UserID, m.CreatedAt) {
+					return app.ErrSessionEnded // first, as the contract's order says
+				}
+				return err
 			}
-			return m, false, err
 		}
-	}
-	// The row, if the session is still live: one statement for both.
-	insert, args := `INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
-		[]any{m.ID, m.UserID, m.Key, int64(m.Amount), string(m.Status), us(m.CreatedAt)}
-	if chk.session != "" {
-		dual := ``
-		if s.d == sqldialect.MySQL {
-			dual = ` FROM DUAL`
-		}
-		insert = `INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) SELECT ?, ?, ?, ?, ?, ?` + dual + `
+		// The row, if the session is still live: one statement for both.
+		insert, args := `INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+			[]any{m.ID, m.UserID, m.Key, int64(m.Amount), string(m.Status), us(m.CreatedAt)}
+		if chk.session != "" {
+			dual := ``
+			if s.d == sqldialect.MySQL {
+				dual = ` FROM DUAL`
+			}
+			insert = `INSERT INTO withdrawals (id, user_id, idempotency_key, amount, status, created_at) SELECT ?, ?, ?, ?, ?, ?` + dual + `
 WHERE EXISTS (SELECT 1 FROM sessions WHERE token_hash = ? AND user_id = ? AND expires_at > ?)`
-		args = append(args, chk.session, m.UserID, us(m.CreatedAt))
-	}
-	res, err := s.st.Exec(ctx, tx, s.q(insert), args...)
-	if err != nil {
-		if duplicate(err) {
-			_ = tx.Rollback()
-			done() // startAlone passes the gate again
-			existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key)
-			if ferr == nil && chk.start != nil {
-				ferr = s.startAlone(ctx, chk.start) // the first one's answer is this key's too
-			}
-			return existing, false, ferr
+			args = append(args, chk.session, m.UserID, us(m.CreatedAt))
 		}
-		return m, false, err
+		res, err := s.st.Exec(ctx, tx, s.q(insert), args...)
+		if duplicate(err) {
+			return errDuplicate
+		} else if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return app.ErrSessionEnded // rolled back: the record with it
+		}
+		after, err := s.adjustFenced(ctx, tx, m.UserID, -m.Amount, fence, us(m.CreatedAt))
+		if err != nil {
+			return err
+		}
+		return s.ledger(ctx, tx, m.UserID, app.EntryWithdrawal, -m.Amount, after, m.ID, us(m.CreatedAt))
+	})
+	if errors.Is(err, errDuplicate) { // rolled back: the record is started alone
+		existing, ferr := s.movementByKey(ctx, app.Withdrawal, m.UserID, m.Key)
+		if ferr == nil && chk.start != nil {
+			ferr = s.startAlone(ctx, chk.start) // the first one's answer is this key's too
+		}
+		return existing, false, ferr
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return m, false, err
-	} else if n == 0 {
-		return m, false, app.ErrSessionEnded // rolled back: the record with it
-	}
-	after, err := s.adjustFenced(ctx, tx, m.UserID, -m.Amount, fence, us(m.CreatedAt))
-	if err != nil {
-		return m, false, err
-	}
-	if err := s.ledger(ctx, tx, m.UserID, app.EntryWithdrawal, -m.Amount, after, m.ID, us(m.CreatedAt)); err != nil {
-		return m, false, err
-	}
-	return m, true, tx.Commit()
+	return m, err == nil, err
 }
 
 // sessionEnded reports whether the session with hash is no longer live for userID at now, read
@@ -145,16 +143,9 @@ func (s *Store) sessionEnded(ctx context.Context, tx *sql.Tx, hash, userID strin
 
 // startAlone creates a key's record in a transaction of its own.
 func (s *Store) startAlone(ctx context.Context, st *idemstore.Start) error {
-	tx, done, err := s.gate.Begin(ctx, s.db)
-	if err != nil {
-		return err
-	}
-	defer done()
-	defer tx.Rollback()
-	if err := s.Records.StartTx(ctx, tx, st); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return s.gate.Run(ctx, s.db, func(ctx context.Context, tx *sql.Tx) error {
+		return s.Records.StartTx(ctx, tx, st)
+	})
 }
 
 // lockRow locks the row of table whose column is v, on MySQL only, so that
@@ -395,53 +386,53 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 	if s.d == sqldialect.Postgres && rec != nil && !credit && event == "" && s.Events == nil {
 		return s.settleOne(ctx, t, id, outcome, rec)
 	}
-	tx, done, err := s.gate.Begin(ctx, s.db)
-	if err != nil {
-		return false, "", err
-	}
-	defer done()
-	defer tx.Rollback()
-	if event != "" {
-		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO psp_events (event_id, movement_id, status, received_at) VALUES (?, ?, ?, ?)`),
-			event, id, string(outcome), us(now))
-		if duplicate(err) {
-			return false, "", app.ErrDuplicateEvent
-		} else if err != nil {
-			return false, "", err
+	err = s.gate.Run(ctx, s.db, func(ctx context.Context, tx *sql.Tx) (err error) {
+		if event != "" {
+			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO psp_events (event_id, movement_id, status, received_at) VALUES (?, ?, ?, ?)`),
+				event, id, string(outcome), us(now))
+			if duplicate(err) {
+				return app.ErrDuplicateEvent
+			} else if err != nil {
+				return err
+			}
 		}
-	}
-	moved, userID, amount, status, err := s.settleRow(ctx, tx, t, id, outcome)
-	if err != nil {
-		return false, "", err
-	}
-	if !moved && status != outcome {
-		return false, status, nil // a contradiction changes nothing: the rollback drops the event and rec
-	}
-	if moved && credit {
-		after, err := s.adjust(ctx, tx, userID, money.Amount(amount), us(now))
+		var userID string
+		var amount int64
+		moved, userID, amount, status, err = s.settleRow(ctx, tx, t, id, outcome)
 		if err != nil {
-			return false, "", err
+			return err
 		}
-		if err := s.ledger(ctx, tx, userID, entry, money.Amount(amount), after, id, us(now)); err != nil {
-			return false, "", err
+		if !moved && status != outcome {
+			return errContradicted // a contradiction changes nothing: the rollback drops the event and rec
 		}
-	}
-	if moved && s.Events != nil { // the event of this change, in its transaction
-		m, err := scanMovement(tx.QueryRowContext(ctx, s.q(`SELECT id, user_id, idempotency_key, amount, status, created_at FROM `+t+` WHERE id = ?`), id), kind)
-		if err != nil {
-			return false, "", err
+		if moved && credit {
+			after, err := s.adjust(ctx, tx, userID, money.Amount(amount), us(now))
+			if err != nil {
+				return err
+			}
+			if err := s.ledger(ctx, tx, userID, entry, money.Amount(amount), after, id, us(now)); err != nil {
+				return err
+			}
 		}
-		if err := s.Events.Settled(ctx, tx, m, now); err != nil {
-			return false, "", err
+		if moved && s.Events != nil { // the event of this change, in its transaction
+			m, err := scanMovement(tx.QueryRowContext(ctx, s.q(`SELECT id, user_id, idempotency_key, amount, status, created_at FROM `+t+` WHERE id = ?`), id), kind)
+			if err != nil {
+				return err
+			}
+			if err := s.Events.Settled(ctx, tx, m, now); err != nil {
+				return err
+			}
 		}
-	}
-	if rec != nil {
-		resp := idemstore.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
-		if err := s.Records.CompleteTx(ctx, tx, rec.ID, rec.Lease, resp); err != nil {
-			return false, "", err
+		if rec != nil {
+			resp := idemstore.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
+			return s.Records.CompleteTx(ctx, tx, rec.ID, rec.Lease, resp)
 		}
-	}
-	if err := tx.Commit(); err != nil {
+		return nil
+	})
+	switch {
+	case errors.Is(err, errContradicted):
+		return false, status, nil
+	case err != nil:
 		return false, "", err
 	}
 	if moved && s.Events != nil {
@@ -449,6 +440,10 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 	}
 	return moved, status, nil
 }
+
+// errContradicted rolls back a settlement that its movement's status
+// contradicts: Settle returns that status.
+var errContradicted = errors.New("sqlstore: the movement was settled otherwise")
 
 // noMovement and settledAs mark the errors by which settleOne's statement
 // refuses to complete the record: no such movement; the movement was

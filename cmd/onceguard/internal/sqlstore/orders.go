@@ -84,24 +84,42 @@ func (s *Store) PayOrder(ctx context.Context, p app.Payment, fence int64) (got a
 	if err != nil {
 		return p, false, err
 	}
-	tx, done, err := s.gate.Begin(ctx, s.db)
-	if err != nil {
-		return p, false, err
-	}
-	defer done()
-	defer tx.Rollback()
-	if err := s.lockRow(ctx, tx, "orders", "id", p.OrderID); err != nil {
-		return p, false, err
-	}
 	p.Amount, p.Status = o.Amount, app.Succeeded
 	now := us(p.CreatedAt)
-	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO payments (id, order_id, user_id, idempotency_key, amount, status, paid_order_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
-		p.ID, p.OrderID, p.UserID, p.Key, int64(p.Amount), string(p.Status), p.OrderID, now); err != nil {
-		if !duplicate(err) {
-			return p, false, err
+	err = s.gate.Run(ctx, s.db, func(ctx context.Context, tx *sql.Tx) error {
+		if err := s.lockRow(ctx, tx, "orders", "id", p.OrderID); err != nil {
+			return err
 		}
-		_ = tx.Rollback()
-		done() // the reads that follow need no gate
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO payments (id, order_id, user_id, idempotency_key, amount, status, paid_order_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
+			p.ID, p.OrderID, p.UserID, p.Key, int64(p.Amount), string(p.Status), p.OrderID, now); duplicate(err) {
+			return errDuplicate
+		} else if err != nil {
+			return err
+		}
+		after, err := s.adjust(ctx, tx, p.UserID, -p.Amount, now)
+		if err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE orders SET status = 'paid', fence = ? WHERE id = ? AND status = 'created' AND fence <= ?`), fence, p.OrderID, fence)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return app.ErrStaleFence // not 'created' any more is impossible here: paid_order_id is UNIQUE
+		}
+		if err := s.ledger(ctx, tx, p.UserID, app.EntryPayment, -p.Amount, after, p.ID, now); err != nil {
+			return err
+		}
+		if s.Events != nil { // the order's event, in the transaction that paid it
+			paid := o
+			paid.Status, paid.PaymentID = app.OrderPaid, p.ID
+			return s.Events.Paid(ctx, tx, paid, p.CreatedAt)
+		}
+		return nil
+	})
+	if errors.Is(err, errDuplicate) { // rolled back; the reads that follow need no gate
 		existing := app.Payment{UserID: p.UserID, Key: p.Key}
 		var amount, created int64
 		var status string
@@ -116,29 +134,7 @@ func (s *Store) PayOrder(ctx context.Context, p app.Payment, fence int64) (got a
 		}
 		return p, false, qerr // not known: not said to be paid
 	}
-	after, err := s.adjust(ctx, tx, p.UserID, -p.Amount, now)
 	if err != nil {
-		return p, false, err
-	}
-	res, err := tx.ExecContext(ctx, s.q(`UPDATE orders SET status = 'paid', fence = ? WHERE id = ? AND status = 'created' AND fence <= ?`), fence, p.OrderID, fence)
-	if err != nil {
-		return p, false, err
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return p, false, err
-	} else if n == 0 {
-		return p, false, app.ErrStaleFence // not 'created' any more is impossible here: paid_order_id is UNIQUE
-	}
-	if err := s.ledger(ctx, tx, p.UserID, app.EntryPayment, -p.Amount, after, p.ID, now); err != nil {
-		return p, false, err
-	}
-	if s.Events != nil { // the order's event, in the transaction that paid it
-		o.Status, o.PaymentID = app.OrderPaid, p.ID
-		if err := s.Events.Paid(ctx, tx, o, p.CreatedAt); err != nil {
-			return p, false, err
-		}
-	}
-	if err := tx.Commit(); err != nil {
 		return p, false, err
 	}
 	if s.Events != nil {

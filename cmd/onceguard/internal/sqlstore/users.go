@@ -15,23 +15,16 @@ import (
 // CreateUser adds a user with an empty account in currency.
 func (s *Store) CreateUser(ctx context.Context, u app.User, currency string) (err error) {
 	defer s.timed("create_user", time.Now(), &err)
-	tx, done, err := s.gate.Begin(ctx, s.db)
-	if err != nil {
-		return err
-	}
-	defer done()
-	defer tx.Rollback()
 	now := us(u.CreatedAt)
-	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (id, username, password_hash, created_at) VALUES (?, ?, ?, ?)`), u.ID, u.Username, u.PasswordHash, now); err != nil {
-		if duplicate(err) {
+	return s.gate.Run(ctx, s.db, func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (id, username, password_hash, created_at) VALUES (?, ?, ?, ?)`), u.ID, u.Username, u.PasswordHash, now); duplicate(err) {
 			return app.ErrUsernameTaken
+		} else if err != nil {
+			return err
 		}
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO accounts (user_id, balance, currency, version, updated_at) VALUES (?, 0, ?, 0, ?)`), u.ID, currency, now)
 		return err
-	}
-	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO accounts (user_id, balance, currency, version, updated_at) VALUES (?, 0, ?, 0, ?)`), u.ID, currency, now); err != nil {
-		return err
-	}
-	return tx.Commit()
+	})
 }
 
 // UserByName returns the user with username, or app.ErrNotFound.

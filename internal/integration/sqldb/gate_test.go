@@ -1,0 +1,202 @@
+// Package sqldb_test runs internal/sqldb's WriteGate on SQLite itself
+// (modernc.org/sqlite, the service's driver): what a group of
+// transactions commits when one of them fails, when the COMMIT fails, and
+// when a caller gives up while its statements run.
+package sqldb_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/internal/sqldb"
+	_ "modernc.org/sqlite"
+)
+
+// open opens a new database as the service opens its own (sqldb.SQLiteDSN),
+// with foreign keys on and a table whose foreign key is checked at COMMIT.
+func open(t *testing.T) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", sqldb.SQLiteDSN(filepath.Join(t.TempDir(), "gate.db"))+"&_pragma=foreign_keys(1)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(4)
+	t.Cleanup(func() {
+		_ = db.Close()
+		for deadline := time.Now().Add(10 * time.Second); db.Stats().OpenConnections > 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	if _, err := db.Exec(`CREATE TABLE parent (id INTEGER PRIMARY KEY);
+CREATE TABLE rows (name TEXT PRIMARY KEY, parent INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func insert(name string) func(context.Context, *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO rows (name) VALUES (?)`, name)
+		return err
+	}
+}
+
+func names(t *testing.T, db *sql.DB) map[string]bool {
+	t.Helper()
+	rows, err := db.Query(`SELECT name FROM rows`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[string]bool{}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		got[n] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// group runs fns as one group: the first holds the gate until the others
+// are queued behind it, in fns' order. It returns each Run's error.
+func group(t *testing.T, g *sqldb.WriteGate, db *sql.DB, fns ...func(context.Context, *sql.Tx) error) []error {
+	t.Helper()
+	return groupCtx(t, g, db, make([]context.Context, len(fns)), fns...)
+}
+
+// groupCtx is group with each Run's context (nil: Background).
+func groupCtx(t *testing.T, g *sqldb.WriteGate, db *sql.DB, ctxs []context.Context, fns ...func(context.Context, *sql.Tx) error) []error {
+	t.Helper()
+	for i := range ctxs {
+		if ctxs[i] == nil {
+			ctxs[i] = context.Background()
+		}
+	}
+	errs := make([]error, len(fns))
+	held, release := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		errs[0] = g.Run(ctxs[0], db, func(ctx context.Context, tx *sql.Tx) error {
+			close(held)
+			<-release
+			return fns[0](ctx, tx)
+		})
+	})
+	<-held
+	for i, fn := range fns[1:] {
+		wg.Go(func() { errs[i+1] = g.Run(ctxs[i+1], db, fn) })
+		for deadline := time.Now().Add(10 * time.Second); g.Waiting() != i+1; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d Runs queued; want %d", g.Waiting(), i+1)
+			}
+		}
+	}
+	close(release)
+	wg.Wait()
+	return errs
+}
+
+// A member that wrote and then failed leaves nothing; the rest of its
+// group commits, and a member sees the work of those before it, as if
+// they had committed one after another.
+func TestGroupFailedMember(t *testing.T) {
+	db := open(t)
+	g := sqldb.NewWriteGate()
+	refused := errors.New("refused")
+	var seen int
+	errs := group(t, g, db,
+		insert("a"),
+		func(ctx context.Context, tx *sql.Tx) error {
+			if err := insert("b")(ctx, tx); err != nil {
+				return err
+			}
+			return refused
+		},
+		insert("a"), // a duplicate of the first's, uncommitted yet
+		func(ctx context.Context, tx *sql.Tx) error {
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM rows`).Scan(&seen); err != nil {
+				return err
+			}
+			return insert("c")(ctx, tx)
+		})
+	if errs[0] != nil || !errors.Is(errs[1], refused) || errs[2] == nil || errs[3] != nil {
+		t.Errorf("Runs = %v; want nil, refused, a UNIQUE failure, nil", errs)
+	}
+	if got := names(t, db); len(got) != 2 || !got["a"] || !got["c"] {
+		t.Errorf("committed %v; want a and c", got)
+	}
+	if seen != 1 {
+		t.Errorf("the last member saw %d rows; want 1 (the first's, not the failed member's)", seen)
+	}
+}
+
+// A COMMIT that fails (a deferred foreign key, checked at COMMIT) fails
+// every member and commits nothing; the database takes the next
+// transaction as before.
+func TestGroupFailedCommit(t *testing.T) {
+	db := open(t)
+	g := sqldb.NewWriteGate()
+	errs := group(t, g, db, insert("a"), func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO rows (name, parent) VALUES ('orphan', 7)`)
+		return err
+	}, insert("b"))
+	for i, err := range errs {
+		if !errors.Is(err, sqldb.ErrGroupLost) {
+			t.Errorf("Run %d = %v; want ErrGroupLost", i, err)
+		}
+	}
+	if got := names(t, db); len(got) != 0 {
+		t.Errorf("committed %v after a failed COMMIT; want nothing", got)
+	}
+	for i := range 8 { // on every connection of the pool, in turn
+		if err := g.Run(context.Background(), db, insert(fmt.Sprint("after", i))); err != nil {
+			t.Fatalf("Run %d after a failed COMMIT = %v", i, err)
+		}
+	}
+	if got := names(t, db); len(got) != 8 {
+		t.Errorf("committed %v; want the eight after", got)
+	}
+}
+
+// A caller that gives up while its statements run in a group does not
+// interrupt them (SQLite would roll back the whole transaction): the
+// group commits, its own work with it, and its Run says so. The first's
+// caller giving up while the group runs changes nothing either.
+func TestGroupCancelledMember(t *testing.T) {
+	db := open(t)
+	g := sqldb.NewWriteGate()
+	firstCtx, cancelFirst := context.WithCancel(context.Background())
+	memberCtx, cancelMember := context.WithCancel(context.Background())
+	errs := groupCtx(t, g, db, []context.Context{firstCtx, memberCtx, nil},
+		insert("a"),
+		func(ctx context.Context, tx *sql.Tx) error {
+			cancelFirst()
+			cancelMember()
+			for i := range 50 { // statements after both callers left
+				if err := insert(fmt.Sprint("m", i))(ctx, tx); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		insert("c"))
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Run %d = %v; want nil: it committed", i, err)
+		}
+	}
+	if got := names(t, db); len(got) != 52 {
+		t.Errorf("committed %d rows; want 52 (a, c and the member's 50)", len(got))
+	}
+}

@@ -1,0 +1,265 @@
+package sqldb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// WriteGate runs write transactions one at a time, for a database with one
+// writer (SQLite), and commits those that queue behind each other as one
+// (group commit).
+//
+// Queued in Go, a writer does not wait in SQLite's busy handler, which
+// polls the write lock with sleeps of 1, 2, 5 ms and more while it may be
+// free, and holds a connection of the small pool while it sleeps. Grouped,
+// the pages that every transaction writes (a table's last leaf, an index's
+// right edge) go to the WAL once per group, and so do the commit's own
+// frames: on SQLite the commit is most of a short transaction's time.
+//
+// A transaction runs alone (BEGIN, its statements, COMMIT) unless others
+// are waiting when it is done: then its holder runs theirs in the same
+// database transaction, each in a SAVEPOINT of its own (a failure rolls
+// back its work only, RELEASE keeps it), up to MaxGroup of them, and
+// commits them all at once. Every Run returns once the group's COMMIT is
+// done: an error from it is every member's (ErrGroupLost).
+//
+// Only write transactions that pass the gate are queued: a writer that does
+// not (a single-statement write, another store's transaction on the same
+// database) still waits in SQLite's busy handler, and the gate's holder
+// waits for it there.
+//
+// A nil *WriteGate runs every transaction at once, alone (PostgreSQL,
+// MySQL).
+type WriteGate struct {
+	// MaxGroup is how many transactions one COMMIT may hold; less than 2
+	// commits each alone (the gate only queues).
+	MaxGroup int
+
+	mu    sync.Mutex
+	busy  bool   // a holder is running transactions
+	queue []*job // waiting, in order of arrival
+}
+
+// DefaultMaxGroup is NewWriteGate's MaxGroup: a group waits for its
+// members' statements, so the cap bounds the latency a group adds (a
+// service withdrawal's transaction runs in a fraction of a millisecond).
+const DefaultMaxGroup = 16
+
+// NewWriteGate returns an open WriteGate that groups up to
+// DefaultMaxGroup transactions per commit.
+func NewWriteGate() *WriteGate { return &WriteGate{MaxGroup: DefaultMaxGroup} }
+
+// A job is one Run waiting for its turn.
+type job struct {
+	ctx context.Context // the caller's, to leave the queue with
+	fn  func(context.Context, *sql.Tx) error
+	out chan outcome // one outcome, then done
+}
+
+// An outcome is what a job's Run returns: its error, or that it holds the
+// gate now (lead), or its function's panic, raised again in its caller.
+type outcome struct {
+	err      error
+	lead     bool
+	panicked any
+}
+
+// ErrGroupLost is wrapped by the error of every member of a group whose
+// transaction was lost: its COMMIT failed, or SQLite rolled it back whole
+// (SQLITE_FULL, an I/O error) under a member's statement. Nothing of the
+// group was committed.
+var ErrGroupLost = errors.New("sqldb: the group's transaction was rolled back")
+
+// Run runs fn in a write transaction on db and commits it if fn returns
+// nil; if fn returns an error, its work is rolled back and Run returns
+// that error. A transaction fn's statements are run with ctx's values but
+// not its cancellation: through a gate, fn may share its transaction with
+// others, and SQLite interrupted in a statement rolls back the whole
+// transaction. While it waits for its turn, Run gives up with ctx; once
+// fn has run, Run waits for the COMMIT, whatever ctx does, so that it
+// never reports as failed work that commits. fn must do nothing but its
+// transaction's statements (no Run on the same gate), and nothing after
+// them that assumes the commit: that is the caller's, once Run returns nil.
+//
+// On a nil gate, Run is BeginTx(ctx), fn(ctx, tx), Commit, with ctx as
+// given.
+func (g *WriteGate) Run(ctx context.Context, db *sql.DB, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if g == nil {
+		return alone(ctx, db, fn)
+	}
+	j := &job{ctx: ctx, fn: fn, out: make(chan outcome, 1)}
+	g.mu.Lock()
+	if !g.busy {
+		g.busy = true
+		g.mu.Unlock()
+		g.hold(db, j)
+	} else {
+		g.queue = append(g.queue, j)
+		g.mu.Unlock()
+	}
+	var o outcome
+	select {
+	case o = <-j.out:
+	case <-ctx.Done():
+		if g.leave(j) {
+			return ctx.Err()
+		}
+		o = <-j.out // taken already: its outcome follows
+	}
+	if o.lead {
+		if err := ctx.Err(); err != nil { // gave up as its turn came
+			g.pass()
+			return err
+		}
+		g.hold(db, j)
+		o = <-j.out
+	}
+	if o.panicked != nil {
+		panic(o.panicked)
+	}
+	return o.err
+}
+
+// alone runs fn in a transaction of its own.
+func alone(ctx context.Context, db *sql.DB, fn func(context.Context, *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// Waiting returns how many Runs are queued behind the one that holds g.
+func (g *WriteGate) Waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
+}
+
+// leave takes j out of the queue, if it is still there.
+func (g *WriteGate) leave(j *job) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, q := range g.queue {
+		if q == j {
+			g.queue = append(g.queue[:i], g.queue[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// next takes the first job of the queue whose caller still waits, or nil;
+// those that gave up meanwhile are answered with their context's error.
+// With nothing queued and free set, the gate is free when next returns.
+func (g *WriteGate) next(free bool) *job {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for len(g.queue) > 0 {
+		j := g.queue[0]
+		g.queue[0] = nil
+		g.queue = g.queue[1:]
+		if err := j.ctx.Err(); err != nil {
+			j.out <- outcome{err: err}
+			continue
+		}
+		return j
+	}
+	if free {
+		g.busy = false
+	}
+	return nil
+}
+
+// pass gives the gate to the first job queued, or frees it.
+func (g *WriteGate) pass() {
+	if j := g.next(true); j != nil {
+		j.out <- outcome{lead: true}
+	}
+}
+
+// hold runs first's transaction, with those queued behind it in the same
+// one while it lasts, commits, answers every member, and passes the gate
+// to the next job queued (or frees it). A member that failed is answered
+// after the COMMIT too: its failure may have been decided by the work of
+// one before it (a duplicate key, the funds left), which its caller must
+// find committed when it looks.
+func (g *WriteGate) hold(db *sql.DB, first *job) {
+	defer g.pass()
+	ctx := context.WithoutCancel(first.ctx)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		first.out <- outcome{err: err}
+		return
+	}
+	defer tx.Rollback()
+	if o := call(ctx, first, tx); o.err != nil || o.panicked != nil {
+		first.out <- o // nothing else is in the transaction: its rollback is first's alone
+		return
+	}
+	group, failed := []*job{first}, map[*job]outcome{}
+	for len(group) < g.MaxGroup {
+		j := g.next(false)
+		if j == nil {
+			break
+		}
+		group = append(group, j)
+		o, err := member(tx, j)
+		if err != nil {
+			err = fmt.Errorf("%w: %w", ErrGroupLost, err)
+			for _, m := range group {
+				m.out <- outcome{err: err}
+			}
+			return
+		}
+		if o.err != nil || o.panicked != nil {
+			failed[j] = o
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		err = fmt.Errorf("%w: %w", ErrGroupLost, err)
+		for _, m := range group {
+			m.out <- outcome{err: err}
+		}
+		return
+	}
+	for _, m := range group {
+		m.out <- failed[m] // the zero outcome: committed
+	}
+}
+
+// member runs j's transaction in tx, in a savepoint: its work is kept, to
+// be committed with the group's, or, if j's function failed, rolled back,
+// and o is that failure. An error returned is the transaction's: the
+// savepoint could not be set, released or rolled back to (SQLite, on
+// SQLITE_FULL or an I/O error, rolls back the whole transaction).
+func member(tx *sql.Tx, j *job) (o outcome, err error) {
+	ctx := context.WithoutCancel(j.ctx)
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT onceguard_member`); err != nil {
+		return o, err
+	}
+	if o = call(ctx, j, tx); o.err != nil || o.panicked != nil {
+		if _, err := tx.ExecContext(ctx, `ROLLBACK TO onceguard_member`); err != nil {
+			return o, err
+		}
+	}
+	_, err = tx.ExecContext(ctx, `RELEASE onceguard_member`)
+	return o, err
+}
+
+// call runs j's function in tx, its panic caught as its outcome.
+func call(ctx context.Context, j *job, tx *sql.Tx) (o outcome) {
+	defer func() {
+		if p := recover(); p != nil {
+			o = outcome{panicked: p}
+		}
+	}()
+	return outcome{err: j.fn(ctx, tx)}
+}

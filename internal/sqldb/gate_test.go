@@ -1,0 +1,372 @@
+package sqldb
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeDB is a database/sql driver that logs what its connections are
+// asked to do (BEGIN, COMMIT, ROLLBACK, each statement) and fails a COMMIT
+// when told to.
+type fakeDB struct {
+	mu         sync.Mutex
+	log        []string
+	failCommit error
+}
+
+func (f *fakeDB) add(s string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.log = append(f.log, s)
+}
+
+func (f *fakeDB) lines() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.log)
+}
+
+func (f *fakeDB) Connect(context.Context) (driver.Conn, error) { return fakeConn{f}, nil }
+func (f *fakeDB) Driver() driver.Driver                        { return nil }
+
+type fakeConn struct{ f *fakeDB }
+
+func (fakeConn) Prepare(string) (driver.Stmt, error) {
+	return nil, errors.New("no prepared statements")
+}
+func (fakeConn) Close() error                { return nil }
+func (c fakeConn) Begin() (driver.Tx, error) { c.f.add("BEGIN"); return c, nil }
+func (c fakeConn) Rollback() error           { c.f.add("ROLLBACK"); return nil }
+
+func (c fakeConn) Commit() error {
+	c.f.mu.Lock()
+	err := c.f.failCommit
+	c.f.mu.Unlock()
+	if err != nil {
+		c.f.add("COMMIT failed")
+		return err
+	}
+	c.f.add("COMMIT")
+	return nil
+}
+
+func (c fakeConn) ExecContext(_ context.Context, query string, _ []driver.NamedValue) (driver.Result, error) {
+	c.f.add(query)
+	return driver.RowsAffected(1), nil
+}
+
+func newFake(t *testing.T) (*fakeDB, *sql.DB) {
+	f := &fakeDB{}
+	db := sql.OpenDB(f)
+	t.Cleanup(func() { db.Close() })
+	return f, db
+}
+
+// exec is a transaction function that runs one statement, named s.
+func exec(s string) func(context.Context, *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, s)
+		return err
+	}
+}
+
+// grouped holds g with a first transaction until n more Runs are queued
+// behind it, runs them (fns[i] for the i-th queued, in order), and
+// returns each Run's error, the first's at 0. Each Run's return is logged
+// as "returned i", so the log says whether it came after the COMMIT.
+func grouped(t *testing.T, g *WriteGate, f *fakeDB, db *sql.DB, fns ...func(context.Context, *sql.Tx) error) []error {
+	t.Helper()
+	ctx := context.Background()
+	errs := make([]error, len(fns)+1)
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		errs[0] = g.Run(ctx, db, func(ctx context.Context, tx *sql.Tx) error {
+			<-release
+			return exec("first")(ctx, tx)
+		})
+		f.add("returned 0")
+	})
+	waitHeld(t, g)
+	for i, fn := range fns {
+		wg.Go(func() {
+			defer func() {
+				if p := recover(); p != nil {
+					errs[i+1] = panicked{p}
+				}
+				f.add(fmt.Sprintf("returned %d", i+1))
+			}()
+			errs[i+1] = g.Run(ctx, db, fn)
+		})
+		waitQueued(t, g, i+1) // queued in this order
+	}
+	close(release)
+	wg.Wait()
+	return errs
+}
+
+// panicked is grouped's error for a Run that panicked.
+type panicked struct{ v any }
+
+func (p panicked) Error() string { return fmt.Sprint("panic: ", p.v) }
+
+func waitHeld(t *testing.T, g *WriteGate) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		g.mu.Lock()
+		busy := g.busy
+		g.mu.Unlock()
+		if busy {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first Run never held the gate")
+		}
+	}
+}
+
+func waitQueued(t *testing.T, g *WriteGate, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		g.mu.Lock()
+		q := len(g.queue)
+		g.mu.Unlock()
+		if q == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Runs queued, want %d", q, n)
+		}
+	}
+}
+
+func wantLog(t *testing.T, f *fakeDB, want ...string) {
+	t.Helper()
+	got := f.lines()
+	if !slices.Equal(got, want) {
+		t.Errorf("the driver was asked:\n\t%s\nwant:\n\t%s", strings.Join(got, "\n\t"), strings.Join(want, "\n\t"))
+	}
+}
+
+// Runs queued behind a transaction share its COMMIT, each in a savepoint,
+// in their order, and every one returns after that COMMIT.
+func TestWriteGateGroupsQueuedRuns(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	errs := grouped(t, g, f, db, exec("a"), exec("b"))
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Run %d = %v", i, err)
+		}
+	}
+	log := f.lines()
+	slices.Sort(log[len(log)-3:]) // the three returns, in any order
+	f.log = log
+	wantLog(t, f, "BEGIN", "first",
+		"SAVEPOINT onceguard_member", "a", "RELEASE onceguard_member",
+		"SAVEPOINT onceguard_member", "b", "RELEASE onceguard_member",
+		"COMMIT", "returned 0", "returned 1", "returned 2")
+}
+
+// MaxGroup caps a group: the rest commit in the next, led by the first
+// left out.
+func TestWriteGateMaxGroup(t *testing.T) {
+	f, db := newFake(t)
+	g := &WriteGate{MaxGroup: 2}
+	errs := grouped(t, g, f, db, exec("a"), exec("b"), exec("c"))
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	var commits []string
+	for _, l := range f.lines() {
+		if l == "BEGIN" || l == "COMMIT" || len(l) == 1 || l == "first" {
+			commits = append(commits, l)
+		}
+	}
+	want := []string{"BEGIN", "first", "a", "COMMIT", "BEGIN", "b", "c", "COMMIT"}
+	if !slices.Equal(commits, want) {
+		t.Errorf("transactions %v; want %v", commits, want)
+	}
+	f2, db2 := newFake(t)
+	if err := errors.Join(grouped(t, &WriteGate{MaxGroup: 1}, f2, db2, exec("a"))...); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(strings.Join(f2.lines(), " "), "COMMIT"); n != 2 {
+		t.Errorf("MaxGroup 1: %d commits for two Runs; want each alone\n%v", n, f2.lines())
+	}
+}
+
+// A member that fails is rolled back to its savepoint, alone, and its Run
+// returns its error, after the group's COMMIT (its failure may rest on
+// the work of one before it, which its caller must find committed).
+func TestWriteGateFailedMember(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	refused := errors.New("refused")
+	errs := grouped(t, g, f, db, exec("a"), func(ctx context.Context, tx *sql.Tx) error {
+		if err := exec("b")(ctx, tx); err != nil {
+			return err
+		}
+		return refused
+	}, exec("c"))
+	if errs[0] != nil || errs[1] != nil || errs[3] != nil || !errors.Is(errs[2], refused) {
+		t.Errorf("Runs = %v; want nil, nil, refused, nil", errs)
+	}
+	log := f.lines()
+	i := slices.Index(log, "b")
+	if i < 0 || !slices.Equal(log[i:i+3], []string{"b", "ROLLBACK TO onceguard_member", "RELEASE onceguard_member"}) {
+		t.Errorf("the failed member's work was not rolled back to its savepoint:\n%s", strings.Join(log, "\n"))
+	}
+	if c, r := slices.Index(log, "COMMIT"), slices.Index(log, "returned 2"); c < 0 || r < c {
+		t.Errorf("the failed member returned before the COMMIT:\n%s", strings.Join(log, "\n"))
+	}
+}
+
+// The first transaction's failure rolls it back alone; those queued
+// behind it commit in the next.
+func TestWriteGateFailedFirst(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	refused := errors.New("refused")
+	release := make(chan struct{})
+	var first, second error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		first = g.Run(context.Background(), db, func(context.Context, *sql.Tx) error { <-release; return refused })
+	})
+	waitHeld(t, g)
+	wg.Go(func() { second = g.Run(context.Background(), db, exec("a")) })
+	waitQueued(t, g, 1)
+	close(release)
+	wg.Wait()
+	if !errors.Is(first, refused) || second != nil {
+		t.Errorf("Runs = %v, %v; want refused, nil", first, second)
+	}
+	wantLog(t, f, "BEGIN", "ROLLBACK", "BEGIN", "a", "COMMIT")
+}
+
+// A failed COMMIT is every member's, the failed member's too.
+func TestWriteGateFailedCommit(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	disk := errors.New("disk I/O error")
+	f.failCommit = disk
+	errs := grouped(t, g, f, db, exec("a"), func(context.Context, *sql.Tx) error { return errors.New("refused") })
+	for i, err := range errs {
+		if !errors.Is(err, ErrGroupLost) || !errors.Is(err, disk) {
+			t.Errorf("Run %d = %v; want ErrGroupLost and the COMMIT's error", i, err)
+		}
+	}
+	f.failCommit = nil
+	if err := g.Run(context.Background(), db, exec("after")); err != nil {
+		t.Errorf("Run after a failed COMMIT = %v", err)
+	}
+}
+
+// A member's panic is raised again in its own Run, after the group's
+// COMMIT; its work is rolled back, the others commit and the gate goes
+// on. So is the first's, alone.
+func TestWriteGatePanic(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	errs := grouped(t, g, f, db, exec("a"), func(ctx context.Context, tx *sql.Tx) error {
+		_ = exec("b")(ctx, tx)
+		panic("boom")
+	})
+	if errs[0] != nil || errs[1] != nil || errs[2] != (panicked{"boom"}) {
+		t.Errorf("Runs = %v; want nil, nil, the member's panic", errs)
+	}
+	log := f.lines()
+	if i := slices.Index(log, "b"); i < 0 || log[i+1] != "ROLLBACK TO onceguard_member" {
+		t.Errorf("the panicking member's work was not rolled back:\n%s", strings.Join(log, "\n"))
+	}
+	if c, r := slices.Index(log, "COMMIT"), slices.Index(log, "returned 2"); c < 0 || r < c {
+		t.Errorf("the panicking member returned before the COMMIT:\n%s", strings.Join(log, "\n"))
+	}
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		_ = g.Run(context.Background(), db, func(context.Context, *sql.Tx) error { panic("alone") })
+	}()
+	if recovered != "alone" {
+		t.Errorf("Run's panic = %v; want the function's, raised again", recovered)
+	}
+	if err := g.Run(context.Background(), db, exec("after")); err != nil {
+		t.Errorf("Run after a panic = %v", err)
+	}
+}
+
+// A Run gives up with its context while it is queued, and its function
+// never runs; once taken, its statements run without the context's
+// cancellation (SQLite interrupted in a statement rolls back the whole,
+// shared, transaction) and it returns after the COMMIT, nil.
+func TestWriteGateCancel(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	var first error
+	wg.Go(func() {
+		first = g.Run(context.Background(), db, func(ctx context.Context, tx *sql.Tx) error { <-release; return nil })
+	})
+	waitHeld(t, g)
+	gone, leave := context.WithCancel(context.Background())
+	var left error
+	wg.Go(func() {
+		left = g.Run(gone, db, func(context.Context, *sql.Tx) error { t.Error("a Run that left the queue ran"); return nil })
+	})
+	waitQueued(t, g, 1)
+	leave()
+	waitQueued(t, g, 0)
+	mine, cancel := context.WithCancel(context.Background())
+	var inside, taken error
+	wg.Go(func() {
+		taken = g.Run(mine, db, func(ctx context.Context, tx *sql.Tx) error {
+			cancel() // the caller gives up while its statements run
+			inside = ctx.Err()
+			return exec("a")(ctx, tx)
+		})
+	})
+	waitQueued(t, g, 1)
+	close(release)
+	wg.Wait()
+	if first != nil || !errors.Is(left, context.Canceled) || taken != nil || inside != nil {
+		t.Errorf("first %v, left %v, taken %v, its ctx inside %v; want nil, Canceled, nil, nil", first, left, taken, inside)
+	}
+	wantLog(t, f, "BEGIN", "SAVEPOINT onceguard_member", "a", "RELEASE onceguard_member", "COMMIT")
+}
+
+// A nil gate runs each transaction alone, at once, with its context.
+func TestWriteGateNil(t *testing.T) {
+	f, db := newFake(t)
+	var g *WriteGate
+	hold := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := g.Run(context.Background(), db, func(ctx context.Context, tx *sql.Tx) error { <-hold; return nil }); err != nil {
+			t.Error(err)
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	err := g.Run(ctx, db, func(ctx context.Context, tx *sql.Tx) error {
+		cancel()
+		if ctx.Err() == nil {
+			t.Error("a nil gate's transaction did not get its caller's cancellation")
+		}
+		return nil
+	})
+	close(hold)
+	wg.Wait()
+	if err == nil {
+		t.Error("a transaction whose context was cancelled committed")
+	}
+	_ = f
+}
