@@ -28,8 +28,9 @@ import (
 // the service's driver (modernc.org/sqlite) opened exactly as the service
 // opens its embedded database (sqliteDSN: WAL, synchronous=NORMAL,
 // busy_timeout 10 s, BEGIN IMMEDIATE; four connections, the WAL
-// checkpointed beside the writers, write transactions begun one at a
-// time through a sqldb.WriteGate). A withdrawal is the ceiling's script and nothing
+// checkpointed beside the writers, write transactions run one at a time
+// through a sqldb.WriteGate, each committed alone; the grouped SQLite
+// floor commits those queued together, as the service does). A withdrawal is the ceiling's script and nothing
 // more: BEGIN; UPDATE accounts … WHERE balance - amount >= 0 RETURNING
 // balance; INSERT INTO ledger …; COMMIT. No session lookup (the bearer
 // token is the account id), no Idempotency-Key record, no repeat window,
@@ -84,14 +85,17 @@ CREATE TABLE IF NOT EXISTS users (
 // sqliteDSN opens path as cmd/onceguard's openDB opens the service's
 // embedded database: the same sqldb.SQLiteDSN, and as the service the
 // floor checkpoints the WAL beside its writers (sqldb.CheckpointWAL) and
-// begins its write transactions through a sqldb.WriteGate.
+// runs its write transactions through a sqldb.WriteGate: queued in Go,
+// and each committed alone (pgbench's transaction, one commit per
+// withdrawal) unless the floor is the grouped one.
 func sqliteDSN(path string) string { return sqldb.SQLiteDSN(path) }
 
 // serveFloor serves the floor on 127.0.0.1:0 until SIGTERM or SIGINT, and
 // says where as the service does ("listening on http://ADDR;"): on
 // PostgreSQL (driver "pgx", dsn a URL) or on SQLite (driver "sqlite", dsn
-// the file's path; the schema is created if missing).
-func serveFloor(driver, dsn string) error {
+// the file's path; the schema is created if missing). On SQLite, group is
+// how many withdrawals one COMMIT may hold (1: each its own).
+func serveFloor(driver, dsn string, group int) error {
 	if driver == "sqlite" {
 		dsn = sqliteDSN(dsn)
 	}
@@ -117,7 +121,7 @@ func serveFloor(driver, dsn string) error {
 		if _, err := db.ExecContext(ctx, floorSQLiteSchema); err != nil {
 			return fmt.Errorf("schema: %w", err)
 		}
-		gate = sqldb.NewWriteGate()
+		gate = &sqldb.WriteGate{MaxGroup: group}
 		go sqldb.CheckpointWAL(ctx, db, sqldb.CheckpointEvery)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -151,21 +155,13 @@ func floorHandler(db *sql.DB, gate *sqldb.WriteGate) http.Handler {
 		var aid int
 		var err error
 		if sqlite { // no data-modifying WITH: two statements in one transaction
-			err = func() error {
-				tx, done, err := gate.Begin(r.Context(), db)
-				if err != nil {
+			err = gate.Run(r.Context(), db, func(ctx context.Context, tx *sql.Tx) error {
+				if err := tx.QueryRowContext(ctx, `INSERT INTO accounts (balance) VALUES (0) RETURNING aid`).Scan(&aid); err != nil {
 					return err
 				}
-				defer done()
-				defer tx.Rollback()
-				if err := tx.QueryRowContext(r.Context(), `INSERT INTO accounts (balance) VALUES (0) RETURNING aid`).Scan(&aid); err != nil {
-					return err
-				}
-				if _, err := tx.ExecContext(r.Context(), `INSERT INTO users (username, aid) VALUES ($1, $2)`, c.Username, aid); err != nil {
-					return err
-				}
-				return tx.Commit()
-			}()
+				_, err := tx.ExecContext(ctx, `INSERT INTO users (username, aid) VALUES ($1, $2)`, c.Username, aid)
+				return err
+			})
 		} else {
 			err = db.QueryRowContext(r.Context(), `WITH a AS (INSERT INTO accounts (aid, balance) VALUES (nextval('account_ids'), 0) RETURNING aid)
 INSERT INTO users (username, aid) SELECT $1, aid FROM a RETURNING aid`, c.Username).Scan(&aid)
@@ -234,22 +230,14 @@ func floorMove(db *sql.DB, gate *sqldb.WriteGate, sign int64) http.HandlerFunc {
 		}
 		ref := mrand.Int64N(9_000_000_000_000_000_000) + 1
 		delta := sign * cents
-		err := func() error {
-			tx, done, err := gate.Begin(r.Context(), db)
-			if err != nil {
-				return err
-			}
-			defer done()
-			defer tx.Rollback()
+		err := gate.Run(r.Context(), db, func(ctx context.Context, tx *sql.Tx) error {
 			var balance int64
-			if err := stmts.QueryRow(r.Context(), tx, floorUpdate, delta, ref, aid).Scan(&balance); err != nil {
+			if err := stmts.QueryRow(ctx, tx, floorUpdate, delta, ref, aid).Scan(&balance); err != nil {
 				return err
 			}
-			if _, err := stmts.Exec(r.Context(), tx, floorInsert, aid, kind, delta, balance, strconv.FormatInt(ref, 10), ref); err != nil {
-				return err
-			}
-			return tx.Commit()
-		}()
+			_, err := stmts.Exec(ctx, tx, floorInsert, aid, kind, delta, balance, strconv.FormatInt(ref, 10), ref)
+			return err
+		})
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			floorAnswer(w, http.StatusUnprocessableEntity, `{"code":"insufficient_funds"}`)

@@ -3,12 +3,13 @@
 // (SQLite, in-process stores) and for PostgreSQL + Redis, at 16 and 64
 // concurrent clients, next to PostgreSQL's own ceiling for a comparable
 // one-row-update transaction measured with pgbench in the same run, and
-// next to two floors (that transaction behind a minimal HTTP server, on
-// PostgreSQL and on SQLite), interleaved round by round. The PostgreSQL
+// next to the floors (that transaction behind a minimal HTTP server, on
+// PostgreSQL and on SQLite, and on SQLite with its commits grouped as the
+// service groups its own), interleaved round by round. The PostgreSQL
 // contenders connect through a counting proxy (pgproxy.go) that reports
 // their round trips. See ../README.md, "Service load".
 //
-//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-clients 16,64] [-only sqlite,postgres,pgbench,floor,floor-sqlite] [-markdown]
+//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-clients 16,64] [-only sqlite,postgres,pgbench,floor,floor-sqlite,floor-sqlite-grouped] [-markdown]
 package main
 
 import (
@@ -29,6 +30,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/onceguard/onceguard/internal/sqldb"
 )
 
 // The groups of a round: the service configurations, the ceiling and the
@@ -40,18 +43,24 @@ const (
 	groupPgbench     = "pgbench"
 	groupFloor       = "floor"
 	groupFloorSQLite = "floor-sqlite"
+	// groupFloorGrouped is the SQLite floor with its commits grouped as
+	// the service groups its own (sqldb.WriteGate's default): fewer
+	// commits than withdrawals, so not pgbench's transaction any more,
+	// but the same machinery as the service.
+	groupFloorGrouped = "floor-sqlite-grouped"
 )
 
 // allGroups is every group, in the order of a first round.
-var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupTokens, groupFloor, groupFloorSQLite}
+var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupTokens, groupFloor, groupFloorSQLite, groupFloorGrouped}
 
 var groupLabels = map[string]string{
-	groupSQLite:      "embedded (SQLite)",
-	groupPostgres:    "PostgreSQL + Redis",
-	groupTokens:      "PostgreSQL + Redis, default",
-	groupPgbench:     "ceiling: pgbench",
-	groupFloor:       "floor: pgbench tx over HTTP",
-	groupFloorSQLite: "floor: SQLite tx over HTTP",
+	groupSQLite:       "embedded (SQLite)",
+	groupPostgres:     "PostgreSQL + Redis",
+	groupTokens:       "PostgreSQL + Redis, default",
+	groupPgbench:      "ceiling: pgbench",
+	groupFloor:        "floor: pgbench tx over HTTP",
+	groupFloorSQLite:  "floor: SQLite tx over HTTP",
+	groupFloorGrouped: "floor: SQLite, grouped commits",
 }
 
 // floorOf is the floor a group's "vs floor" ratio is taken against: the
@@ -89,11 +98,12 @@ type config struct {
 func main() {
 	var cfg config
 	var clients, only, floorDSN, floorSQLite, proxyUpstream string
+	var floorGroup int
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured `time` per cell (configuration × clients × round)")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured warm-up per cell, same clients")
 	flag.IntVar(&cfg.rounds, "rounds", 2, "rounds; each runs every configuration at every client count, the table shows medians")
 	flag.StringVar(&clients, "clients", "16,64", "comma-separated numbers of concurrent clients (each its own user)")
-	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, postgres-tokens, pgbench, floor, floor-sqlite (default: all)")
+	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, postgres-tokens, pgbench, floor, floor-sqlite, floor-sqlite-grouped (default: all)")
 	flag.StringVar(&cfg.pgDSN, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL admin `DSN`; the run creates (and at exit drops) a fresh database for the service and one for pgbench through it")
 	flag.StringVar(&cfg.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis `URL` for the PostgreSQL configuration (shared: only the service's keys of this run's users are touched)")
 	flag.StringVar(&cfg.pgbench, "pgbench", "/usr/bin/pgbench", "pgbench `binary` for the ceiling (empty: no ceiling)")
@@ -106,6 +116,7 @@ func main() {
 	flag.BoolVar(&cfg.proxy, "pg-proxy", true, "connect every PostgreSQL contender through a proxy of its own that counts its round trips (false: directly, no round-trip figures)")
 	flag.StringVar(&floorDSN, "floor-serve", "", "internal: serve the floor group's minimal withdrawal server on `DSN` (the load starts itself this way)")
 	flag.StringVar(&floorSQLite, "floor-sqlite-serve", "", "internal: serve the floor-sqlite group's minimal withdrawal server on the SQLite `file`")
+	flag.IntVar(&floorGroup, "floor-sqlite-group", 1, "internal: with -floor-sqlite-serve, how many withdrawals one COMMIT may hold (sqldb.WriteGate's MaxGroup)")
 	flag.StringVar(&proxyUpstream, "pg-proxy-serve", "", "internal: serve a round-trip-counting proxy to `host:port`")
 	flag.Parse()
 	if proxyUpstream != "" {
@@ -120,7 +131,7 @@ func main() {
 		if floorSQLite != "" {
 			driver, dsn = "sqlite", floorSQLite
 		}
-		if err := serveFloor(driver, dsn); err != nil {
+		if err := serveFloor(driver, dsn, floorGroup); err != nil {
 			fmt.Fprintln(os.Stderr, "load: floor:", err)
 			os.Exit(1)
 		}
@@ -332,18 +343,25 @@ func run(cfg config, out, progress io.Writer) error {
 		services = append(services, &serviceConfig{group: groupFloor, bin: self, runID: runID, args: []string{"-floor-serve", pgDSNFor(groupFloor, name)},
 			logPath: filepath.Join(tmp, "floor.log"), pg: pg, dbName: name, proxy: proxies[groupFloor]})
 	}
-	if has(groupFloorSQLite) {
+	for _, g := range []string{groupFloorSQLite, groupFloorGrouped} {
+		if !has(g) {
+			continue
+		}
 		self, err := os.Executable()
 		if err != nil {
 			return err
 		}
-		dir := filepath.Join(tmp, "floor-sqlite-data")
+		dir := filepath.Join(tmp, g+"-data")
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return err
 		}
-		path := filepath.Join(dir, "floor.db")
-		services = append(services, &serviceConfig{group: groupFloorSQLite, bin: self, runID: runID, args: []string{"-floor-sqlite-serve", path},
-			logPath: filepath.Join(tmp, "floor-sqlite.log"), sqlitePath: path})
+		path, group := filepath.Join(dir, "floor.db"), 1
+		if g == groupFloorGrouped {
+			group = sqldb.DefaultMaxGroup
+		}
+		services = append(services, &serviceConfig{group: g, bin: self, runID: runID,
+			args:    []string{"-floor-sqlite-serve", path, "-floor-sqlite-group", strconv.Itoa(group)},
+			logPath: filepath.Join(tmp, g+".log"), sqlitePath: path})
 	}
 	for _, s := range services {
 		cl.add(s.stopQuietly)
