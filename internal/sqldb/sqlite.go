@@ -13,10 +13,12 @@ import (
 // lock at BEGIN, so two never deadlock upgrading), a 10 s busy timeout.
 // The WAL is checkpointed by CheckpointWAL off the commit path; the
 // automatic checkpoint, at 10000 pages (about 40 MB), only catches up if
-// that stops.
+// that stops. Temporary files are kept in memory (temp_store=MEMORY):
+// among them the journal of a WriteGate member's savepoint, which SQLite
+// otherwise spills to a file past 64 KiB, a write per page it saves.
 func SQLiteDSN(path string) string {
 	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)" +
-		"&_pragma=wal_autocheckpoint(10000)&_txlock=immediate"
+		"&_pragma=wal_autocheckpoint(10000)&_pragma=temp_store(MEMORY)&_txlock=immediate"
 }
 
 // CheckpointEvery is how often CheckpointWAL copies the WAL into the

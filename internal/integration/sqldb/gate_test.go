@@ -200,3 +200,27 @@ func TestGroupCancelledMember(t *testing.T) {
 		t.Errorf("committed %d rows; want 52 (a, c and the member's 50)", len(got))
 	}
 }
+
+// SQLiteDSN keeps temporary files in memory (PRAGMA temp_store = 2), so
+// that a member's savepoint journal is not written to a file past 64 KiB.
+func TestSQLiteDSNTempStore(t *testing.T) {
+	db := open(t)
+	conns := make([]*sql.Conn, 0, 4)
+	for range 4 { // every connection of the pool has it
+		c, err := db.Conn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		var mode int
+		if err := c.QueryRowContext(context.Background(), `PRAGMA temp_store`).Scan(&mode); err != nil {
+			t.Fatal(err)
+		}
+		if mode != 2 {
+			t.Errorf("PRAGMA temp_store = %d; want 2 (MEMORY)", mode)
+		}
+	}
+}
