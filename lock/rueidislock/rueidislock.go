@@ -153,12 +153,12 @@ func (b *Backend) name(key, suffix string) (name, lockKey string) {
 }
 
 // queueKeys returns the lock, waiter queue and waiters' deadlines of key,
-// the keys of the release and leave scripts, followed by the scripts'
-// argument owner, in one slice: keys and args.
-func (b *Backend) queueKeys(key, owner string) (keys, args []string) {
+// the keys of the release and leave scripts. It returns an array, which
+// stays on the caller's stack (Lua.Exec copies the keys): only the name
+// is allocated.
+func (b *Backend) queueKeys(key string) [3]string {
 	deadlines, lockKey := b.name(key, redisscript.DeadlinesSuffix)
-	kv := []string{lockKey, deadlines[:len(lockKey)+len(redisscript.QueueSuffix)], deadlines, owner}
-	return kv[:3:3], kv[3:]
+	return [3]string{lockKey, deadlines[:len(lockKey)+len(redisscript.QueueSuffix)], deadlines}
 }
 
 func noop() {}
@@ -250,8 +250,8 @@ func (b *Backend) acquireScript(ctx context.Context, r lock.Request) (lock.Grant
 
 // Release implements lock.Backend.
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
-	keys, args := b.queueKeys(key, owner)
-	n, err := b.execOwned(ctx, scriptRelease, keys, args)
+	keys := b.queueKeys(key)
+	n, err := b.execOwned(ctx, scriptRelease, keys[:], []string{owner})
 	return result("release", key, n, err)
 }
 
@@ -299,8 +299,8 @@ func (b *Backend) Wait(ctx context.Context, key, owner string) (<-chan struct{},
 
 // Leave implements lock.Waiter.
 func (b *Backend) Leave(ctx context.Context, key, owner string) error {
-	keys, args := b.queueKeys(key, owner)
-	if _, err := b.exec(ctx, scriptLeave, keys, args); err != nil {
+	keys := b.queueKeys(key)
+	if _, err := b.exec(ctx, scriptLeave, keys[:], []string{owner}); err != nil {
 		return wrap("leave", key, err)
 	}
 	return nil
