@@ -15,7 +15,7 @@ import (
 // rueidislock's BenchmarkCycleParallel) and five allocations; instead, all
 // Releases that start within one slack share one deadline context, made
 // by whichever of them finds the last one too early for it, and a Release
-// allocates two small objects.
+// allocates one small object.
 type deadlines struct {
 	timeout, slack time.Duration
 
@@ -37,7 +37,7 @@ func newDeadlines(timeout time.Duration) *deadlines {
 // detach returns ctx's values on a context that is not cancelled with ctx
 // and whose deadline is timeout to timeout+slack after now.
 func (d *deadlines) detach(ctx context.Context, now time.Time) context.Context {
-	return &detached{Context: d.get(now).ctx, values: context.WithoutCancel(ctx)}
+	return &detached{Context: d.get(now).ctx, values: ctx}
 }
 
 func (d *deadlines) get(now time.Time) *deadline {
@@ -61,18 +61,21 @@ func (d *deadlines) get(now time.Time) *deadline {
 // detached is a shared deadline context (Deadline, Done, Err, and the
 // context package's own lookups, which let a context derived from it
 // register with it instead of watching it from a goroutine) carrying the
-// values of a caller's context. values is the caller's context under
-// context.WithoutCancel, which hides the caller's cancellation from those
-// lookups.
+// values of a caller's context, values.
 type detached struct {
 	context.Context
 	values context.Context
 }
 
-// Value returns the caller's value for key, else the deadline context's.
+// Value returns the deadline context's value for key, else the caller's.
+// The deadline context, made from Background, holds no value but the
+// context package's own key, under which it returns itself: asked first,
+// it answers that lookup (context.Cause, deriving a context) with the
+// deadline context and never the caller's, so the caller's cancellation
+// stays hidden without a context.WithoutCancel (an allocation) around it.
 func (c *detached) Value(key any) any {
-	if v := c.values.Value(key); v != nil {
+	if v := c.Context.Value(key); v != nil {
 		return v
 	}
-	return c.Context.Value(key)
+	return c.values.Value(key)
 }

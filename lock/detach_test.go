@@ -68,3 +68,37 @@ func TestDetachExpires(t *testing.T) {
 		t.Fatalf("Err = %v, child's cause %v; want DeadlineExceeded", ctx.Err(), context.Cause(child))
 	}
 }
+
+// The caller's cancellation stays hidden from the context package's own
+// lookups too: contexts derived from the detached one and AfterFunc
+// follow the deadline, and once it passes Cause reports DeadlineExceeded,
+// not the cause the caller cancelled with.
+func TestDetachHidesCallerCancel(t *testing.T) {
+	d := newDeadlines(20 * time.Millisecond)
+	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), ctxKey{}, "v"))
+	cancel(errors.New("caller gave up"))
+	start := time.Now()
+	ctx := d.detach(parent, start)
+	child, stop := context.WithCancel(ctx)
+	defer stop()
+	fired := make(chan struct{})
+	defer context.AfterFunc(ctx, func() { close(fired) })()
+	if got := context.WithoutCancel(child).Value(ctxKey{}); got != "v" {
+		t.Fatalf("Value through derived contexts = %v, want the caller's v", got)
+	}
+	for _, done := range []<-chan struct{}{child.Done(), fired} {
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Fatal("not done within a minute of a 20ms timeout")
+		}
+	}
+	if took := time.Since(start); took < 20*time.Millisecond {
+		t.Fatalf("ended after %v, before the 20ms timeout: with the caller's cancellation", took)
+	}
+	for _, c := range []context.Context{ctx, child} {
+		if cause := context.Cause(c); !errors.Is(cause, context.DeadlineExceeded) {
+			t.Fatalf("Cause = %v, want DeadlineExceeded (not the caller's cause)", cause)
+		}
+	}
+}
