@@ -9,6 +9,12 @@ import (
 
 type ctxKey struct{}
 
+// detach is d.detach's context, as Release uses it.
+func detach(d *deadlines, ctx context.Context, now time.Time) context.Context {
+	c := d.detach(ctx, now)
+	return &c
+}
+
 // Release's context keeps the caller's values, ignores its cancellation,
 // and has a deadline timeout to timeout+slack after it was asked for; one
 // asked for within the slack shares the deadline, a later one does not.
@@ -20,7 +26,7 @@ func TestDetachDeadline(t *testing.T) {
 	parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
 	cancel()
 	now := time.Now()
-	ctx := d.detach(parent, now)
+	ctx := detach(d, parent, now)
 	if ctx.Err() != nil {
 		t.Fatalf("detached context done with its cancelled parent: %v", ctx.Err())
 	}
@@ -31,11 +37,11 @@ func TestDetachDeadline(t *testing.T) {
 	if !ok || dl.Before(now.Add(64*time.Second)) || dl.After(now.Add(65*time.Second)) {
 		t.Fatalf("Deadline = %v, %v; want within [now+64s, now+65s]", dl.Sub(now), ok)
 	}
-	same := d.detach(context.Background(), now.Add(999*time.Millisecond))
+	same := detach(d, context.Background(), now.Add(999*time.Millisecond))
 	if same.Done() != ctx.Done() {
 		t.Fatal("a context asked for within the slack has a deadline of its own")
 	}
-	later := d.detach(context.Background(), now.Add(1001*time.Millisecond))
+	later := detach(d, context.Background(), now.Add(1001*time.Millisecond))
 	if later.Done() == ctx.Done() {
 		t.Fatal("a context asked for after the slack shares a deadline that is too early for it")
 	}
@@ -53,7 +59,7 @@ func TestDetachDeadline(t *testing.T) {
 func TestDetachExpires(t *testing.T) {
 	d := newDeadlines(20 * time.Millisecond)
 	start := time.Now()
-	ctx := d.detach(context.Background(), start)
+	ctx := detach(d, context.Background(), start)
 	child, cancel := context.WithCancel(ctx)
 	defer cancel()
 	select {
@@ -78,7 +84,7 @@ func TestDetachHidesCallerCancel(t *testing.T) {
 	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), ctxKey{}, "v"))
 	cancel(errors.New("caller gave up"))
 	start := time.Now()
-	ctx := d.detach(parent, start)
+	ctx := detach(d, parent, start)
 	child, stop := context.WithCancel(ctx)
 	defer stop()
 	fired := make(chan struct{})

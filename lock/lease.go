@@ -39,6 +39,11 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 	expiry *time.Timer
 
+	// relCtx is the context of the first Release (see releaseContext):
+	// set once, under mu, and never changed. It keeps that caller's
+	// context (for its values) as long as the lease lives.
+	relCtx detached
+
 	// Watchdog (AutoRenew only): Release closes stopRenew once and waits
 	// for renewing to close.
 	stopRenew chan struct{}
@@ -179,8 +184,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 	ls.mu.Unlock()
 	ls.stopWatchdog()
 
-	ctx = ls.locker.release.detach(ctx, time.Now())
-	err := ls.locker.backend.Release(ctx, ls.key, ls.owner)
+	err := ls.locker.backend.Release(ls.releaseContext(ctx), ls.key, ls.owner)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if err == nil || errors.Is(err, ErrNotHeld) {
@@ -202,6 +206,23 @@ func (ls *Lease) Release(ctx context.Context) error {
 	}
 	ls.locker.observe(OpRelease, ls.key, false, ls.start, err)
 	return err
+}
+
+// releaseContext returns the context a Release runs on (see
+// deadlines.detach). The lease holds the first one, which saves an
+// allocation per lock cycle; a Release after it (a retry after a backend
+// error, which needs a deadline of its own) or concurrent with it gets
+// one of its own, so the lease's is never written while in use.
+func (ls *Lease) releaseContext(ctx context.Context) context.Context {
+	c := ls.locker.release.detach(ctx, time.Now())
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.relCtx.Context == nil {
+		ls.relCtx = c
+		return &ls.relCtx
+	}
+	own := c
+	return &own
 }
 
 // stopWatchdog ends the renewal goroutine and waits for it, so that no
