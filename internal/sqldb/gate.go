@@ -19,11 +19,11 @@ import (
 // right edge) go to the WAL once per group, and so do the commit's own
 // frames: on SQLite the commit is most of a short transaction's time.
 //
-// A transaction runs alone (BEGIN, its statements, COMMIT) unless others
-// are waiting when it is done: then its holder runs theirs in the same
-// database transaction, each in a SAVEPOINT of its own (a failure rolls
-// back its work only, RELEASE keeps it), up to MaxGroup of them, and
-// commits them all at once. Every Run returns once the group's COMMIT is
+// A transaction runs alone (BEGIN, its statements in a SAVEPOINT, COMMIT)
+// unless others are waiting when it is done: then its holder runs theirs
+// in the same database transaction, each in a SAVEPOINT of its own (a
+// failure rolls back its work only, RELEASE keeps it), up to MaxGroup of
+// them, and commits them all at once. Every Run returns once the group's COMMIT is
 // done: an error from it is every member's (ErrGroupLost).
 //
 // Only write transactions that pass the gate are queued: a writer that does
@@ -39,8 +39,9 @@ type WriteGate struct {
 	MaxGroup int
 
 	mu    sync.Mutex
-	busy  bool   // a holder is running transactions
-	queue []*job // waiting, in order of arrival
+	db    *sql.DB // the database of every Run (the first's)
+	busy  bool    // a holder is running transactions
+	queue []*job  // waiting, in order of arrival
 }
 
 // DefaultMaxGroup is NewWriteGate's MaxGroup: a group waits for its
@@ -81,8 +82,12 @@ var ErrGroupLost = errors.New("sqldb: the group's transaction was rolled back")
 // transaction. While it waits for its turn, Run gives up with ctx; once
 // fn has run, Run waits for the COMMIT, whatever ctx does, so that it
 // never reports as failed work that commits. fn must do nothing but its
-// transaction's statements (no Run on the same gate), and nothing after
-// them that assumes the commit: that is the caller's, once Run returns nil.
+// transaction's statements (no Run on the same gate), return every error
+// they return (SQLite may have rolled the transaction back with it), and
+// do nothing after them that assumes the commit: that is the caller's,
+// once Run returns nil. fn may run on another goroutine (the holder's),
+// so it must not call runtime.Goexit (t.FailNow). A gate serves one
+// database: Run with another than its first returns an error.
 //
 // On a nil gate, Run is BeginTx(ctx), fn(ctx, tx), Commit, with ctx as
 // given.
@@ -90,8 +95,17 @@ func (g *WriteGate) Run(ctx context.Context, db *sql.DB, fn func(ctx context.Con
 	if g == nil {
 		return alone(ctx, db, fn)
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	j := &job{ctx: ctx, fn: fn, out: make(chan outcome, 1)}
 	g.mu.Lock()
+	if g.db == nil {
+		g.db = db
+	} else if g.db != db {
+		g.mu.Unlock()
+		return errors.New("sqldb: a WriteGate's transactions are on one database: Run with another *sql.DB")
+	}
 	if !g.busy {
 		g.busy = true
 		g.mu.Unlock()
@@ -187,10 +201,13 @@ func (g *WriteGate) pass() {
 
 // hold runs first's transaction, with those queued behind it in the same
 // one while it lasts, commits, answers every member, and passes the gate
-// to the next job queued (or frees it). A member that failed is answered
-// after the COMMIT too: its failure may have been decided by the work of
-// one before it (a duplicate key, the funds left), which its caller must
-// find committed when it looks.
+// to the next job queued (or frees it). Every member, the first too, runs
+// in a savepoint: a function that let SQLite roll the whole transaction
+// back (and went on, ignoring the error) is found by its RELEASE failing,
+// before another member's statements could run outside the transaction.
+// A member that failed is answered after the COMMIT too: its failure may
+// have been decided by the work of one before it (a duplicate key, the
+// funds left), which its caller must find committed when it looks.
 func (g *WriteGate) hold(db *sql.DB, first *job) {
 	defer g.pass()
 	ctx := context.WithoutCancel(first.ctx)
@@ -199,40 +216,46 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 		first.out <- outcome{err: err}
 		return
 	}
-	defer tx.Rollback()
-	if o := call(ctx, first, tx); o.err != nil || o.panicked != nil {
-		first.out <- o // nothing else is in the transaction: its rollback is first's alone
-		return
-	}
-	group, failed := []*job{first}, map[*job]outcome{}
-	for len(group) < g.MaxGroup {
-		j := g.next(false)
-		if j == nil {
-			break
+	var group []*job
+	answered := false
+	defer func() { // the goroutine ends otherwise (a driver's panic, runtime.Goexit in a function)
+		if !answered {
+			for _, m := range group {
+				m.out <- outcome{err: fmt.Errorf("%w: its holder stopped", ErrGroupLost)}
+			}
 		}
+	}()
+	defer tx.Rollback()
+	lost := func(err error) {
+		err = fmt.Errorf("%w: %w", ErrGroupLost, err)
+		for _, m := range group {
+			m.out <- outcome{err: err}
+		}
+		answered = true
+	}
+	failed := map[*job]outcome{}
+	for j, limit := first, max(g.MaxGroup, 1); j != nil; j = g.next(false) {
 		group = append(group, j)
 		o, err := member(tx, j)
 		if err != nil {
-			err = fmt.Errorf("%w: %w", ErrGroupLost, err)
-			for _, m := range group {
-				m.out <- outcome{err: err}
-			}
+			lost(err)
 			return
 		}
 		if o.err != nil || o.panicked != nil {
 			failed[j] = o
 		}
+		if len(group) == limit {
+			break // before next takes one more
+		}
 	}
 	if err := tx.Commit(); err != nil {
-		err = fmt.Errorf("%w: %w", ErrGroupLost, err)
-		for _, m := range group {
-			m.out <- outcome{err: err}
-		}
+		lost(err)
 		return
 	}
 	for _, m := range group {
 		m.out <- failed[m] // the zero outcome: committed
 	}
+	answered = true
 }
 
 // member runs j's transaction in tx, in a savepoint: its work is kept, to

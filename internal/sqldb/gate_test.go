@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -170,7 +171,7 @@ func TestWriteGateGroupsQueuedRuns(t *testing.T) {
 	log := f.lines()
 	slices.Sort(log[len(log)-3:]) // the three returns, in any order
 	f.log = log
-	wantLog(t, f, "BEGIN", "first",
+	wantLog(t, f, "BEGIN", "SAVEPOINT onceguard_member", "first", "RELEASE onceguard_member",
 		"SAVEPOINT onceguard_member", "a", "RELEASE onceguard_member",
 		"SAVEPOINT onceguard_member", "b", "RELEASE onceguard_member",
 		"COMMIT", "returned 0", "returned 1", "returned 2")
@@ -230,8 +231,9 @@ func TestWriteGateFailedMember(t *testing.T) {
 	}
 }
 
-// The first transaction's failure rolls it back alone; those queued
-// behind it commit in the next.
+// The first transaction's failure rolls back its savepoint only; those
+// queued behind it commit in the same transaction, and the first's Run
+// returns its error after that COMMIT.
 func TestWriteGateFailedFirst(t *testing.T) {
 	f, db := newFake(t)
 	g := NewWriteGate()
@@ -250,7 +252,8 @@ func TestWriteGateFailedFirst(t *testing.T) {
 	if !errors.Is(first, refused) || second != nil {
 		t.Errorf("Runs = %v, %v; want refused, nil", first, second)
 	}
-	wantLog(t, f, "BEGIN", "ROLLBACK", "BEGIN", "a", "COMMIT")
+	wantLog(t, f, "BEGIN", "SAVEPOINT onceguard_member", "ROLLBACK TO onceguard_member", "RELEASE onceguard_member",
+		"SAVEPOINT onceguard_member", "a", "RELEASE onceguard_member", "COMMIT")
 }
 
 // A failed COMMIT is every member's, the failed member's too.
@@ -341,7 +344,13 @@ func TestWriteGateCancel(t *testing.T) {
 	if first != nil || !errors.Is(left, context.Canceled) || taken != nil || inside != nil {
 		t.Errorf("first %v, left %v, taken %v, its ctx inside %v; want nil, Canceled, nil, nil", first, left, taken, inside)
 	}
-	wantLog(t, f, "BEGIN", "SAVEPOINT onceguard_member", "a", "RELEASE onceguard_member", "COMMIT")
+	wantLog(t, f, "BEGIN", "SAVEPOINT onceguard_member", "RELEASE onceguard_member",
+		"SAVEPOINT onceguard_member", "a", "RELEASE onceguard_member", "COMMIT")
+
+	// Already cancelled, on a free gate: nothing runs.
+	if err := g.Run(gone, db, func(context.Context, *sql.Tx) error { t.Error("a cancelled Run ran"); return nil }); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run with a cancelled context on a free gate = %v; want Canceled", err)
+	}
 }
 
 // A nil gate runs each transaction alone, at once, with its context.
@@ -369,4 +378,52 @@ func TestWriteGateNil(t *testing.T) {
 		t.Error("a transaction whose context was cancelled committed")
 	}
 	_ = f
+}
+
+// A holder whose goroutine ends inside a member's function (runtime.Goexit)
+// still answers the group it took, ErrGroupLost, and frees the gate.
+func TestWriteGateHolderStops(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	release, firstDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(firstDone)
+		_ = g.Run(context.Background(), db, func(ctx context.Context, tx *sql.Tx) error { <-release; return exec("first")(ctx, tx) })
+	}()
+	waitHeld(t, g)
+	done := make(chan error, 2)
+	go func() { done <- g.Run(context.Background(), db, exec("second")) }()
+	waitQueued(t, g, 1)
+	go func() {
+		done <- g.Run(context.Background(), db, func(context.Context, *sql.Tx) error { runtime.Goexit(); return nil })
+	}()
+	waitQueued(t, g, 2)
+	close(release)
+	<-firstDone
+	for range 2 {
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrGroupLost) {
+				t.Errorf("Run = %v; want ErrGroupLost", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("a member of a group whose holder stopped was never answered; log %q", f.lines())
+		}
+	}
+	if err := g.Run(context.Background(), db, exec("after")); err != nil {
+		t.Errorf("Run after the holder stopped = %v", err)
+	}
+}
+
+// A gate serves one database.
+func TestWriteGateOneDatabase(t *testing.T) {
+	_, db1 := newFake(t)
+	_, db2 := newFake(t)
+	g := NewWriteGate()
+	if err := g.Run(context.Background(), db1, exec("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Run(context.Background(), db2, exec("b")); err == nil {
+		t.Error("Run with a second database = nil; want an error")
+	}
 }

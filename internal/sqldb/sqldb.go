@@ -24,7 +24,7 @@ func Unavailable(err error) bool {
 		return false
 	}
 	var nerr net.Error
-	if errors.As(err, &nerr) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
+	if errors.As(err, &nerr) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, ErrGroupLost) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, net.ErrClosed) {
 		return true
 	}

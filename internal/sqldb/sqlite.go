@@ -15,7 +15,9 @@ import (
 // automatic checkpoint, at 10000 pages (about 40 MB), only catches up if
 // that stops. Temporary files are kept in memory (temp_store=MEMORY):
 // among them the journal of a WriteGate member's savepoint, which SQLite
-// otherwise spills to a file past 64 KiB, a write per page it saves.
+// otherwise spills to a file past 64 KiB, a write per page it saves; but
+// also temporary tables, sorts too large for the cache and VACUUM's copy,
+// with no bound: the service runs none of them on a large scale.
 func SQLiteDSN(path string) string {
 	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)" +
 		"&_pragma=wal_autocheckpoint(10000)&_pragma=temp_store(MEMORY)&_txlock=immediate"

@@ -224,3 +224,36 @@ func TestSQLiteDSNTempStore(t *testing.T) {
 		}
 	}
 }
+
+// A function that lets SQLite roll the whole transaction back (its own
+// short deadline interrupts a statement) and ignores the error loses its
+// group, and its Run says so: the first of a group runs in a savepoint
+// too, whose RELEASE finds the transaction gone. The next member's
+// statements must not run outside a transaction, committed by its
+// RELEASE while its Run says ErrGroupLost: whatever each Run says is what
+// committed.
+func TestGroupRolledBackUnderAFunction(t *testing.T) {
+	db := open(t)
+	g := sqldb.NewWriteGate()
+	errs := group(t, g, db,
+		func(ctx context.Context, tx *sql.Tx) error {
+			if err := insert("a")(ctx, tx); err != nil {
+				return err
+			}
+			short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+			defer cancel()
+			_, err := tx.ExecContext(short, `INSERT INTO rows (name) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 50000000) SELECT 'x' || i FROM n`)
+			if err == nil {
+				t.Error("a 50 million row insert finished within 5 ms")
+			}
+			return nil // ignored: the fault this test is about
+		},
+		insert("m"))
+	got := names(t, db)
+	if !errors.Is(errs[0], sqldb.ErrGroupLost) || got["a"] {
+		t.Errorf("the function's Run = %v, its row committed %v; want ErrGroupLost and not", errs[0], got["a"])
+	}
+	if lost := errors.Is(errs[1], sqldb.ErrGroupLost); lost == got["m"] || (!lost && errs[1] != nil) {
+		t.Errorf("the next Run = %v, its row committed %v; want nil and committed, or ErrGroupLost and not", errs[1], got["m"])
+	}
+}
