@@ -251,6 +251,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}})
 	store := sqlstore.Open(db, dialect)
 	store.Observe = metrics.DBObserver()
+	store.ObserveCommit = metrics.SQLiteCommitObserver()
 	store.Records = timedKeys // the key's record completes in the settlement's transaction
 	// Submit tokens are signed with a key every instance reads from the database: minting one
 	// writes nothing, and its first use is bound by the record it creates.

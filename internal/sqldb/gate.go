@@ -37,6 +37,10 @@ type WriteGate struct {
 	// MaxGroup is how many transactions one COMMIT may hold; less than 2
 	// commits each alone (the gate only queues).
 	MaxGroup int
+	// OnCommit, if set, is told after each group's COMMIT (a failed one
+	// too) how many transactions it held and how many Runs were queued
+	// behind it then: for metrics. Set it before the first Run.
+	OnCommit func(members, waiting int)
 
 	mu    sync.Mutex
 	db    *sql.DB // the database of every Run (the first's)
@@ -248,7 +252,11 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 			break // before next takes one more
 		}
 	}
-	if err := tx.Commit(); err != nil {
+	err = tx.Commit()
+	if g.OnCommit != nil {
+		g.OnCommit(len(group), g.Waiting())
+	}
+	if err != nil {
 		lost(err)
 		return
 	}

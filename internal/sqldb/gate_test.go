@@ -162,7 +162,12 @@ func wantLog(t *testing.T, f *fakeDB, want ...string) {
 func TestWriteGateGroupsQueuedRuns(t *testing.T) {
 	f, db := newFake(t)
 	g := NewWriteGate()
+	var commits [][2]int
+	g.OnCommit = func(members, waiting int) { commits = append(commits, [2]int{members, waiting}) }
 	errs := grouped(t, g, f, db, exec("a"), exec("b"))
+	if want := [][2]int{{3, 0}}; !slices.Equal(commits, want) {
+		t.Errorf("OnCommit was told %v; want %v (one group of three, nothing queued behind it)", commits, want)
+	}
 	for i, err := range errs {
 		if err != nil {
 			t.Errorf("Run %d = %v", i, err)

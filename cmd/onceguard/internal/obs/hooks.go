@@ -108,6 +108,16 @@ func (m *Metrics) DBObserver() func(op string, d time.Duration) {
 	return func(op string, d time.Duration) { m.DB.WithLabelValues(op).Observe(d.Seconds()) }
 }
 
+// SQLiteCommitObserver returns a hook for the service's store on SQLite
+// (sqlstore.Store.ObserveCommit): each COMMIT's group and the queue
+// behind it.
+func (m *Metrics) SQLiteCommitObserver() func(members, waiting int) {
+	return func(members, waiting int) {
+		m.SQLiteGroup.Observe(float64(members))
+		m.SQLiteQueue.Set(float64(waiting))
+	}
+}
+
 // TimeLockBackend returns b (a database lock backend) with its calls
 // timed into db_duration_seconds, under the ops lock_acquire,
 // lock_release and lock_refresh (and lock_wait_subscribe, lock_leave when

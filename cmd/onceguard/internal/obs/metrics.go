@@ -41,6 +41,8 @@ type Metrics struct {
 	EventsPublished  prometheus.Counter       // events the relay published (the stream's ack, a duplicate's too)
 	EventsRetried    prometheus.Counter       // publishes that failed and were put back for a retry
 	EventsBacklog    prometheus.Gauge         // events in the outbox not yet published
+	SQLiteGroup      prometheus.Histogram     // SQLite: write transactions per COMMIT of the write gate
+	SQLiteQueue      prometheus.Gauge         // SQLite: write transactions queued behind the last COMMIT
 
 	vecs []vec // every labelled metric, for Exemplify
 }
@@ -181,6 +183,11 @@ func NewMetrics() *Metrics {
 		EventsBacklog:    gauge("events_pending", "Events in the outbox not yet published: counted every 5 s by the relay and on each /readyz."),
 		Notifications:    counter("psp_notifications_total", "Provider callbacks by answer: settled (this one moved the movement), agreed (already so, or seen before), conflict, not_found, invalid_signature, signature_expired, invalid_request.", "outcome"),
 	}
+	m.SQLiteGroup = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "onceguard", Name: "sqlite_commit_group_size",
+		Help:    "SQLite (the embedded default): write transactions committed together per COMMIT (the write gate's groups, at most 16).",
+		Buckets: []float64{1, 2, 4, 8, 16}})
+	r.MustRegister(m.SQLiteGroup)
+	m.SQLiteQueue = gauge("sqlite_write_queue", "SQLite (the embedded default): write transactions waiting for the write gate after its last COMMIT.")
 	m.vecs = vecs
 	// Every series of a metric whose labels are all closed exists at 0
 	// from the start, so that an alert on one (store_unavailable, a lost

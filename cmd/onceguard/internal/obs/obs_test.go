@@ -118,8 +118,8 @@ func TestExemplify(t *testing.T) {
 			}
 		}
 	}
-	if len(seen) != 20 {
-		t.Errorf("Gather lists %d onceguard metrics; want 20", len(seen))
+	if len(seen) != 22 {
+		t.Errorf("Gather lists %d onceguard metrics; want 22", len(seen))
 	}
 	for name, labels := range LabelValues() {
 		for l, values := range labels {

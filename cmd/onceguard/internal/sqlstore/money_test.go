@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -533,4 +534,33 @@ func (d database) rebind(query string) string {
 		return sqldb.Rebind(query)
 	}
 	return query
+}
+
+// On SQLite the store tells ObserveCommit each write COMMIT's group (one
+// sign-up: one transaction); elsewhere there is no write gate to tell of.
+func TestObserveCommit(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			s, _ := withUser(t, d)
+			var mu sync.Mutex
+			var groups []int
+			s.ObserveCommit = func(members, waiting int) {
+				mu.Lock()
+				defer mu.Unlock()
+				groups = append(groups, members)
+			}
+			if err := s.CreateUser(context.Background(), app.User{ID: "u2", Username: "bob", PasswordHash: "h", CreatedAt: time.Now()}, "CNY"); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			want := []int{1}
+			if d.dialect != sqldialect.SQLite {
+				want = nil
+			}
+			if !slices.Equal(groups, want) {
+				t.Errorf("ObserveCommit told %v; want %v", groups, want)
+			}
+		})
+	}
 }

@@ -21,13 +21,17 @@ type Store struct {
 	db *sql.DB
 	d  sqldialect.Dialect
 	st *sqldb.Stmts // SQLite: the hot statements prepared once; nil elsewhere
-	// SQLite: the write transactions begin one at a time, queued in Go
-	// (sqldb.WriteGate); nil elsewhere.
+	// SQLite: the write transactions run one at a time, queued in Go, and
+	// commit in groups (sqldb.WriteGate); nil elsewhere.
 	gate *sqldb.WriteGate
 
 	// Observe, if set, is told how long each operation took (op is a
 	// fixed name: "withdraw", "session_user", ...). Set it before use.
 	Observe func(op string, d time.Duration)
+	// ObserveCommit, if set, is told on SQLite after each COMMIT of the
+	// write gate how many write transactions it held and how many were
+	// queued behind it (sqldb.WriteGate.OnCommit). Set it before use.
+	ObserveCommit func(members, waiting int)
 	// Records completes Idempotency-Key records inside settlements (nil: a
 	// settlement with a record fails). Set it before use.
 	Records RecordCompleter
@@ -70,6 +74,11 @@ func Open(db *sql.DB, d sqldialect.Dialect) *Store {
 	if d == sqldialect.SQLite {
 		s.st = sqldb.NewStmts(db)
 		s.gate = sqldb.NewWriteGate()
+		s.gate.OnCommit = func(members, waiting int) {
+			if s.ObserveCommit != nil {
+				s.ObserveCommit(members, waiting)
+			}
+		}
 	}
 	return s
 }
