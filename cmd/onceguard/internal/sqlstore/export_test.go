@@ -1,6 +1,9 @@
 package sqlstore
 
-import "github.com/onceguard/onceguard/sqldialect"
+import (
+	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/sqldialect"
+)
 
 // The statements the pending indexes serve, for the tests of their plans.
 var (
@@ -30,3 +33,7 @@ func MigrationStatements(d sqldialect.Dialect, version int) []string {
 	}
 	return nil
 }
+
+// Gate is the store's write gate (SQLite; nil elsewhere), for tests that
+// hold it to make a group.
+func (s *Store) Gate() *sqldb.WriteGate { return s.gate }

@@ -564,3 +564,91 @@ func TestObserveCommit(t *testing.T) {
 		})
 	}
 }
+
+// Withdrawals committed in one SQLite group move money as if one after
+// another: of two with one key, the second finds the first's row (not
+// committed yet) and returns it, but only after the COMMIT (its caller
+// reads that row then); a withdrawal the group's earlier debits left no
+// funds for is refused; and the ledger sums to the balance.
+func TestWithdrawGrouped(t *testing.T) {
+	d := databases[2]
+	if d.dialect != sqldialect.SQLite {
+		t.Fatal("databases[2] is not SQLite")
+	}
+	s, db, now := withFunds(t, d) // 100.00
+	ctx := context.Background()
+	g := s.Gate()
+	held, release := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = g.Run(ctx, db, func(context.Context, *sql.Tx) error { close(held); <-release; return nil })
+	})
+	<-held
+	queued := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); g.Waiting() != n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d queued behind the gate; want %d", g.Waiting(), n)
+			}
+		}
+	}
+	type result struct {
+		m       app.Movement
+		created bool
+		err     error
+	}
+	wds := []app.Movement{
+		{ID: "w1", UserID: "u1", Key: "k1", Amount: 6000},
+		{ID: "w2", UserID: "u1", Key: "k1", Amount: 6000}, // k1 again
+		{ID: "w3", UserID: "u1", Key: "k3", Amount: 6000}, // 40.00 left
+		{ID: "w4", UserID: "u1", Key: "k4", Amount: 4000},
+	}
+	results := make([]result, len(wds))
+	w2done := make(chan struct{})
+	var early atomic.Bool
+	for i, m := range wds {
+		m.CreatedAt = time.UnixMicro(now)
+		wg.Go(func() {
+			got, created, err := s.Withdraw(ctx, m, 0, nil)
+			results[i] = result{got, created, err}
+			if i == 1 {
+				close(w2done)
+			}
+		})
+		queued(i + 1)
+	}
+	// A member after them that waits for w2's Withdraw to return: it must
+	// not, while the group is open.
+	wg.Go(func() {
+		_ = g.Run(ctx, db, func(context.Context, *sql.Tx) error {
+			select {
+			case <-w2done:
+				early.Store(true)
+			case <-time.After(300 * time.Millisecond):
+			}
+			return nil
+		})
+	})
+	queued(len(wds) + 1)
+	close(release)
+	wg.Wait()
+	if early.Load() {
+		t.Error("w2 returned while its group was still open")
+	}
+	if r := results[0]; r.err != nil || !r.created || r.m.ID != "w1" {
+		t.Errorf("w1 = %+v, %v, %v; want created", r.m, r.created, r.err)
+	}
+	if r := results[1]; r.err != nil || r.created || r.m.ID != "w1" {
+		t.Errorf("w2 (k1 again) = %+v, %v, %v; want w1 back, not created", r.m, r.created, r.err)
+	}
+	if r := results[2]; !errors.Is(r.err, app.ErrInsufficientFunds) {
+		t.Errorf("w3 (60.00 of 40.00 left) = %+v, %v, %v; want ErrInsufficientFunds", r.m, r.created, r.err)
+	}
+	if r := results[3]; r.err != nil || !r.created || r.m.ID != "w4" {
+		t.Errorf("w4 = %+v, %v, %v; want created", r.m, r.created, r.err)
+	}
+	bal, sum, err := s.Balance(ctx, "u1")
+	if err != nil || bal != 0 || sum != bal {
+		t.Errorf("balance %v, ledger sum %v, %v; want 0 and equal", bal, sum, err)
+	}
+}
