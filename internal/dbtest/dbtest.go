@@ -52,8 +52,17 @@ func fromEnv(t testing.TB, driver, env string) *sql.DB {
 // timeout, as the packages' documentation recommends.
 func SQLite(t testing.TB) *sql.DB {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "test.db")
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
+	return OpenSQLite(t, func(path string) string {
+		return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+	})
+}
+
+// OpenSQLite opens a new SQLite file in t's temp dir with the DSN dsn
+// makes of its path, and closes it when t ends, once its last
+// connection is closed.
+func OpenSQLite(t testing.TB, dsn func(path string) string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", dsn(filepath.Join(t.TempDir(), "test.db")))
 	if err != nil {
 		t.Fatalf("sql.Open(sqlite) = %v", err)
 	}

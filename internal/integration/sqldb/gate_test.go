@@ -9,30 +9,20 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/sqldb"
-	_ "modernc.org/sqlite"
 )
 
 // open opens a new database as the service opens its own (sqldb.SQLiteDSN),
 // with foreign keys on and a table whose foreign key is checked at COMMIT.
 func open(t *testing.T) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite", sqldb.SQLiteDSN(filepath.Join(t.TempDir(), "gate.db"))+"&_pragma=foreign_keys(1)")
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := dbtest.OpenSQLite(t, func(path string) string { return sqldb.SQLiteDSN(path) + "&_pragma=foreign_keys(1)" })
 	db.SetMaxOpenConns(4)
-	t.Cleanup(func() {
-		_ = db.Close()
-		for deadline := time.Now().Add(10 * time.Second); db.Stats().OpenConnections > 0 && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
-		}
-	})
 	if _, err := db.Exec(`CREATE TABLE parent (id INTEGER PRIMARY KEY);
 CREATE TABLE rows (name TEXT PRIMARY KEY, parent INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
 		t.Fatal(err)
