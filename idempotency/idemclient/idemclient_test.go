@@ -64,6 +64,7 @@ type recorder struct {
 	keys    []string
 	bodies  []string
 	failing func(attempt int, r *http.Request) (lose bool) // lose: send, then report a lost connection
+	landed  chan struct{}                                  // if set, gets one value as each lost attempt's answer has been read
 }
 
 func (rec *recorder) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -87,6 +88,9 @@ func (rec *recorder) RoundTrip(r *http.Request) (*http.Response, error) {
 		go func() {
 			if resp, err := base.RoundTrip(r.Clone(context.WithoutCancel(r.Context()))); err == nil {
 				drain(resp)
+			}
+			if rec.landed != nil {
+				rec.landed <- struct{}{}
 			}
 		}()
 		return nil, errors.New("connection reset by peer")
@@ -143,6 +147,17 @@ func waitEntered(t *testing.T, g *guarded) {
 	}
 }
 
+// waitLanded waits until a lost attempt's answer has been read: the server
+// has stored it (the middleware stores an answer before it sends it).
+func waitLanded(t *testing.T, rec *recorder) {
+	t.Helper()
+	select {
+	case <-rec.landed:
+	case <-time.After(30 * time.Second): // only bounds a hang
+		t.Error("the lost attempt never got its answer")
+	}
+}
+
 func sameKeys(t *testing.T, rec *recorder) {
 	t.Helper()
 	for i, k := range rec.keys {
@@ -159,8 +174,10 @@ func sameKeys(t *testing.T, rec *recorder) {
 // retry carries the same key and body and gets the stored answer.
 func TestLostAnswerIsReplayed(t *testing.T) {
 	g := newGuarded(t, 0, false)
-	rec := &recorder{failing: func(attempt int, _ *http.Request) bool { return attempt == 1 }}
-	s := &noSleep{then: func() { waitEntered(t, g) }} // the lost attempt has run before the retry
+	rec := &recorder{failing: func(attempt int, _ *http.Request) bool { return attempt == 1 }, landed: make(chan struct{}, 1)}
+	// The lost attempt has run and its answer is stored before the retry;
+	// the handler having started is not enough: a retry then gets 409.
+	s := &noSleep{then: func() { waitLanded(t, rec) }}
 	tr := &Transport{Base: rec, sleep: s.sleep}
 	resp, body := post(t, &http.Client{Transport: tr}, g.srv.URL, `{"amount":"10.00"}`)
 	if resp.StatusCode != http.StatusCreated || !Replayed(resp) {
@@ -186,7 +203,7 @@ func TestLostAnswerIsReplayed(t *testing.T) {
 // long, retries with the same key, and ends with the stored answer.
 func TestInFlightIsRetried(t *testing.T) {
 	g := newGuarded(t, 0, true)
-	rec := &recorder{failing: func(attempt int, _ *http.Request) bool { return attempt == 1 }}
+	rec := &recorder{failing: func(attempt int, _ *http.Request) bool { return attempt == 1 }, landed: make(chan struct{}, 1)}
 	s := &noSleep{}
 	var once sync.Once
 	s.then = func() {
@@ -198,7 +215,7 @@ func TestInFlightIsRetried(t *testing.T) {
 		}
 		if n == 2 {
 			once.Do(func() { close(g.release) })
-			time.Sleep(50 * time.Millisecond) // let the first execution store its answer
+			waitLanded(t, rec) // the first execution has stored its answer
 		}
 	}
 	tr := &Transport{Base: rec, sleep: s.sleep}
