@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 )
 
@@ -69,7 +70,7 @@ type job struct {
 type outcome struct {
 	err      error
 	lead     bool
-	panicked any
+	panicked *PanicError
 }
 
 // ErrGroupLost is wrapped by the error of every member of a group whose
@@ -90,8 +91,10 @@ var ErrGroupLost = errors.New("sqldb: the group's transaction was rolled back")
 // they return (SQLite may have rolled the transaction back with it), and
 // do nothing after them that assumes the commit: that is the caller's,
 // once Run returns nil. fn may run on another goroutine (the holder's),
-// so it must not call runtime.Goexit (t.FailNow). A gate serves one
-// database: Run with another than its first returns an error.
+// so it must not call runtime.Goexit (t.FailNow); a panic of fn rolls back
+// its work and is raised again in Run's caller, after the COMMIT, as a
+// *PanicError with the stack fn panicked on. A gate serves one database:
+// Run with another than its first returns an error.
 //
 // On a nil gate, Run is BeginTx(ctx), fn(ctx, tx), Commit, with ctx as
 // given.
@@ -214,8 +217,16 @@ func (g *WriteGate) pass() {
 // funds left), which its caller must find committed when it looks.
 func (g *WriteGate) hold(db *sql.DB, first *job) {
 	defer g.pass()
-	ctx := context.WithoutCancel(first.ctx)
-	tx, err := db.BeginTx(ctx, nil)
+	// The first's caller may give up while the pool has no connection for
+	// the group; the transaction itself lives without its cancellation
+	// (database/sql would roll it back under the other members).
+	conn, err := db.Conn(first.ctx)
+	if err != nil {
+		first.out <- outcome{err: err}
+		return
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTx(context.WithoutCancel(first.ctx), nil)
 	if err != nil {
 		first.out <- outcome{err: err}
 		return
@@ -285,11 +296,31 @@ func member(tx *sql.Tx, j *job) (o outcome, err error) {
 	return o, err
 }
 
+// A PanicError is the panic of a transaction's function, which Run raises
+// again in its caller after the group's COMMIT: the function may have run
+// on the goroutine of the Run that held the gate, so the panic carries the
+// stack it was raised on. Errors.As and errors.Is see the panic's value
+// when it is an error.
+type PanicError struct {
+	Value any    // what the function panicked with
+	Stack []byte // the stack of the goroutine it panicked on (runtime/debug.Stack)
+}
+
+func (p *PanicError) Error() string {
+	return fmt.Sprintf("sqldb: a transaction's function panicked: %v\n\n%s", p.Value, p.Stack)
+}
+
+// Unwrap returns the panic's value if it is an error, else nil.
+func (p *PanicError) Unwrap() error {
+	err, _ := p.Value.(error)
+	return err
+}
+
 // call runs j's function in tx, its panic caught as its outcome.
 func call(ctx context.Context, j *job, tx *sql.Tx) (o outcome) {
 	defer func() {
 		if p := recover(); p != nil {
-			o = outcome{panicked: p}
+			o = outcome{panicked: &PanicError{Value: p, Stack: debug.Stack()}}
 		}
 	}()
 	return outcome{err: j.fn(ctx, tx)}

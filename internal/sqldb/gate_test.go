@@ -114,6 +114,17 @@ func grouped(t *testing.T, g *WriteGate, f *fakeDB, db *sql.DB, fns ...func(cont
 	return errs
 }
 
+// isPanic reports whether err is a Run's panic with value v, raised with
+// the stack of the function that panicked (in shows a frame of it).
+func isPanic(err error, v any, in string) bool {
+	p, ok := err.(panicked)
+	if !ok {
+		return false
+	}
+	pe, ok := p.v.(*PanicError)
+	return ok && pe.Value == v && strings.Contains(string(pe.Stack), in)
+}
+
 // panicked is grouped's error for a Run that panicked.
 type panicked struct{ v any }
 
@@ -291,8 +302,8 @@ func TestWriteGatePanic(t *testing.T) {
 		_ = exec("b")(ctx, tx)
 		panic("boom")
 	})
-	if errs[0] != nil || errs[1] != nil || errs[2] != (panicked{"boom"}) {
-		t.Errorf("Runs = %v; want nil, nil, the member's panic", errs)
+	if errs[0] != nil || errs[1] != nil || !isPanic(errs[2], "boom", "TestWriteGatePanic.func") {
+		t.Errorf("Runs = %v; want nil, nil, the member's panic with its stack", errs)
 	}
 	log := f.lines()
 	if i := slices.Index(log, "b"); i < 0 || log[i+1] != "ROLLBACK TO onceguard_member" {
@@ -306,8 +317,12 @@ func TestWriteGatePanic(t *testing.T) {
 		defer func() { recovered = recover() }()
 		_ = g.Run(context.Background(), db, func(context.Context, *sql.Tx) error { panic("alone") })
 	}()
-	if recovered != "alone" {
-		t.Errorf("Run's panic = %v; want the function's, raised again", recovered)
+	if !isPanic(panicked{recovered}, "alone", "TestWriteGatePanic.func") {
+		t.Errorf("Run's panic = %v; want the function's, raised again with its stack", recovered)
+	}
+	var failed error = &PanicError{Value: sql.ErrConnDone}
+	if !errors.Is(failed, sql.ErrConnDone) {
+		t.Errorf("a PanicError of an error does not unwrap to it")
 	}
 	if err := g.Run(context.Background(), db, exec("after")); err != nil {
 		t.Errorf("Run after a panic = %v", err)
@@ -432,5 +447,34 @@ func TestWriteGateOneDatabase(t *testing.T) {
 	}
 	if err := g.Run(context.Background(), db2, exec("b")); err == nil {
 		t.Error("Run with a second database = nil; want an error")
+	}
+}
+
+// A Run whose turn has come waits for a connection of the pool with its
+// context: with every connection taken, it gives up at its deadline, and
+// the gate goes on once one is back.
+func TestWriteGateWaitsForConnWithContext(t *testing.T) {
+	_, db := newFake(t)
+	db.SetMaxOpenConns(1)
+	g := NewWriteGate()
+	c, err := db.Conn(context.Background()) // the pool's only one
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx, db, exec("waits")) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Run with no connection free = %v; want its deadline", err)
+		}
+	case <-time.After(10 * time.Second): // only bounds the hang of a Run that ignores its context
+		t.Fatal("Run did not give up at its deadline while the pool had no connection")
+	}
+	c.Close()
+	if err := g.Run(context.Background(), db, exec("after")); err != nil {
+		t.Errorf("Run once the connection is back = %v", err)
 	}
 }
