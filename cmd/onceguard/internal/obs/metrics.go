@@ -8,6 +8,7 @@
 package obs
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
 	"time"
@@ -15,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/onceguard/onceguard/internal/sqldb"
 )
 
 // Metrics are the service's metrics, registered on their own registry.
@@ -184,8 +187,8 @@ func NewMetrics() *Metrics {
 		Notifications:    counter("psp_notifications_total", "Provider callbacks by answer: settled (this one moved the movement), agreed (already so, or seen before), conflict, not_found, invalid_signature, signature_expired, invalid_request.", "outcome"),
 	}
 	m.SQLiteGroup = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "onceguard", Name: "sqlite_commit_group_size",
-		Help:    "SQLite (the embedded default): write transactions committed together per COMMIT (the write gate's groups, at most 16).",
-		Buckets: []float64{1, 2, 4, 8, 16}})
+		Help:    fmt.Sprintf("SQLite (the embedded default): write transactions committed together per COMMIT (the write gate's groups, at most %d).", sqldb.DefaultMaxGroup),
+		Buckets: groupBuckets(sqldb.DefaultMaxGroup)})
 	r.MustRegister(m.SQLiteGroup)
 	m.SQLiteQueue = gauge("sqlite_write_queue", "SQLite (the embedded default): write transactions waiting for the write gate after its last COMMIT.")
 	m.vecs = vecs
@@ -205,3 +208,13 @@ func (m *Metrics) Handler() http.Handler {
 
 // Since is seconds since start, for Observe.
 func Since(start time.Time) float64 { return time.Since(start).Seconds() }
+
+// groupBuckets are the bounds of the commit group histogram: powers of
+// two up to the gate's largest group, which is the last bound.
+func groupBuckets(largest int) []float64 {
+	var b []float64
+	for n := 1; n < largest; n *= 2 {
+		b = append(b, float64(n))
+	}
+	return append(b, float64(max(largest, 1)))
+}

@@ -134,3 +134,21 @@ func TestExemplify(t *testing.T) {
 		t.Errorf("open label route: no example child")
 	}
 }
+
+// The commit group histogram's last bound is the write gate's largest
+// group, so that a full group is its own bucket, not +Inf's.
+func TestGroupBuckets(t *testing.T) {
+	for _, tc := range []struct {
+		largest int
+		want    []float64
+	}{
+		{16, []float64{1, 2, 4, 8, 16}},
+		{12, []float64{1, 2, 4, 8, 12}},
+		{1, []float64{1}},
+		{0, []float64{1}},
+	} {
+		if got := groupBuckets(tc.largest); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("groupBuckets(%d) = %v; want %v", tc.largest, got, tc.want)
+		}
+	}
+}
