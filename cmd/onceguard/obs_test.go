@@ -22,6 +22,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/faultproxy"
+	"github.com/onceguard/onceguard/internal/sqldb"
 )
 
 // After a small storm, /metrics counts what happened, and the logs carry a
@@ -508,4 +509,12 @@ func metricValue(text, name string, want map[string]string) (float64, bool) {
 		return v, err == nil
 	}
 	return 0, false
+}
+
+// The commit group histogram's last bound is the write gate's largest
+// group: obs keeps its own copy of the limit (it imports no database package).
+func TestSQLiteMaxGroupAgrees(t *testing.T) {
+	if obs.SQLiteMaxGroup != sqldb.DefaultMaxGroup {
+		t.Errorf("obs.SQLiteMaxGroup = %d; sqldb.DefaultMaxGroup = %d: change them together", obs.SQLiteMaxGroup, sqldb.DefaultMaxGroup)
+	}
 }

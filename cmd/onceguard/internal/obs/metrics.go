@@ -16,9 +16,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/onceguard/onceguard/internal/sqldb"
 )
+
+// SQLiteMaxGroup is the SQLite write gate's largest group of transactions
+// per COMMIT (sqldb.DefaultMaxGroup, which obs does not import: the HTTP
+// layer's graph holds no database package; the service's tests check the
+// two agree), the last bound of onceguard_sqlite_commit_group_size.
+const SQLiteMaxGroup = 16
 
 // Metrics are the service's metrics, registered on their own registry.
 type Metrics struct {
@@ -187,8 +191,8 @@ func NewMetrics() *Metrics {
 		Notifications:    counter("psp_notifications_total", "Provider callbacks by answer: settled (this one moved the movement), agreed (already so, or seen before), conflict, not_found, invalid_signature, signature_expired, invalid_request.", "outcome"),
 	}
 	m.SQLiteGroup = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "onceguard", Name: "sqlite_commit_group_size",
-		Help:    fmt.Sprintf("SQLite (the embedded default): write transactions committed together per COMMIT (the write gate's groups, at most %d).", sqldb.DefaultMaxGroup),
-		Buckets: groupBuckets(sqldb.DefaultMaxGroup)})
+		Help:    fmt.Sprintf("SQLite (the embedded default): write transactions committed together per COMMIT (the write gate's groups, at most %d).", SQLiteMaxGroup),
+		Buckets: groupBuckets(SQLiteMaxGroup)})
 	r.MustRegister(m.SQLiteGroup)
 	m.SQLiteQueue = gauge("sqlite_write_queue", "SQLite (the embedded default): write transactions waiting for the write gate after its last COMMIT.")
 	m.vecs = vecs
