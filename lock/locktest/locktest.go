@@ -160,7 +160,12 @@ func testTTLExpiry(t *testing.T, b lock.Backend, key string) {
 
 func testRefreshAfterExpiry(t *testing.T, b lock.Backend, key string) {
 	l := lock.New(b, nil)
-	lease := mustTry(t, l, key, 100*time.Millisecond)
+	// Acquired with a long TTL: the refresh while held must not race the
+	// lease's local deadline. Under load (-race, two cores, every package
+	// at once) an acquire and a refresh took over 100ms, and the lease had
+	// run out before the refresh while held came back. Only the refresh
+	// to 200ms decides when the lease ends.
+	lease := mustTry(t, l, key, 10*time.Second)
 	if err := lease.Refresh(ctxT(t), 200*time.Millisecond); err != nil {
 		t.Fatalf("Refresh while held = %v; want nil", err)
 	}
