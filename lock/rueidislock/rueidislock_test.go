@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,7 +189,13 @@ func TestInteropWithRedislock(t *testing.T) {
 	}
 
 	// Blocked waiters of one backend are woken by releases of the other,
-	// long before the holder's TTL, in either direction.
+	// long before the holder's TTL, in either direction. The waiter's
+	// MaxBackoff is 30s (its polls are at least 15s apart, past its 10s
+	// wait): only a wake-up gives it the lock in time. A wall-clock bound
+	// on the wake-up (200ms) failed under load, and a sleep stood in for
+	// the waiter's subscription; it now waits for the waiter's second
+	// attempt, the one made after subscribing.
+	backends := []lock.Backend{redislock.New(rdb, nil), rueidislock.New(c, nil)}
 	for a := range 2 {
 		b := 1 - a
 		key := fmt.Sprintf("interop/wake/%d/%d", a, time.Now().UnixNano())
@@ -196,11 +203,13 @@ func TestInteropWithRedislock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		w := &countedWaiter{Backend: backends[b], Waiter: backends[b].(lock.Waiter)}
+		waiter := lock.New(w, &lock.Options{MaxBackoff: 30 * time.Second})
 		got := make(chan error, 1)
 		go func() {
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			lease, err := lockers[b].Acquire(wctx, key, 10*time.Second)
+			lease, err := waiter.Acquire(wctx, key, 10*time.Second)
 			if err == nil {
 				if lease.Fence() <= holder.Fence() {
 					err = fmt.Errorf("fence %d after %d", lease.Fence(), holder.Fence())
@@ -209,17 +218,31 @@ func TestInteropWithRedislock(t *testing.T) {
 			}
 			got <- err
 		}()
-		time.Sleep(300 * time.Millisecond) // the waiter queues and subscribes
-		start := time.Now()
+		// Tried, subscribed, tried again: queued and listening.
+		for deadline := time.Now().Add(30 * time.Second); w.acquires.Load() < 2; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s waiter made %d attempts in 30s; want 2", names[b], w.acquires.Load())
+			}
+		}
 		if err := holder.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-got; err != nil {
-			t.Errorf("%s waiter after %s release = %v", names[b], names[a], err)
-		} else if d := time.Since(start); d > 200*time.Millisecond {
-			t.Errorf("%s waiter took the lock %v after %s released it; want a wake-up, not a poll", names[b], d, names[a])
+			t.Errorf("%s waiter after %s release = %v; want woken by the release", names[b], names[a], err)
 		}
 	}
+}
+
+// countedWaiter counts a backend's acquire attempts and keeps it a Waiter.
+type countedWaiter struct {
+	lock.Backend
+	lock.Waiter
+	acquires atomic.Int64
+}
+
+func (c *countedWaiter) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
+	c.acquires.Add(1)
+	return c.Backend.Acquire(ctx, r)
 }
 
 // A script cache lost mid-run (restart, failover, SCRIPT FLUSH) must not
