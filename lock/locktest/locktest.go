@@ -319,34 +319,96 @@ func testAutoRenewLoss(t *testing.T, b lock.Backend, key string) {
 }
 
 // flaky wraps a backend and makes Refresh fail as if the backend were
-// unreachable.
+// unreachable. It counts the refreshes it refused and those that reached
+// the backend and succeeded, and knows how many are on their way there.
 type flaky struct {
 	lock.Backend
-	down atomic.Bool
+	mu        sync.Mutex
+	changed   *sync.Cond // on mu: broadcast as a refresh is refused or comes back
+	down      bool
+	refused   int
+	refreshed int
+	inFlight  int
+}
+
+func newFlaky(b lock.Backend) *flaky {
+	f := &flaky{Backend: b}
+	f.changed = sync.NewCond(&f.mu)
+	return f
 }
 
 func (f *flaky) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	if f.down.Load() {
+	f.mu.Lock()
+	if f.down {
+		f.refused++
+		f.changed.Broadcast()
+		f.mu.Unlock()
 		return fmt.Errorf("refresh %q: %w", key, lock.ErrUnavailable)
 	}
-	return f.Backend.Refresh(ctx, key, owner, ttl)
+	f.inFlight++
+	f.mu.Unlock()
+	err := f.Backend.Refresh(ctx, key, owner, ttl)
+	f.mu.Lock()
+	f.inFlight--
+	if err == nil {
+		f.refreshed++
+	}
+	f.changed.Broadcast()
+	f.mu.Unlock()
+	return err
+}
+
+func (f *flaky) setDown(down bool) {
+	f.mu.Lock()
+	f.down = down
+	f.mu.Unlock()
+}
+
+// await waits until cond (called with f.mu held) holds, or fails t after
+// a time that only bounds a hang.
+func (f *flaky) await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	stop := time.AfterFunc(30*time.Second, func() {
+		f.mu.Lock()
+		f.changed.Broadcast()
+		f.mu.Unlock()
+	})
+	defer stop.Stop()
+	deadline := time.Now().Add(30 * time.Second)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s within 30s", what)
+		}
+		f.changed.Wait()
+	}
 }
 
 // Renewal retries transient errors until the lease's deadline: a short
 // outage costs nothing, a long one ends the lease at its deadline.
+//
+// The outage and the recovery are events, not sleeps: the outage lasts
+// until renewal has been refused twice (it failed and retried), and the
+// recovery until a renewal has reached the backend again. The TTL leaves
+// renewal about a second of slack: under load (-race, two cores, every
+// package at once) a 600ms lease was lost before its retry landed.
 func testAutoRenewTransient(t *testing.T, b lock.Backend, key string) {
-	f := &flaky{Backend: b}
+	f := newFlaky(b)
 	l := lock.New(f, &lock.Options{AutoRenew: true})
-	const ttl = 600 * time.Millisecond
+	const ttl = 1500 * time.Millisecond // renewed every 500ms
 	lease := mustTry(t, l, key, ttl)
-	f.down.Store(true)
-	time.Sleep(ttl / 3) // renewals fail for a while, less than the TTL
-	f.down.Store(false)
-	time.Sleep(ttl) // renewal catches up
+	f.setDown(true)
+	f.await(t, "refused twice", func() bool { return f.refused >= 2 }) // renewals fail for a while
+	f.mu.Lock()
+	f.down = false
+	before := f.refreshed
+	f.mu.Unlock()
+	f.await(t, "renewed after the outage", func() bool { return f.refreshed > before }) // renewal catches up
 	if err := lease.Err(); err != nil {
 		t.Fatalf("lease after a short outage: %v; want held", err)
 	}
-	f.down.Store(true)
+	f.setDown(true)
 	select {
 	case <-lease.Done():
 	case <-time.After(10 * time.Second):
@@ -355,9 +417,12 @@ func testAutoRenewTransient(t *testing.T, b lock.Backend, key string) {
 	if err := lease.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrExpired) {
 		t.Errorf("Err after a long outage = %v; want ErrLost and ErrExpired", err)
 	}
-	f.down.Store(false)
 	// Past the TTL on the backend too: it counts from when the last
-	// refresh arrived, which may be later than when it was sent.
+	// refresh arrived, which may be later than when it was sent, even
+	// after the lease's local deadline (one sent before the outage and
+	// slow on its way). Once none is on its way, the last has arrived.
+	f.await(t, "done with refreshes on their way", func() bool { return f.inFlight == 0 })
+	f.setDown(false)
 	time.Sleep(ttl)
 	if err := lease.Release(ctxT(t)); !errors.Is(err, lock.ErrNotHeld) {
 		t.Errorf("Release after the lease ran out = %v; want ErrNotHeld", err)
