@@ -27,6 +27,9 @@
 // SQLite: open the file with WAL and a busy timeout, for example with
 // modernc.org/sqlite "file:app.db?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)",
 // so that concurrent writers wait instead of failing with SQLITE_BUSY.
+// A Backend on SQLite runs its own statements one at a time, queued in Go
+// in order of arrival (see Backend.turn), so that a Release is not starved
+// by the polls of blocked Acquires in SQLite's busy handler.
 package sqllock
 
 import (
@@ -74,6 +77,11 @@ type Backend struct {
 	migrated atomic.Bool
 	migrate  sync.Mutex
 	acquires atomic.Uint64
+
+	// turns, on SQLite only, lets one statement of this Backend's run at a
+	// time: a one-slot semaphore whose blocked senders are served in
+	// order of arrival (see turn).
+	turns chan struct{}
 }
 
 var _ lock.Backend = (*Backend)(nil)
@@ -108,7 +116,37 @@ func New(db *sql.DB, dialect sqldialect.Dialect, opts *Options) (*Backend, error
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{db: db, dialect: dialect, opts: o, q: q}, nil
+	b := &Backend{db: db, dialect: dialect, opts: o, q: q}
+	if dialect == sqldialect.SQLite {
+		b.turns = make(chan struct{}, 1)
+	}
+	return b, nil
+}
+
+// turn waits for this Backend's turn to run a statement on SQLite (at
+// once on the other databases) and returns the function that ends it, or
+// ctx's error.
+//
+// SQLite has one writer, and a connection that finds the write lock taken
+// waits in the busy handler, which retries after sleeps that grow to
+// 100ms. A writer that has waited long sleeps longest, so while blocked
+// Acquires keep polling (each a write, on a connection of its own) the
+// write lock is almost never free when it looks: under load a Release
+// waited past its 5s ReleaseTimeout and failed, leaving the lock held
+// until its TTL. Queued here, the Backend's statements reach SQLite one
+// at a time and take the write lock at once; the queue is first come,
+// first served, so a Release waits for at most the statements already
+// queued, and a caller whose context ends leaves it.
+func (b *Backend) turn(ctx context.Context) (func(), error) {
+	if b.turns == nil {
+		return func() {}, nil
+	}
+	select {
+	case b.turns <- struct{}{}:
+		return func() { <-b.turns }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // Migrate creates the lock table if it does not exist. It is safe to run
@@ -135,7 +173,12 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 		return lock.Grant{}, err
 	}
 	ttl := r.TTL.Microseconds()
+	done, err := b.turn(ctx)
+	if err != nil {
+		return lock.Grant{}, wrap("acquire", r.Key, err)
+	}
 	fence, won, err := b.q.acquire(ctx, b.db, []byte(r.Key), r.Owner, ttl, b.now())
+	done()
 	if err != nil {
 		return lock.Grant{}, wrap("acquire", r.Key, err)
 	}
@@ -153,6 +196,11 @@ const cleanupEvery = 256
 
 func (b *Backend) cleanup(ctx context.Context) {
 	// Best effort: a failure leaves rows for the next cleanup.
+	done, err := b.turn(ctx)
+	if err != nil {
+		return
+	}
+	defer done()
 	_, _ = b.db.ExecContext(ctx, b.q.cleanup, b.now(), b.opts.Retention.Microseconds())
 }
 
@@ -161,6 +209,11 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	if err := b.Migrate(ctx); err != nil {
 		return err
 	}
+	done, err := b.turn(ctx)
+	if err != nil {
+		return wrap("release", key, err)
+	}
+	defer done()
 	res, err := b.db.ExecContext(ctx, b.q.release, b.now(), []byte(key), owner)
 	return b.changed(ctx, "release", key, owner, res, err)
 }
@@ -170,6 +223,11 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	if err := b.Migrate(ctx); err != nil {
 		return err
 	}
+	done, err := b.turn(ctx)
+	if err != nil {
+		return wrap("refresh", key, err)
+	}
+	defer done()
 	res, err := b.db.ExecContext(ctx, b.q.refresh, b.now(), ttl.Microseconds(), []byte(key), owner)
 	return b.changed(ctx, "refresh", key, owner, res, err)
 }
