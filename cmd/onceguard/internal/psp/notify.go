@@ -56,6 +56,10 @@ type Notifier struct {
 	Attempts int
 	// Delay is how long notify_delay holds a callback back. 0 means 2s.
 	Delay time.Duration
+	// Hold, if set, holds notify_delay's callback back instead of Delay:
+	// it is delivered once Hold returns true, never if false (a test
+	// releases it when the callback that is to overtake it has arrived).
+	Hold func(ctx context.Context) bool
 	// Now is the clock the signatures carry. nil means time.Now.
 	Now func() time.Time
 
@@ -100,6 +104,12 @@ func (n *Notifier) deliver(ctx context.Context, ev Event, fault Fault) {
 	case NotifyDrop:
 		return
 	case NotifyDelay:
+		if n.Hold != nil {
+			if !n.Hold(ctx) {
+				return
+			}
+			break
+		}
 		d := n.Delay
 		if d <= 0 {
 			d = 2 * time.Second

@@ -23,6 +23,7 @@ type receiver struct {
 	deliveries []delivery
 	fail       func(n int) bool
 	got        chan struct{}
+	onDelivery func(psp.Event) // if set, told of each delivery once it is recorded
 }
 
 type delivery struct {
@@ -42,7 +43,11 @@ func newReceiver(t *testing.T, fail func(int) bool) (*receiver, *httptest.Server
 		rc.mu.Lock()
 		rc.deliveries = append(rc.deliveries, delivery{ev, v.Verify(r.Header, body, time.Now()) == nil})
 		n := len(rc.deliveries)
+		told := rc.onDelivery
 		rc.mu.Unlock()
+		if told != nil {
+			told(ev)
+		}
 		if rc.fail != nil && rc.fail(n) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		} else {
@@ -132,7 +137,29 @@ func TestAsyncNotify(t *testing.T) {
 func TestNotifyFaults(t *testing.T) {
 	noLeaks(t)
 	rc, srv := newReceiver(t, nil)
-	sim := &psp.Sim{Notifier: notifier(srv.URL)}
+	// notify_delay's callback is held until the next operation's has
+	// arrived (a fixed delay would race it on a loaded machine): what is
+	// checked is that it is still delivered, and that holding it holds
+	// back no other callback.
+	overtaken := make(chan struct{})
+	var once sync.Once
+	rc.mu.Lock()
+	rc.onDelivery = func(ev psp.Event) {
+		if ev.Operation.Key == "after" {
+			once.Do(func() { close(overtaken) })
+		}
+	}
+	rc.mu.Unlock()
+	n := notifier(srv.URL)
+	n.Hold = func(ctx context.Context) bool {
+		select {
+		case <-overtaken:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	sim := &psp.Sim{Notifier: n}
 	startSim(t, sim)
 	ctx := context.Background()
 	do := func(key string, faults ...psp.Fault) {
