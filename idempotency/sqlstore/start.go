@@ -252,9 +252,11 @@ type conn = sqldb.Conn
 // claimWindow is ClaimWindow on c.
 func (s *Store) claimWindow(ctx context.Context, c conn, id, owner string, window time.Duration, now time.Time) (time.Duration, error) {
 	rec := idemstore.WindowRecord(owner)
-	args := []any{id, owner, us(now.Add(window)), us(now), rec, len(rec) + 1, rec + "/", us(now)}
+	var args []any
 	if s.dialect != sqldialect.MySQL {
 		args = []any{id, owner, us(now.Add(window)), us(now), us(now), rec, len(rec) + 1, rec + "/"}
+	} else {
+		args = []any{id, owner, us(now.Add(window)), us(now), rec, len(rec) + 1, rec + "/", us(now)}
 	}
 	var got string
 	var exp int64
