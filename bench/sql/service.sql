@@ -1,8 +1,10 @@
 -- The statements the service sends PostgreSQL for one withdrawal (captured with
 -- log_statement = all at 9e09bce), one client per user pb<n> with session sess<n>:
--- the request's session read, the debit with its key's record, window, row,
--- backlog entry and ledger entry (commit 1), the settlement with the stored
--- answer (commit 2). Ids are random here; :now is a constant.
+-- the debit, with the session's check, the key's record, the window, the row,
+-- the backlog entry and the ledger entry (commit 1), then the settlement with
+-- the stored answer (commit 2). A session's later requests take its user from
+-- memory: only its first reads the session first (the variant
+-- service-first-request). Ids are random here; :now is a constant.
 -- Submit tokens off (--require-submit-token ""); bench/sql/run makes its
 -- variants from this file.
 \set uid :client_id + 1
@@ -10,7 +12,6 @@
 \set neg -:amount
 \set r random(1, 9000000000000000000)
 \set now 1796307715411702
-SELECT u.id, u.username FROM sessions s JOIN users u ON u.id = s.user_id WHERE s.token_hash = 'sess' || :uid AND s.expires_at > 1;
 WITH sess AS (SELECT 1 FROM sessions WHERE token_hash = 'sess' || :uid AND user_id = 'pb' || :uid AND expires_at > 1), og_rec AS (
   INSERT INTO onceguard_idempotency (id, fingerprint, state, lease, lease_until, expires_at, token_hash)
   SELECT 'rec' || :r, 'withdrawal:100', 1, 'Z60utY0LzW9fmEQIKbELaQ', :now::bigint, :now::bigint, NULL::text FROM sess
