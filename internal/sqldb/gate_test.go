@@ -195,6 +195,32 @@ func TestWriteGateGroupsQueuedRuns(t *testing.T) {
 	}
 }
 
+// A Run that is due but not yet running when the holder's group has no
+// one queued joins it: the holder yields before it commits. With one
+// processor, a goroutine started in the first member's function runs
+// only when the holder lets it; without the yield it would commit alone.
+func TestWriteGateHolderYieldsForLateRuns(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	f, db := newFake(t)
+	g := NewWriteGate()
+	var commits []int
+	g.OnCommit = func(members, _ int) { commits = append(commits, members) }
+	late := make(chan error, 1)
+	err := g.Run(context.Background(), db, func(ctx context.Context, tx *sql.Tx) error {
+		go func() { late <- g.Run(context.Background(), db, exec("late")) }()
+		return exec("first")(ctx, tx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-late; err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(commits, []int{2}) {
+		t.Errorf("groups %v; want one of two (the late Run in the first's)\n%s", commits, strings.Join(f.lines(), "\n"))
+	}
+}
+
 // MaxGroup caps a group: the rest commit in the next, led by the first
 // left out.
 func TestWriteGateMaxGroup(t *testing.T) {
