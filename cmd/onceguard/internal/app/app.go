@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"log/slog"
 	"math"
@@ -95,9 +96,18 @@ func (s *Service) KeyLease() time.Duration { return s.cfg.KeyLease }
 // RequestTimeout is a keyed request's deadline.
 func (s *Service) RequestTimeout() time.Duration { return s.cfg.RequestTimeout }
 
+// newID returns prefix and 28 hex digits: the time in milliseconds (6
+// bytes), then 8 random bytes. Ids made one after another sort in that
+// order, so a row inserted goes to the end of every index on its id (the
+// primary key, the ledger's UNIQUE (kind, ref)) rather than to a random
+// page of it: on SQLite each random page is one more 4 KiB frame in the
+// WAL at every commit (bench/README.md, "Movement ids in time order").
+// The random half keeps ids unguessable and unique within a millisecond.
+// At most 4 bytes of prefix fit the schema's VARCHAR(32).
 func newID(prefix string) string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
+	var b [14]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(time.Now().UnixMilli())<<16)
+	_, _ = rand.Read(b[6:])
 	return prefix + hex.EncodeToString(b[:])
 }
 
