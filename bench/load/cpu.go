@@ -220,3 +220,26 @@ func fmtDur(d time.Duration) string {
 		return fmt.Sprintf("%.2fs", d.Seconds())
 	}
 }
+
+// ioWriteBytes is the write_bytes field of a /proc/PID/io file: the bytes
+// the process caused to be written to storage (its dirtied page cache
+// pages, counted when dirtied; sockets and pipes not counted).
+func ioWriteBytes(b []byte) (int64, bool) {
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "write_bytes:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
+// pidWriteBytes is ioWriteBytes of process pid (false where /proc/PID/io
+// cannot be read: not Linux, or not this user's process).
+func pidWriteBytes(pid int) (int64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
+	if err != nil {
+		return 0, false
+	}
+	return ioWriteBytes(b)
+}

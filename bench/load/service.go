@@ -201,9 +201,11 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 	a := newAPI(s.proc.base, maxClients)
 	defer a.hc.CloseIdleConnections()
 	var wal0 uint32
-	walOK := false
+	var wb0 int64
+	walOK, wbOK := false, false
 	if s.sqlitePath != "" {
 		wal0, walOK = walCommits(s.sqlitePath)
+		wb0, wbOK = pidWriteBytes(s.proc.pid)
 	}
 	fmt.Fprintf(progress, "round %d  %-20s started in %v (pid %d, %s)\n", round+1, groupLabels[s.group], time.Since(t0).Round(time.Millisecond), s.proc.pid, s.proc.base)
 	if s.users == nil {
@@ -233,8 +235,12 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 	s.checkBalances(ctx, a, round)
 	a.hc.CloseIdleConnections()
 	var wal1 uint32
+	var wb1 int64
 	if walOK {
 		wal1, walOK = walCommits(s.sqlitePath)
+	}
+	if wbOK {
+		wb1, wbOK = pidWriteBytes(s.proc.pid)
 	}
 	s.stop(round)
 	sent := int64(0)
@@ -256,7 +262,12 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 		}
 	case s.sqlitePath != "":
 		if walOK {
-			s.workNotes = append(s.workNotes, fmt.Sprintf("round %d: %.2f commits (write transactions, from the WAL index)%s", round+1, float64(wal1-wal0)/w, tail))
+			written := ""
+			if wbOK {
+				// The WAL's frames and the checkpoints' copies of them: the pages a withdrawal dirties.
+				written = fmt.Sprintf(", %.1f KiB written to disk (the service's write_bytes: WAL and checkpoints)", float64(wb1-wb0)/1024/w)
+			}
+			s.workNotes = append(s.workNotes, fmt.Sprintf("round %d: %.2f commits (write transactions, from the WAL index)%s%s", round+1, float64(wal1-wal0)/w, written, tail))
 		} else {
 			s.workNotes = append(s.workNotes, fmt.Sprintf("round %d: commits not measured (no readable wal-index %s-shm)", round+1, s.sqlitePath))
 		}
