@@ -265,7 +265,7 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 			written := ""
 			if wbOK {
 				// The WAL's frames and the checkpoints' copies of them: the pages a withdrawal dirties.
-				written = fmt.Sprintf(", %.1f KiB written to disk (the service's write_bytes: WAL and checkpoints)", float64(wb1-wb0)/1024/w)
+				written = fmt.Sprintf(", %.1f KiB written to disk (its process's write_bytes: WAL and checkpoints)", float64(wb1-wb0)/1024/w)
 			}
 			s.workNotes = append(s.workNotes, fmt.Sprintf("round %d: %.2f commits (write transactions, from the WAL index)%s%s", round+1, float64(wal1-wal0)/w, written, tail))
 		} else {
