@@ -13,6 +13,10 @@
 //     on new and open connections alike: clients see timeouts, not
 //     refusals. What was sent meanwhile is held, not lost, and delivered
 //     after [Proxy.Heal], as TCP's retransmissions would after a partition;
+//   - [Proxy.Stall] black-holes the connections open now, for good (until
+//     [Proxy.Close]), and forwards new ones as usual: a flow lost in the
+//     network (a NAT or conntrack entry gone) that the client's side never
+//     sees fail;
 //   - [Proxy.Reset] resets (TCP RST) every open connection, on both sides;
 //     [Proxy.ResetUntilHeal] also resets every new one as soon as it is
 //     accepted;
@@ -125,6 +129,19 @@ func (p *Proxy) Blackhole() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.blackhole = true
+	p.notify()
+}
+
+// Stall makes every connection open now forward nothing more, in either
+// direction, and never end until Close: what is sent on them is held for
+// good. Connections accepted after it are forwarded as usual; Heal does
+// not revive the stalled ones.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for l := range p.links {
+		l.stalled = true
+	}
 	p.notify()
 }
 
@@ -283,7 +300,7 @@ func (p *Proxy) forget(l *link) {
 func (p *Proxy) await(l *link, at time.Time) bool {
 	for {
 		p.mu.Lock()
-		blackhole, latency, changed := p.blackhole, p.latency, p.changed
+		blackhole, latency, changed := p.blackhole || l.stalled, p.latency, p.changed
 		p.mu.Unlock()
 		var due <-chan time.Time
 		var timer *time.Timer
@@ -321,8 +338,9 @@ func rst(c *net.TCPConn) {
 // link is one proxied connection: the client's, and the proxy's own to
 // the target.
 type link struct {
-	p      *Proxy
-	client *net.TCPConn
+	p       *Proxy
+	client  *net.TCPConn
+	stalled bool // by Stall; guarded by p.mu
 
 	mu     sync.Mutex
 	server *net.TCPConn // nil until dialled

@@ -266,6 +266,32 @@ func TestBlackhole(t *testing.T) {
 	}
 }
 
+// Stall black-holes the connections open at the time, for good (Heal
+// does not revive them), while later ones are forwarded.
+func TestStall(t *testing.T) {
+	e := startEcho(t)
+	p := startProxy(t, e.addr())
+	old := dial(t, p.Addr())
+	if err := roundTrip(old, "before", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p.Stall()
+	if err := roundTrip(old, "held", 200*time.Millisecond); !isTimeout(err) {
+		t.Errorf("round trip on a stalled connection = %v; want a timeout", err)
+	}
+	fresh := dial(t, p.Addr())
+	if err := roundTrip(fresh, "fresh", time.Second); err != nil {
+		t.Errorf("round trip on a connection made after Stall: %v", err)
+	}
+	if err := p.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	_ = old.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := old.Read(make([]byte, 16)); !isTimeout(err) {
+		t.Errorf("after Heal, a stalled connection read %d bytes, %v; want still nothing (a timeout)", n, err)
+	}
+}
+
 func TestReset(t *testing.T) {
 	e := startEcho(t)
 	p := startProxy(t, e.addr())
