@@ -287,6 +287,54 @@ func TestFairQueueOrder(t *testing.T) {
 	}
 }
 
+// A waiter that takes the lock free (its holder's TTL ran out) leaves the
+// queue. Its place, left behind with a deadline it had just renewed, was
+// the first the next release handed the lock to, and nobody claimed it
+// until that deadline passed: a second a handover, for as long as the
+// lock had waiters (TestChaos/redis-blackhole's 503 busy).
+func TestWaiterTakingAFreeLockLeavesTheQueue(t *testing.T) {
+	_, rdb := ownRedis(t)
+	l := lock.New(redislock.New(rdb, nil), nil)
+	ctx := context.Background()
+	if _, err := l.TryAcquire(ctx, "free", 300*time.Millisecond); err != nil { // never released
+		t.Fatal(err)
+	}
+	a, err := l.Acquire(ctx, "free", 10*time.Second) // queued, then takes it when the TTL runs out
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue := redisscript.Name(redisscript.DefaultPrefix, "free", redisscript.QueueSuffix)
+	deadlines := redisscript.Name(redisscript.DefaultPrefix, "free", redisscript.DeadlinesSuffix)
+	if n, err := rdb.ZCard(ctx, queue).Result(); err != nil || n != 0 {
+		t.Errorf("the queue after its waiter took the free lock has %d places (%v); want none", n, err)
+	}
+	if n, err := rdb.HLen(ctx, deadlines).Result(); err != nil || n != 0 {
+		t.Errorf("the deadlines after its waiter took the free lock: %d (%v); want none", n, err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		b, err := l.Acquire(ctx, "free", 10*time.Second)
+		if err == nil {
+			err = b.Release(ctx)
+		}
+		served <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if n, _ := rdb.ZCard(ctx, queue).Result(); n == 1 {
+			break // the second waiter is in line
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second waiter never joined the queue")
+		}
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("the waiter behind: %v", err)
+	}
+}
+
 // A fence key left unseeded (its INCR created it, then the reseed that
 // raises it to the server's clock failed, say on a connection that broke
 // right after a Redis restart) is reseeded by the next try, not counted up

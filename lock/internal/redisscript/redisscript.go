@@ -155,7 +155,14 @@ end
 // A free lock goes to the caller, and so does a lock reserved for the
 // caller (it was first in line when the lock was released); anything else
 // is held, and a blocked caller (wait > 0) joins or renews its place in
-// line and marks the lock as having waiters.
+// line and marks the lock as having waiters. A queued caller that finds
+// the lock free (its holder's TTL ran out, or a reservation's did) takes
+// it and leaves the line, marking the lock when others are still in it:
+// a place left behind, its deadline renewed a moment before, would be the
+// first handed the lock at the next release, and nobody would claim it
+// until that deadline passed, up to WaitTTL a handover, for as long as the
+// lock had waiters (after a Redis black hole healed: TestChaos/
+// redis-blackhole's 503 busy).
 //
 // The fence is max(last + 1, server time in µs): strictly increasing per
 // key, and still increasing after Redis lost the key.
@@ -183,6 +190,11 @@ if not won then
       end
     end
     return -1 - math.max(redis.call('PTTL', KEYS[1]), 0)
+  end
+elseif tonumber(ARGV[4]) > 0 and redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+  redis.call('HDEL', KEYS[4], ARGV[1])
+  if redis.call('ZCARD', KEYS[3]) > 0 then
+    redis.call('SET', KEYS[1], ARGV[1] .. '\n', 'KEEPTTL')
   end
 end
 local t = redis.call('TIME')
