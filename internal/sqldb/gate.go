@@ -220,8 +220,8 @@ func (g *WriteGate) pass() {
 
 // hold runs first's transaction, with those queued behind it in the same
 // one while it lasts (yielding holderYields times for more when none is
-// queued and the group has room), commits, answers every member, and passes the gate
-// to the next job queued (or frees it). Every member, the first too, runs
+// queued and the group has room), commits, answers every member, and
+// passes the gate to the next job queued (or frees it). Every member, the first too, runs
 // in a savepoint: a function that let SQLite roll the whole transaction
 // back (and went on, ignoring the error) is found by its RELEASE failing,
 // before another member's statements could run outside the transaction.
@@ -265,7 +265,7 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 	limit, yields := max(g.MaxGroup, 1), 0
 	for j := first; ; j = g.next(false) {
 		if j == nil {
-			if yields == holderYields || len(group) >= limit {
+			if yields == holderYields { // the group has room: it breaks below when full
 				break
 			}
 			yields++

@@ -110,8 +110,9 @@ func NameAndLock(prefix, key, suffix string) (string, int) {
 //
 // The common paths are as short as Redis allows, because script overhead
 // per redis.call is what bounds throughput under pipelining: acquire of a
-// free lock is SET NX PX, TIME, SET GET; release with nobody waiting is
-// GET, DEL. Time comes from the server's TIME, never from the client.
+// free lock is SET NX PX, TIME, SET GET (a blocked caller's adds a ZREM,
+// to leave the line it may be in); release with nobody waiting is GET,
+// DEL. Time comes from the server's TIME, never from the client.
 // Needs Redis 6.2 or later (SET ... GET, KEEPTTL).
 //
 // A try (not a blocked waiter, counter fences) is no script but two plain
