@@ -2,7 +2,9 @@
 -- log_statement = all at 9e09bce), one client per user pb<n> with session sess<n>:
 -- the debit, with the session's check, the key's record, the window, the row,
 -- the backlog entry and the ledger entry (commit 1), then the settlement with
--- the stored answer (commit 2). A session's later requests take its user from
+-- the stored answer (commit 2, which does not wait for its WAL flush:
+-- synchronous_commit off for its transaction, as the service's unless
+-- --durable-settlements). A session's later requests take its user from
 -- memory: only its first reads the session first (the variant
 -- service-first-request). Ids are random here; :now is a constant.
 -- Submit tokens off (--require-submit-token ""); bench/sql/run makes its
@@ -47,4 +49,4 @@ WITH mv AS (
   UPDATE onceguard_idempotency SET state = 2, lease = NULL, status = 201, header = '{"Content-Type":["application/json"]}', body = '\x7b22616d6f756e74223a22312e3030222c22637265617465645f6174223a22323032362d31322d30335431343a32313a35355a222c226964223a2277645f366534663263336365386132646533373965636538653863222c22737461747573223a22737563636565646564227d0a'::bytea
   WHERE id = 'rec' || :r AND state = 1 AND lease = 'Z60utY0LzW9fmEQIKbELaQ' RETURNING id
 )
-SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), (SELECT count(*) FROM og_done);
+SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), (SELECT count(*) FROM og_done), set_config('synchronous_commit', 'off', true);

@@ -118,7 +118,7 @@ type serveConfig struct {
 	dbConns, rateBurst, loginAttempts, signupLimit                                    int
 	rateLimit                                                                         float64
 	logLevel, logFormat, clientIPHeader, notifySecret, events                         string
-	secureCookies                                                                     bool
+	secureCookies, durableSettlements                                                 bool
 }
 
 // serveFlags defines serve's flags on a new flag set, each with its
@@ -151,6 +151,7 @@ func serveFlags(env *envVars, stderr io.Writer) (*flag.FlagSet, *serveConfig) {
 	fs.StringVar(&c.clientIPHeader, "client-ip-header", env.str("ONCEGUARD_CLIENT_IP_HEADER", ""), "header a trusted proxy sets to the client's address (e.g. X-Real-IP), for the limits; default the connection's address [ONCEGUARD_CLIENT_IP_HEADER]")
 	fs.StringVar(&c.notifySecret, "psp-notify-secret", env.str("ONCEGUARD_PSP_NOTIFY_SECRET", ""), "secret of the provider's signed callbacks; turns on POST /api/v1/psp/notifications (default: off, 404) [ONCEGUARD_PSP_NOTIFY_SECRET]")
 	fs.StringVar(&c.events, "events", env.str("ONCEGUARD_EVENTS", ""), "NATS URL (nats://HOST:PORT): publish an event for every deposit and withdrawal settled and every order paid to the JetStream stream ONCEGUARD, through an outbox written in the change's transaction (default: off, no events written) [ONCEGUARD_EVENTS]")
+	fs.BoolVar(&c.durableSettlements, "durable-settlements", env.bool("ONCEGUARD_DURABLE_SETTLEMENTS", false), "PostgreSQL: make a request's settlement of a withdrawal that succeeded wait for its WAL flush too; default: that one commit is asynchronous (the debit's commit always waits; a settlement a crash of PostgreSQL loses is redone by the reconciler with the provider) [ONCEGUARD_DURABLE_SETTLEMENTS]")
 	fs.StringVar(&c.logLevel, "log-level", env.str("ONCEGUARD_LOG_LEVEL", "info"), "debug, info, warn or error [ONCEGUARD_LOG_LEVEL]")
 	fs.StringVar(&c.logFormat, "log-format", env.str("ONCEGUARD_LOG_FORMAT", "auto"), "json, text, or auto: text on a terminal, else JSON [ONCEGUARD_LOG_FORMAT]")
 	return fs, c
@@ -253,6 +254,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	store.Observe = metrics.DBObserver()
 	store.ObserveCommit = metrics.SQLiteCommitObserver()
 	store.Records = timedKeys // the key's record completes in the settlement's transaction
+	store.AsyncSettle = !c.durableSettlements
 	// Submit tokens are signed with a key every instance reads from the database: minting one
 	// writes nothing, and its first use is bound by the record it creates.
 	tokenKey, err := store.Secret(ctx, "submit_tokens")

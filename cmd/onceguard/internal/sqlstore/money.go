@@ -465,6 +465,12 @@ func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Sta
 	if err != nil {
 		return false, "", err
 	}
+	async := ""
+	if s.AsyncSettle {
+		// set_config's local value is this statement's transaction's: its
+		// commit does not wait for the WAL flush (see AsyncSettle).
+		async = `, set_config('synchronous_commit', 'off', true)`
+	}
 	// og_found fails the statement, the record's completion with it, when
 	// there is no such movement or it was not moved here and is not
 	// outcome: settled otherwise, or pending in this statement's snapshot
@@ -479,14 +485,18 @@ func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Sta
     ELSE max(status) END AS status
   FROM ` + table + ` WHERE id = $2
 ), ` + cte.With + `
-SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), ` + cte.Result
+SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), ` + cte.Result + async
 	args := append([]any{string(outcome), id}, cte.Args...)
 	for try := 1; ; try++ {
 		var (
 			moved, done int64
-			status      string
+			status, off string
 		)
-		err = s.db.QueryRowContext(ctx, q, args...).Scan(&moved, &status, &done)
+		dest := []any{&moved, &status, &done}
+		if async != "" {
+			dest = append(dest, &off)
+		}
+		err = s.db.QueryRowContext(ctx, q, args...).Scan(dest...)
 		msg := ""
 		if err != nil {
 			msg = err.Error()

@@ -652,3 +652,80 @@ func TestWithdrawGrouped(t *testing.T) {
 		t.Errorf("balance %v, ledger sum %v, %v; want 0 and equal", bal, sum, err)
 	}
 }
+
+// With AsyncSettle, PostgreSQL commits a request's settlement of a
+// withdrawal that succeeded without waiting for its WAL flush, and only that
+// transaction: a deferred trigger reads synchronous_commit as each
+// transaction that writes the withdrawal commits. The debit's commit waits,
+// the settlement's does not, and the connection the settlement ran on is
+// back to waiting for the next one. Without AsyncSettle both wait.
+func TestAsyncSettle(t *testing.T) {
+	d := databases[0]
+	if d.dialect != sqldialect.Postgres {
+		t.Fatal("databases[0] is not PostgreSQL")
+	}
+	for _, async := range []bool{false, true} {
+		t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) {
+			s, db, now := withFunds(t, d)
+			ctx := context.Background()
+			db.SetMaxOpenConns(1) // the settlement's connection is the next statement's
+			for _, q := range []string{
+				`CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`,
+				`INSERT INTO also_t (id, done) VALUES ('a1', 0)`,
+				`CREATE TABLE commit_mode (n SERIAL PRIMARY KEY, op TEXT NOT NULL, sync TEXT NOT NULL)`,
+				`CREATE OR REPLACE FUNCTION og_test_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO commit_mode (op, sync) VALUES (TG_OP, current_setting('synchronous_commit')); RETURN NULL; END $$`,
+				`CREATE CONSTRAINT TRIGGER commit_mode AFTER INSERT OR UPDATE ON withdrawals
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION og_test_commit_mode()`,
+			} {
+				if _, err := db.ExecContext(ctx, q); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() {
+				for _, q := range []string{`DROP TABLE IF EXISTS also_t`, `DROP TABLE IF EXISTS commit_mode`, `DROP FUNCTION IF EXISTS og_test_commit_mode() CASCADE`} {
+					_, _ = db.ExecContext(context.Background(), q)
+				}
+			})
+			s.AsyncSettle = async
+			s.Records = markOnce{}
+			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "k1", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
+				t.Fatal(err)
+			}
+			if moved, _, err := s.Settle(ctx, app.Withdrawal, "w1", app.Succeeded, time.UnixMicro(now), &app.Record{ID: "a1", Lease: "l"}, ""); err != nil || !moved {
+				t.Fatalf("Settle = %v, %v; want moved", moved, err)
+			}
+			var got []string
+			rows, err := db.QueryContext(ctx, `SELECT op || ' ' || sync FROM commit_mode ORDER BY n`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var s string
+				if err := rows.Scan(&s); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, s)
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"INSERT on", "UPDATE on"}
+			if async {
+				want[1] = "UPDATE off"
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("synchronous_commit at the debit's and the settlement's commits: %q; want %q", got, want)
+			}
+			var after string
+			if err := db.QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&after); err != nil || after != "on" {
+				t.Errorf("synchronous_commit on the settlement's connection after it = %q, %v; want on", after, err)
+			}
+			var status string
+			var done int
+			if err := db.QueryRowContext(ctx, `SELECT w.status, a.done FROM withdrawals w, also_t a WHERE w.id = 'w1' AND a.id = 'a1'`).Scan(&status, &done); err != nil || status != "succeeded" || done != 1 {
+				t.Errorf("after the settlement: %s, record done %d, %v; want succeeded, 1", status, done, err)
+			}
+		})
+	}
+}

@@ -40,6 +40,19 @@ type Store struct {
 	// outbox), and is told after it committed. Nil: no events. Set it
 	// before use.
 	Events EventWriter
+	// AsyncSettle, on PostgreSQL, commits a request's settlement of a
+	// withdrawal that succeeded (one statement: the status, the backlog
+	// entry's removal, the key's stored answer) with synchronous_commit off
+	// for that transaction: it does not wait for its WAL flush. Losing it
+	// (only a crash of PostgreSQL or its machine can, within about
+	// 3 x wal_writer_delay) is losing the settlement a crash of the service
+	// before it also loses: the debit's commit, durable, left the movement
+	// pending in the backlog, the reconciler asks the provider (paid once,
+	// under the movement's id) and settles it, and the key's record, still
+	// in flight, is taken over when its lease ends. Settlements that move
+	// money back, record a provider's event or write an event stay durable.
+	// Set it before use.
+	AsyncSettle bool
 }
 
 // EventWriter writes the event of a state change on its transaction.
