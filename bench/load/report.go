@@ -229,7 +229,8 @@ func (r *report) print(out io.Writer, markdown bool) {
 	fmt.Fprintln(out, "(withdrawals need a submit token), each withdrawal first POSTs /api/v1/submit-tokens and its time includes that request;")
 	fmt.Fprintln(out, "p50/p99: latency of those; vs ceiling: withdrawals/s / pgbench tx/s at the same clients (SQLite rows: against PostgreSQL's ceiling);")
 	fmt.Fprintln(out, "vs floor: withdrawals/s / the floor's on the same database at the same clients (SQLite service: the SQLite floor; PostgreSQL services: the PostgreSQL floor);")
-	fmt.Fprintln(out, "pg write txs: transactions that wrote (durable commits), from PostgreSQL's next transaction id at the window's edges (a read-only transaction takes none;")
+	fmt.Fprintln(out, "pg write txs: transactions that wrote, which bound the durable commits from above (the service's settlement of a paid withdrawal is one that does not wait for its flush,")
+	fmt.Fprintln(out, "unless --durable-settlements), from PostgreSQL's next transaction id at the window's edges (a read-only transaction takes none;")
 	fmt.Fprintln(out, "cluster-wide, so anything else writing to the server counts too) per withdrawal (pgbench: transaction) that ended in the window;")
 	fmt.Fprintln(out, "pg round trips: client→PostgreSQL round trips (Sync + Query messages, counted by the contender's proxy) in the window per withdrawal (pgbench: transaction) in it;")
 	fmt.Fprintln(out, "cpu columns: CPU time over the window in % of one core: the service process; all postgres processes on the machine; Redis (INFO cpu);")
@@ -546,7 +547,7 @@ func (r *report) issue22Lines(commits map[string][]float64) []string {
 			}
 			cr := rule{want: targetCommits, atMost: true}
 			m := median(per)
-			lines = append(lines, fmt.Sprintf("%-55s %3d clients  durable commits (write transactions) per withdrawal %.2f (want %s %.2f)  %s  per round: %s",
+			lines = append(lines, fmt.Sprintf("%-55s %3d clients  durable commits (at most: write transactions) per withdrawal %.2f (want %s %.2f)  %s  per round: %s",
 				targetLabel(g), n, m, cr, cr.want, cr.verdict(m, per), fmtPer(per)))
 		}
 	}
