@@ -31,6 +31,10 @@ type KeyRecord struct {
 	// (idempotency.Options.Deferred); Created is told once that transaction committed.
 	Start   any // see TxChecks.Start
 	Created func()
+	// Transient, if set, makes the request's answer one the key does not keep
+	// (idempotency.Call.Forget): told when a movement made before this request is
+	// still pending because the provider's outcome is unknown (see pay).
+	Transient func()
 }
 
 // CheckAmount refuses an amount not above 0 or above the service's maximum (CodeInvalidAmount).
@@ -59,7 +63,7 @@ func (s *Service) Deposit(ctx context.Context, req MoveRequest) (Movement, error
 	if !created && m.Amount != req.Amount {
 		return Movement{}, ErrKeyReused
 	}
-	return s.pay(ctx, m, req.Record)
+	return s.pay(ctx, m, created, req.Record)
 }
 
 // Withdraw debits a withdrawal under the user's lock, whose fence the account checks, pays it
@@ -101,7 +105,7 @@ func (s *Service) Withdraw(ctx context.Context, req MoveRequest) (Movement, erro
 	if !created && m.Amount != req.Amount {
 		return Movement{}, ErrKeyReused
 	}
-	return s.pay(ctx, m, req.Record)
+	return s.pay(ctx, m, created, req.Record)
 }
 
 // notStarted reports an error of a withdrawal's transaction that created no key's record: the
@@ -118,10 +122,17 @@ func busy(cause error) error {
 
 // pay sends a pending movement to the provider under its own id and settles it as it answers;
 // one found settled is answered as it is, and one the provider settles later (Pending: its
-// callback or the reconciler settles it) is answered pending.
-func (s *Service) pay(ctx context.Context, m Movement, rec *KeyRecord) (Movement, error) {
+// callback or the reconciler settles it) is answered pending. A movement made before this
+// request (created false: its key taken over after a crash, or its settlement lost with
+// PostgreSQL's asynchronous commit, sqlstore.Store.AsyncSettle) may have been answered settled
+// already; when the provider's outcome is unknown now, its pending answer is Transient.
+func (s *Service) pay(ctx context.Context, m Movement, created bool, rec *KeyRecord) (Movement, error) {
 	if m.Status == Pending {
-		if st, err := s.cfg.Provider.Pay(ctx, m.Kind, m.ID, m.Amount); err == nil && st != Pending {
+		st, err := s.cfg.Provider.Pay(ctx, m.Kind, m.ID, m.Amount)
+		if err != nil && !created && rec != nil && rec.Transient != nil {
+			rec.Transient()
+		}
+		if err == nil && st != Pending {
 			settled := m
 			settled.Status = st
 			// Recorded even when the request's deadline has passed, but within a quarter

@@ -158,3 +158,57 @@ func TestWithdrawContradictedByItsCallback(t *testing.T) {
 		t.Errorf("balance %v, ledger %v, %v; want 50.00 (refunded once)", bal, sum, err)
 	}
 }
+
+// payFunc is a provider whose Pay is a function; Lookup knows nothing.
+type payFunc func(app.Kind, string) (app.Status, error)
+
+func (f payFunc) Pay(_ context.Context, kind app.Kind, key string, _ money.Amount) (app.Status, error) {
+	return f(kind, key)
+}
+
+func (f payFunc) Lookup(context.Context, string) (app.Status, error) { return "", app.ErrNoOperation }
+
+// A withdrawal made before this request (its key taken over after a crash,
+// or its settlement lost with PostgreSQL's asynchronous commit) may have
+// been answered settled already: when the provider's outcome is unknown
+// now, its pending answer is told Transient, so that the key does not keep
+// it. A new withdrawal's pending answer, and a re-run the provider
+// answers, are kept.
+func TestRerunWithUnknownOutcomeIsTransient(t *testing.T) {
+	s := withFundedAlice(t)
+	ctx := context.Background()
+	s.Records = &records{}
+	unknown := true
+	provider := payFunc(func(app.Kind, string) (app.Status, error) {
+		if unknown {
+			return "", app.ErrUnknownOutcome
+		}
+		return app.Succeeded, nil
+	})
+	svc := app.New(app.Config{Store: s, Provider: provider, Currency: "CNY", MaxAmount: 1_000_00,
+		Locks: lock.New(&memlock.Backend{}, nil), Logger: slog.New(slog.DiscardHandler)})
+	withdraw := func(key string) (app.Movement, int) {
+		t.Helper()
+		transient, completed := 0, 0
+		rec := statusRecord(&completed)
+		rec.Transient = func() { transient++ }
+		m, err := svc.Withdraw(ctx, app.MoveRequest{UserID: "u1", Key: key, Amount: 1000, Record: rec})
+		if err != nil {
+			t.Fatalf("Withdraw(%s) = %v", key, err)
+		}
+		return m, transient
+	}
+	if m, transient := withdraw("k1"); m.Status != app.Pending || transient != 0 {
+		t.Errorf("a new withdrawal, outcome unknown: %s, Transient told %d times; want pending, kept", m.Status, transient)
+	}
+	if m, transient := withdraw("k1"); m.Status != app.Pending || transient != 1 {
+		t.Errorf("its re-run, outcome unknown: %s, Transient told %d times; want pending, transient", m.Status, transient)
+	}
+	unknown = false
+	if m, transient := withdraw("k1"); m.Status != app.Succeeded || transient != 0 {
+		t.Errorf("its re-run, paid: %s, Transient told %d times; want succeeded, kept", m.Status, transient)
+	}
+	if bal, sum, err := s.Balance(ctx, "u1"); err != nil || bal != 4000 || sum != bal {
+		t.Errorf("balance %v, ledger %v, %v; want 40.00 (one withdrawal)", bal, sum, err)
+	}
+}

@@ -76,6 +76,7 @@ func moveRequest(r *http.Request, a money.Amount) app.MoveRequest {
 			return app.Answer{Status: resp.Status, Header: resp.Header, Body: resp.Body}
 		},
 		Completed: call.MarkCompleted,
+		Transient: call.Forget,
 	}
 	if st := call.Start(); st != nil { // Deferred: created in the withdrawal's transaction
 		rec.Start, rec.Created = st, call.Created

@@ -384,7 +384,7 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 		return false, "", errors.New("sqlstore: settle: no Records to complete the key's record")
 	}
 	if s.d == sqldialect.Postgres && rec != nil && !credit && event == "" && s.Events == nil {
-		return s.settleOne(ctx, t, id, outcome, rec)
+		return s.settleOne(ctx, t, id, outcome, rec, s.AsyncSettle && kind == app.Withdrawal)
 	}
 	err = s.gate.Run(ctx, s.db, func(ctx context.Context, tx *sql.Tx) (err error) {
 		if event != "" {
@@ -455,21 +455,22 @@ const (
 )
 
 // settleOne is Settle on PostgreSQL of a movement whose settlement moves no money and writes no
-// event (a withdrawal that succeeded), with its key's record completed in the same statement
-// (Records.CompleteCTE): one round trip, one commit. A record whose lease was lost leaves the
+// event (a withdrawal that succeeded, a deposit that failed), with its key's record completed in
+// the same statement (Records.CompleteCTE): one round trip, one commit, which does not wait for
+// its WAL flush when async (AsyncSettle, a withdrawal). A record whose lease was lost leaves the
 // settlement committed: app.ErrRecordLost. A movement settled otherwise commits nothing and
 // returns its status, as Settle says.
-func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Status, rec *app.Record) (bool, app.Status, error) {
+func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Status, rec *app.Record, async bool) (bool, app.Status, error) {
 	resp := idemstore.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
 	cte, err := s.Records.CompleteCTE(rec.ID, rec.Lease, resp, 3)
 	if err != nil {
 		return false, "", err
 	}
-	async := ""
-	if s.AsyncSettle {
+	asyncCol := ""
+	if async {
 		// set_config's local value is this statement's transaction's: its
 		// commit does not wait for the WAL flush (see AsyncSettle).
-		async = `, set_config('synchronous_commit', 'off', true)`
+		asyncCol = `, set_config('synchronous_commit', 'off', true)`
 	}
 	// og_found fails the statement, the record's completion with it, when
 	// there is no such movement or it was not moved here and is not
@@ -485,7 +486,7 @@ func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Sta
     ELSE max(status) END AS status
   FROM ` + table + ` WHERE id = $2
 ), ` + cte.With + `
-SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), ` + cte.Result + async
+SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), ` + cte.Result + asyncCol
 	args := append([]any{string(outcome), id}, cte.Args...)
 	for try := 1; ; try++ {
 		var (
@@ -493,7 +494,7 @@ SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), ` + cte.Result 
 			status, off string
 		)
 		dest := []any{&moved, &status, &done}
-		if async != "" {
+		if async {
 			dest = append(dest, &off)
 		}
 		err = s.db.QueryRowContext(ctx, q, args...).Scan(dest...)

@@ -656,9 +656,11 @@ func TestWithdrawGrouped(t *testing.T) {
 // With AsyncSettle, PostgreSQL commits a request's settlement of a
 // withdrawal that succeeded without waiting for its WAL flush, and only that
 // transaction: a deferred trigger reads synchronous_commit as each
-// transaction that writes the withdrawal commits. The debit's commit waits,
-// the settlement's does not, and the connection the settlement ran on is
-// back to waiting for the next one. Without AsyncSettle both wait.
+// transaction that writes the withdrawal or a deposit commits. The debit's
+// commit waits, the settlement's does not, the connection the settlement ran
+// on is back to waiting for the next one, and a failed deposit's settlement
+// (the same one-statement path, with its record) still waits. Without
+// AsyncSettle every commit waits.
 func TestAsyncSettle(t *testing.T) {
 	d := databases[0]
 	if d.dialect != sqldialect.Postgres {
@@ -669,13 +671,22 @@ func TestAsyncSettle(t *testing.T) {
 			s, db, now := withFunds(t, d)
 			ctx := context.Background()
 			db.SetMaxOpenConns(1) // the settlement's connection is the next statement's
+			var def string        // the server's setting, what every commit but one must use
+			if err := db.QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&def); err != nil {
+				t.Fatal(err)
+			}
+			if def == "off" {
+				t.Fatal("the test server runs synchronous_commit=off: nothing to tell apart")
+			}
 			for _, q := range []string{
 				`CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`,
-				`INSERT INTO also_t (id, done) VALUES ('a1', 0)`,
+				`INSERT INTO also_t (id, done) VALUES ('a1', 0), ('a2', 0)`,
 				`CREATE TABLE commit_mode (n SERIAL PRIMARY KEY, op TEXT NOT NULL, sync TEXT NOT NULL)`,
 				`CREATE OR REPLACE FUNCTION og_test_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN INSERT INTO commit_mode (op, sync) VALUES (TG_OP, current_setting('synchronous_commit')); RETURN NULL; END $$`,
+BEGIN INSERT INTO commit_mode (op, sync) VALUES (TG_TABLE_NAME || ' ' || TG_OP, current_setting('synchronous_commit')); RETURN NULL; END $$`,
 				`CREATE CONSTRAINT TRIGGER commit_mode AFTER INSERT OR UPDATE ON withdrawals
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION og_test_commit_mode()`,
+				`CREATE CONSTRAINT TRIGGER commit_mode AFTER UPDATE ON deposits
   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION og_test_commit_mode()`,
 			} {
 				if _, err := db.ExecContext(ctx, q); err != nil {
@@ -695,6 +706,16 @@ BEGIN INSERT INTO commit_mode (op, sync) VALUES (TG_OP, current_setting('synchro
 			if moved, _, err := s.Settle(ctx, app.Withdrawal, "w1", app.Succeeded, time.UnixMicro(now), &app.Record{ID: "a1", Lease: "l"}, ""); err != nil || !moved {
 				t.Fatalf("Settle = %v, %v; want moved", moved, err)
 			}
+			var after string
+			if err := db.QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&after); err != nil || after != def {
+				t.Errorf("synchronous_commit on the settlement's connection after it = %q, %v; want %q", after, err, def)
+			}
+			if _, _, err := s.CreateDeposit(ctx, app.Movement{ID: "d2", UserID: "u1", Key: "kd2", Amount: 1000, CreatedAt: time.UnixMicro(now)}); err != nil {
+				t.Fatal(err)
+			}
+			if moved, _, err := s.Settle(ctx, app.Deposit, "d2", app.Failed, time.UnixMicro(now), &app.Record{ID: "a2", Lease: "l"}, ""); err != nil || !moved {
+				t.Fatalf("Settle(deposit failed) = %v, %v; want moved", moved, err)
+			}
 			var got []string
 			rows, err := db.QueryContext(ctx, `SELECT op || ' ' || sync FROM commit_mode ORDER BY n`)
 			if err != nil {
@@ -710,16 +731,13 @@ BEGIN INSERT INTO commit_mode (op, sync) VALUES (TG_OP, current_setting('synchro
 			if err := rows.Err(); err != nil {
 				t.Fatal(err)
 			}
-			want := []string{"INSERT on", "UPDATE on"}
+			settled := def
 			if async {
-				want[1] = "UPDATE off"
+				settled = "off"
 			}
+			want := []string{"withdrawals INSERT " + def, "withdrawals UPDATE " + settled, "deposits UPDATE " + def}
 			if !slices.Equal(got, want) {
-				t.Errorf("synchronous_commit at the debit's and the settlement's commits: %q; want %q", got, want)
-			}
-			var after string
-			if err := db.QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&after); err != nil || after != "on" {
-				t.Errorf("synchronous_commit on the settlement's connection after it = %q, %v; want on", after, err)
+				t.Errorf("synchronous_commit at the commits of the debit, its settlement, a failed deposit's: %q; want %q", got, want)
 			}
 			var status string
 			var done int

@@ -44,14 +44,17 @@ type Store struct {
 	// withdrawal that succeeded (one statement: the status, the backlog
 	// entry's removal, the key's stored answer) with synchronous_commit off
 	// for that transaction: it does not wait for its WAL flush. Losing it
-	// (only a crash of PostgreSQL or its machine can, within about
-	// 3 x wal_writer_delay) is losing the settlement a crash of the service
-	// before it also loses: the debit's commit, durable, left the movement
-	// pending in the backlog, the reconciler asks the provider (paid once,
-	// under the movement's id) and settles it, and the key's record, still
-	// in flight, is taken over when its lease ends. Settlements that move
-	// money back, record a provider's event or write an event stay durable.
-	// Set it before use.
+	// (a crash of PostgreSQL, one of its processes killed, an immediate
+	// shutdown or its machine's crash, within about 3 x wal_writer_delay;
+	// a failover to a standby, within the replication's lag) is losing the
+	// settlement a crash of the service before it also loses: the debit's
+	// commit left the movement pending in the backlog, the reconciler asks
+	// the provider (paid once, under the movement's id) and settles it, and
+	// the key's record, still in flight, is taken over when its lease ends
+	// (a retry that finds the provider's outcome unknown then is answered
+	// pending without the key keeping it: app.KeyRecord.Transient).
+	// Settlements that move money back, record a provider's event or write
+	// an event, and every deposit's, wait. Set it before use.
 	AsyncSettle bool
 }
 
