@@ -16,17 +16,20 @@ import (
 //
 // The connection exists only while someone waits: when the last waiter
 // leaves it is closed, so an idle Backend holds no goroutine or connection.
+// A session whose SUBSCRIBE Redis did not confirm in time (its connection
+// silent: black-holed, half-open) is retired: its waiters poll and keep
+// it until they leave, and the next waiter opens a new one.
 type subscriber struct {
 	rdb redis.UniversalClient
 
-	mu    sync.Mutex // guards sess
-	sess  *session
-	users int // waiters across all channels of sess
+	mu   sync.Mutex // guards sess and every session's chans and users
+	sess *session
 }
 
 type session struct {
 	ps    *redis.PubSub
-	chans map[string]*channel // guarded by subscriber.mu
+	chans map[string]*channel
+	users int // waiters across all channels
 }
 
 type channel struct {
@@ -45,7 +48,7 @@ func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{
 		go s.sess.loop(&s.mu)
 	}
 	sess := s.sess
-	s.users++
+	sess.users++
 	c := sess.chans[ch]
 	fresh := c == nil
 	if fresh {
@@ -67,6 +70,7 @@ func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{
 	select {
 	case <-c.confirmed:
 	case <-t.C:
+		s.retire(sess)
 	case <-ctx.Done():
 		stop()
 		return nil, nil, ctx.Err()
@@ -90,10 +94,22 @@ func (s *subscriber) leave(sess *session, ch, owner string) {
 		// of the same channel; it only writes to the connection.
 		_ = sess.ps.Unsubscribe(context.Background(), ch)
 	}
-	if s.users--; s.users == 0 && s.sess == sess {
-		s.sess = nil
+	if sess.users--; sess.users == 0 {
+		if s.sess == sess {
+			s.sess = nil
+		}
 		_ = sess.ps.Close() // ends loop
 	}
+}
+
+// retire makes sess, whose SUBSCRIBE went unconfirmed, no longer the one new
+// waiters join; its own waiters close it as they leave.
+func (s *subscriber) retire(sess *session) {
+	s.mu.Lock()
+	if s.sess == sess {
+		s.sess = nil
+	}
+	s.mu.Unlock()
 }
 
 // loop routes confirmations and wake-ups until the connection is closed.

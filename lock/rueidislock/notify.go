@@ -16,6 +16,8 @@ import (
 //
 // The connection exists only while someone waits: when the last waiter
 // leaves it is closed, so an idle Backend holds no goroutine or connection.
+// A session whose SUBSCRIBE failed or went unconfirmed is retired (see
+// wait).
 //
 // SUBSCRIBE and UNSUBSCRIBE are sent one at a time, each decided and sent
 // under send, and rueidis returns from them once Redis confirmed: the
@@ -33,7 +35,7 @@ type session struct {
 	dc    rueidis.DedicatedClient
 	chans map[string]map[string]chan struct{} // channel -> owner token -> wake
 	users int                                 // waiters across all channels
-	dead  bool                                // the connection failed or is closed
+	dead  bool                                // the connection failed, went silent or is closed
 }
 
 // confirmTimeout bounds SUBSCRIBE and UNSUBSCRIBE when Options.Timeout is
@@ -48,7 +50,12 @@ func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{
 	case <-ctx.Done():
 		return nil, nil, ctx.Err()
 	}
-	defer func() { <-s.send }()
+	sent := false // send released early
+	defer func() {
+		if !sent {
+			<-s.send
+		}
+	}()
 
 	wake := make(chan struct{}, 1)
 	s.mu.Lock()
@@ -76,11 +83,28 @@ func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{
 	s.mu.Unlock()
 
 	if fresh {
-		ctx, cancel := s.context(ctx)
-		err := sess.dc.Do(ctx, sess.dc.B().Subscribe().Channel(ch).Build()).Error()
+		sctx, cancel := s.context(ctx)
+		err := sess.dc.Do(sctx, sess.dc.B().Subscribe().Channel(ch).Build()).Error()
 		cancel()
 		if err != nil {
-			s.leaveLocked(sess, ch, owner)
+			if ctx.Err() == nil {
+				// Not confirmed, and not for the caller's sake: the connection
+				// may be silent (black-holed, half-open). Retired: its waiters
+				// poll and close it as they leave, the next waiter opens
+				// another, and nothing more is sent on it.
+				s.mu.Lock()
+				sess.dead = true
+				if s.sess == sess {
+					s.sess = nil
+				}
+				s.mu.Unlock()
+			}
+			last := s.leaveLocked(sess, ch, owner)
+			<-s.send
+			sent = true
+			if last {
+				sess.dc.Close()
+			}
 			return nil, nil, err
 		}
 	}
@@ -88,8 +112,11 @@ func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{
 	stop := func() {
 		once.Do(func() {
 			s.send <- struct{}{}
-			defer func() { <-s.send }()
-			s.leaveLocked(sess, ch, owner)
+			last := s.leaveLocked(sess, ch, owner)
+			<-s.send
+			if last {
+				sess.dc.Close() // drops its subscriptions; ends its goroutines
+			}
 		})
 	}
 	return wake, stop, nil
@@ -138,9 +165,11 @@ func (s *subscriber) route(sess *session, m rueidis.PubSubMessage) {
 }
 
 // leaveLocked takes owner off ch; called with send held. The last waiter
-// of a channel unsubscribes it, the last of the session closes the
-// connection.
-func (s *subscriber) leaveLocked(sess *session, ch, owner string) {
+// of a channel unsubscribes it; the last of the session ends it and reports
+// last, for the caller to close its connection once send is released (a
+// silent connection can take a while to close, and another session's
+// SUBSCRIBE need not wait for it).
+func (s *subscriber) leaveLocked(sess *session, ch, owner string) (last bool) {
 	s.mu.Lock()
 	ws := sess.chans[ch]
 	delete(ws, owner)
@@ -150,7 +179,7 @@ func (s *subscriber) leaveLocked(sess *session, ch, owner string) {
 		unsubscribe = !sess.dead
 	}
 	sess.users--
-	last := sess.users == 0
+	last = sess.users == 0
 	if last {
 		sess.dead = true
 		if s.sess == sess {
@@ -158,13 +187,10 @@ func (s *subscriber) leaveLocked(sess *session, ch, owner string) {
 		}
 	}
 	s.mu.Unlock()
-	if last {
-		sess.dc.Close() // drops its subscriptions; ends its goroutines
-		return
-	}
-	if unsubscribe {
+	if !last && unsubscribe {
 		ctx, cancel := s.context(context.Background())
 		_ = sess.dc.Do(ctx, sess.dc.B().Unsubscribe().Channel(ch).Build()).Error()
 		cancel()
 	}
+	return last
 }

@@ -1,0 +1,84 @@
+package rueidislock
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/onceguard/onceguard/internal/faultproxy"
+	"github.com/onceguard/onceguard/internal/redistest"
+)
+
+// A pub/sub session whose SUBSCRIBE Redis did not confirm (its connection
+// went silent: here a proxy that stalls the connections open at the time)
+// is retired: that waiter's wait fails (it polls), the next waiter gets a
+// session of its own whose SUBSCRIBE is confirmed and whose wake-ups
+// arrive, and each session's connection is closed when its own last waiter
+// leaves. Before, every later waiter joined the silent session and waited
+// out the confirmation's timeout, one after another.
+func TestUnconfirmedSessionRetired(t *testing.T) {
+	rdb := redistest.Shared(t)
+	p, err := faultproxy.Start(rdb.Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableRetry: true, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := New(c, nil).subs
+	ctx := context.Background()
+	ch := redistest.Prefix(t, rdb, "og-retire")
+	current := func() *session {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.sess
+	}
+
+	_, stop1, err := s.wait(ctx, ch+"a", "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := current()
+	p.Stall()
+	if _, _, err := s.wait(ctx, ch+"b", "o2"); err == nil {
+		t.Fatal("a SUBSCRIBE was confirmed through the stalled connection")
+	}
+	if current() == first {
+		t.Error("new waiters still join the session whose SUBSCRIBE went unconfirmed")
+	}
+	wake3, stop3, err := s.wait(ctx, ch+"c", "o3")
+	if err != nil {
+		t.Fatalf("the next waiter's wait = %v; want a new session's confirmed SUBSCRIBE", err)
+	}
+	second := current()
+	if second == first || second == nil {
+		t.Fatalf("the next waiter's session: the retired one %v; want a new one", second == first)
+	}
+	if err := rdb.Publish(ctx, ch+"c", "o3").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wake3:
+	case <-time.After(10 * time.Second):
+		t.Error("the new session's waiter was not woken by a publish")
+	}
+	stop1()
+	s.mu.Lock()
+	users, dead := first.users, first.dead
+	s.mu.Unlock()
+	if users != 0 || !dead {
+		t.Errorf("the retired session after its waiters left: %d users, closed %v; want 0, closed", users, dead)
+	}
+	if current() != second {
+		t.Error("the retired session's last waiter leaving changed the current session")
+	}
+	stop3()
+	if current() != nil {
+		t.Error("a session is left after every waiter left")
+	}
+}
