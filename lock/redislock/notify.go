@@ -27,9 +27,10 @@ type subscriber struct {
 }
 
 type session struct {
-	ps    *redis.PubSub
-	chans map[string]*channel
-	users int // waiters across all channels
+	ps      *redis.PubSub
+	chans   map[string]*channel
+	users   int  // waiters across all channels
+	retired bool // its SUBSCRIBE went unconfirmed: nothing more is sent on it
 }
 
 type channel struct {
@@ -82,22 +83,31 @@ const confirmTimeout = redisscript.ConfirmTimeout
 
 func (s *subscriber) leave(sess *session, ch, owner string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	c := sess.chans[ch]
 	if c == nil {
+		s.mu.Unlock()
 		return
 	}
 	delete(c.waiters, owner)
 	if len(c.waiters) == 0 {
 		delete(sess.chans, ch)
-		// Unsubscribing under mu keeps it ordered before a new SUBSCRIBE
-		// of the same channel; it only writes to the connection.
-		_ = sess.ps.Unsubscribe(context.Background(), ch)
-	}
-	if sess.users--; sess.users == 0 {
-		if s.sess == sess {
-			s.sess = nil
+		if !sess.retired {
+			// Unsubscribing under mu keeps it ordered before a new
+			// SUBSCRIBE of the same channel; it only writes to the
+			// connection. A retired session gets no new SUBSCRIBE, and its
+			// silent connection could block the write.
+			_ = sess.ps.Unsubscribe(context.Background(), ch)
 		}
+	}
+	sess.users--
+	last := sess.users == 0
+	if last && s.sess == sess {
+		s.sess = nil
+	}
+	s.mu.Unlock()
+	if last {
+		// No one can join it now: closed outside mu, which the other
+		// sessions' loops need.
 		_ = sess.ps.Close() // ends loop
 	}
 }
@@ -106,6 +116,7 @@ func (s *subscriber) leave(sess *session, ch, owner string) {
 // waiters join; its own waiters close it as they leave.
 func (s *subscriber) retire(sess *session) {
 	s.mu.Lock()
+	sess.retired = true
 	if s.sess == sess {
 		s.sess = nil
 	}

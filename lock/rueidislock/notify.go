@@ -87,11 +87,12 @@ func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{
 		err := sess.dc.Do(sctx, sess.dc.B().Subscribe().Channel(ch).Build()).Error()
 		cancel()
 		if err != nil {
-			if ctx.Err() == nil {
-				// Not confirmed, and not for the caller's sake: the connection
-				// may be silent (black-holed, half-open). Retired: its waiters
-				// poll and close it as they leave, the next waiter opens
-				// another, and nothing more is sent on it.
+			if _, refused := rueidis.IsRedisErr(err); !refused && ctx.Err() == nil {
+				// Not confirmed, neither refused by Redis (NOPERM, say: a new
+				// connection would be refused too) nor given up by the caller:
+				// the connection may be silent (black-holed, half-open).
+				// Retired: its waiters poll and close it as they leave, the
+				// next waiter opens another, and nothing more is sent on it.
 				s.mu.Lock()
 				sess.dead = true
 				if s.sess == sess {

@@ -82,3 +82,53 @@ func TestUnconfirmedSessionRetired(t *testing.T) {
 		t.Error("a session is left after every waiter left")
 	}
 }
+
+// A SUBSCRIBE that Redis refuses (NOPERM: this user may use only channels
+// starting og-ok) does not retire the session: a new connection would be
+// refused the same, and the session's other waiters keep their
+// subscriptions.
+func TestRefusedSubscribeKeepsTheSession(t *testing.T) {
+	srv := redistest.StartServer(t)
+	admin, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER", "limited", "on", ">pw", "~*", "+@all", "resetchannels", "&og-ok*").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, Username: "limited", Password: "pw", DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := New(c, nil).subs
+	current := func() *session {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.sess
+	}
+	wake, stop, err := s.wait(ctx, "og-ok-a", "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	first := current()
+	if _, _, err := s.wait(ctx, "og-no-b", "o2"); err == nil {
+		t.Fatal("a SUBSCRIBE outside the user's channels was accepted")
+	} else if _, refused := rueidis.IsRedisErr(err); !refused {
+		t.Fatalf("the refused SUBSCRIBE's error = %v; want Redis's refusal", err)
+	}
+	if current() != first {
+		t.Error("a SUBSCRIBE Redis refused retired the session")
+	}
+	if err := admin.Do(ctx, admin.B().Publish().Channel("og-ok-a").Message("o1").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wake:
+	case <-time.After(10 * time.Second):
+		t.Error("the session's first waiter was not woken after the refusal")
+	}
+}
