@@ -94,18 +94,11 @@ func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{
 				// Retired: its waiters poll and close it as they leave, the
 				// next waiter opens another, and nothing more is sent on it.
 				s.mu.Lock()
-				sess.dead = true
-				if s.sess == sess {
-					s.sess = nil
-				}
+				s.endLocked(sess)
 				s.mu.Unlock()
 			}
-			last := s.leaveLocked(sess, ch, owner)
-			<-s.send
 			sent = true
-			if last {
-				sess.dc.Close()
-			}
+			s.leaveReleasing(sess, ch, owner)
 			return nil, nil, err
 		}
 	}
@@ -113,11 +106,7 @@ func (s *subscriber) wait(ctx context.Context, ch, owner string) (<-chan struct{
 	stop := func() {
 		once.Do(func() {
 			s.send <- struct{}{}
-			last := s.leaveLocked(sess, ch, owner)
-			<-s.send
-			if last {
-				sess.dc.Close() // drops its subscriptions; ends its goroutines
-			}
+			s.leaveReleasing(sess, ch, owner)
 		})
 	}
 	return wake, stop, nil
@@ -143,10 +132,7 @@ func (s *subscriber) open() *session {
 		for range errs {
 		}
 		s.mu.Lock()
-		sess.dead = true
-		if s.sess == sess {
-			s.sess = nil
-		}
+		s.endLocked(sess)
 		s.mu.Unlock()
 	}()
 	return sess
@@ -165,11 +151,30 @@ func (s *subscriber) route(sess *session, m rueidis.PubSubMessage) {
 	s.mu.Unlock()
 }
 
+// endLocked marks sess dead and, if new waiters would join it, no longer
+// the one they join; called with mu held.
+func (s *subscriber) endLocked(sess *session) {
+	sess.dead = true
+	if s.sess == sess {
+		s.sess = nil
+	}
+}
+
+// leaveReleasing is leaveLocked, then releases send, then closes the
+// session's connection when owner was its last waiter: a silent connection
+// can take a while to close, and another session's SUBSCRIBE need not wait
+// for it.
+func (s *subscriber) leaveReleasing(sess *session, ch, owner string) {
+	last := s.leaveLocked(sess, ch, owner)
+	<-s.send
+	if last {
+		sess.dc.Close() // drops its subscriptions; ends its goroutines
+	}
+}
+
 // leaveLocked takes owner off ch; called with send held. The last waiter
 // of a channel unsubscribes it; the last of the session ends it and reports
-// last, for the caller to close its connection once send is released (a
-// silent connection can take a while to close, and another session's
-// SUBSCRIBE need not wait for it).
+// last, for leaveReleasing to close its connection.
 func (s *subscriber) leaveLocked(sess *session, ch, owner string) (last bool) {
 	s.mu.Lock()
 	ws := sess.chans[ch]
@@ -182,10 +187,7 @@ func (s *subscriber) leaveLocked(sess *session, ch, owner string) (last bool) {
 	sess.users--
 	last = sess.users == 0
 	if last {
-		sess.dead = true
-		if s.sess == sess {
-			s.sess = nil
-		}
+		s.endLocked(sess)
 	}
 	s.mu.Unlock()
 	if !last && unsubscribe {
