@@ -72,21 +72,28 @@ func FromJSON(raw json.RawMessage) (Amount, error) {
 
 // String formats a with exactly two fraction digits: "7.50", "-10.00".
 func (a Amount) String() string {
+	var b [24]byte
+	return string(a.Append(b[:0]))
+}
+
+// Append appends a as String formats it to dst.
+func (a Amount) Append(dst []byte) []byte {
 	n := int64(a)
-	sign := ""
-	if n < 0 {
-		sign = "-"
-	}
 	u := uint64(n)
 	if n < 0 {
+		dst = append(dst, '-')
 		u = uint64(-(n + 1)) + 1 // |MinInt64| without overflow
 	}
-	return fmt.Sprintf("%s%d.%02d", sign, u/100, u%100)
+	dst = strconv.AppendUint(dst, u/100, 10)
+	c := u % 100
+	return append(dst, '.', byte('0'+c/10), byte('0'+c%10))
 }
 
 // MarshalJSON writes a as a JSON string with two fraction digits.
 func (a Amount) MarshalJSON() ([]byte, error) {
-	return []byte(`"` + a.String() + `"`), nil
+	b := make([]byte, 0, 24)
+	b = append(b, '"')
+	return append(a.Append(b), '"'), nil
 }
 
 // Add returns a + b, or an error if it overflows.

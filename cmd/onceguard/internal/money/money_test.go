@@ -74,3 +74,26 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestStringAndJSON pins the format String, Append and MarshalJSON share (a digit or sign off
+// would change stored answers, which are replayed byte for byte).
+func TestStringAndJSON(t *testing.T) {
+	for _, tc := range []struct {
+		in   money.Amount
+		want string
+	}{
+		{0, "0.00"}, {1, "0.01"}, {9, "0.09"}, {10, "0.10"}, {99, "0.99"}, {100, "1.00"}, {750, "7.50"},
+		{-1, "-0.01"}, {-100, "-1.00"}, {-1005, "-10.05"},
+		{math.MaxInt64, "92233720368547758.07"}, {math.MinInt64, "-92233720368547758.08"},
+	} {
+		if got := tc.in.String(); got != tc.want {
+			t.Errorf("Amount(%d).String() = %q, want %q", int64(tc.in), got, tc.want)
+		}
+		if got := string(tc.in.Append([]byte("x"))); got != "x"+tc.want {
+			t.Errorf("Amount(%d).Append = %q, want %q", int64(tc.in), got, "x"+tc.want)
+		}
+		if got, err := json.Marshal(tc.in); err != nil || string(got) != `"`+tc.want+`"` {
+			t.Errorf("json.Marshal(Amount(%d)) = %s, %v; want %q", int64(tc.in), got, err, tc.want)
+		}
+	}
+}
