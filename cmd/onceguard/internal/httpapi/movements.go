@@ -66,13 +66,16 @@ func decoded[T any](r *http.Request, decode func([]byte) (T, error)) (T, error) 
 	return decode(body)
 }
 
-// moveRequest is the service's request for the keyed call in r.
-func moveRequest(r *http.Request, a money.Amount) app.MoveRequest {
+// moveRequest is the service's request for the keyed call in r; ans keeps the body of the
+// answer it stored, so that the response is the same bytes, encoded once.
+func moveRequest(r *http.Request, a money.Amount, ans *storedAnswer) app.MoveRequest {
 	call, _ := idempotency.FromContext(r.Context())
 	rec := &app.KeyRecord{
 		ID: call.ID, Lease: call.Lease,
 		Answer: func(m app.Movement) app.Answer {
-			resp := call.Response(http.StatusCreated, http.Header{"Content-Type": {"application/json"}}, jsonBody(movementJSON(m)))
+			body := movementBody(m)
+			ans.m, ans.body = m, body
+			resp := call.Response(http.StatusCreated, http.Header{"Content-Type": {"application/json"}}, body)
 			return app.Answer{Status: resp.Status, Header: resp.Header, Body: resp.Body}
 		},
 		Completed: call.MarkCompleted,
@@ -84,14 +87,29 @@ func moveRequest(r *http.Request, a money.Amount) app.MoveRequest {
 	return app.MoveRequest{UserID: call.Scope.Principal, Key: call.Key, Amount: a, SessionHash: info(r).sessionHash, Record: rec}
 }
 
+// storedAnswer is the last answer a request's key stored for a movement.
+type storedAnswer struct {
+	m    app.Movement
+	body []byte
+}
+
+// bodyOf returns the stored body when it answers m as the response would, else nil.
+func (a *storedAnswer) bodyOf(m app.Movement) []byte {
+	if a.body == nil || a.m.ID != m.ID || a.m.Status != m.Status || a.m.Amount != m.Amount || !a.m.CreatedAt.Equal(m.CreatedAt) {
+		return nil
+	}
+	return a.body
+}
+
 func (s *server) deposit(w http.ResponseWriter, r *http.Request) {
 	a, err := decoded(r, s.amount)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	m, err := s.app.Deposit(r.Context(), moveRequest(r, a))
-	s.answerMovement(w, r, m, err)
+	var ans storedAnswer
+	m, err := s.app.Deposit(r.Context(), moveRequest(r, a, &ans))
+	s.answerMovement(w, r, m, &ans, err)
 }
 
 func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
@@ -100,20 +118,59 @@ func (s *server) withdraw(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	m, err := s.app.Withdraw(r.Context(), moveRequest(r, a))
+	var ans storedAnswer
+	m, err := s.app.Withdraw(r.Context(), moveRequest(r, a, &ans))
 	if call, _ := idempotency.FromContext(r.Context()); call != nil && call.Refused(err) {
 		return // the key is taken, or its window or token refused: the middleware answers
 	}
-	s.answerMovement(w, r, m, err)
+	s.answerMovement(w, r, m, &ans, err)
 }
 
-// answerMovement answers a created (or found) movement, or the error.
-func (s *server) answerMovement(w http.ResponseWriter, r *http.Request, m app.Movement, err error) {
+// answerMovement answers a created (or found) movement, or the error; the body its key stored
+// when it is m's.
+func (s *server) answerMovement(w http.ResponseWriter, r *http.Request, m app.Movement, ans *storedAnswer, err error) {
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, movementJSON(m))
+	body := ans.bodyOf(m)
+	if body == nil {
+		body = movementBody(m)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(body)
+}
+
+// movementBody is jsonBody(movementJSON(m)), the same bytes, written without reflection or a
+// map: a money request's answer is encoded on every request, to store and to send.
+func movementBody(m app.Movement) []byte {
+	created := ts(m.CreatedAt)
+	if !plainJSON(m.ID) || !plainJSON(string(m.Status)) || !plainJSON(created) {
+		return jsonBody(movementJSON(m)) // escapes what needs it
+	}
+	b := make([]byte, 0, 96+len(m.ID))
+	b = append(b, `{"amount":"`...)
+	b = m.Amount.Append(b)
+	b = append(b, `","created_at":"`...)
+	b = append(b, created...)
+	b = append(b, `","id":"`...)
+	b = append(b, m.ID...)
+	b = append(b, `","status":"`...)
+	b = append(b, m.Status...)
+	return append(b, "\"}\n"...)
+}
+
+// plainJSON reports whether s is its own JSON string body: letters, digits and _-:.+ only
+// (ids, statuses and RFC 3339 times), nothing encoding/json would escape.
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == ':' || c == '.' || c == '+') {
+			return false
+		}
+	}
+	return true
 }
 
 // MovementResource is a deposit or withdrawal as its GET answers it (and
