@@ -7,6 +7,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
@@ -83,6 +84,7 @@ type server struct {
 	signups                         *failures // per client address, an hour
 	tokens                          *token.Tokens
 	routes                          map[string]map[string]http.Handler // path -> method -> handler
+	reqMetrics                      sync.Map                           // requestLabels -> *requestCounters
 }
 
 // New returns the service's HTTP handler (docs/api.md): health, users,

@@ -14,6 +14,7 @@ import (
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/token"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // requestInfo is what a request's middlewares and handler learn, for its log line and metrics.
@@ -86,8 +87,9 @@ func (s *server) observe(next http.Handler) http.Handler {
 			method = "other"
 		}
 		if m := s.cfg.Metrics; m != nil {
-			m.HTTPRequests.WithLabelValues(in.route, method, strconv.Itoa(status)).Inc()
-			m.HTTPDuration.WithLabelValues(in.route, method).Observe(obs.Since(start))
+			rm := s.requestMetrics(in.route, method, status)
+			rm.count.Inc()
+			rm.duration.Observe(obs.Since(start))
 			// A submit token is consumed only if its request's answer was kept; one freed
 			// for a retry is released, and counted consumed when a retry keeps an answer.
 			switch {
@@ -97,25 +99,58 @@ func (s *server) observe(next http.Handler) http.Handler {
 				m.Tokens.WithLabelValues("consumed").Inc()
 			}
 		}
-		attrs := []any{"method", method, "route", in.route, "status", status, "duration_ms", float64(time.Since(start).Microseconds()) / 1000}
-		if in.userID != "" {
-			attrs = append(attrs, "user_id", in.userID)
-		}
-		if in.keyHash != "" {
-			attrs = append(attrs, "key_hash", in.keyHash)
-		}
-		if in.outcome != "" {
-			attrs = append(attrs, "idempotency", in.outcome)
-		}
 		level := slog.LevelInfo
 		if status >= 500 {
 			level = slog.LevelWarn
 		}
-		log.Log(r.Context(), level, "request", attrs...)
+		if log.Enabled(r.Context(), level) {
+			// Typed attributes, on the stack: a line on every request, without boxing.
+			var buf [7]slog.Attr
+			attrs := append(buf[:0], slog.String("method", method), slog.String("route", in.route), slog.Int("status", status),
+				slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+			if in.userID != "" {
+				attrs = append(attrs, slog.String("user_id", in.userID))
+			}
+			if in.keyHash != "" {
+				attrs = append(attrs, slog.String("key_hash", in.keyHash))
+			}
+			if in.outcome != "" {
+				attrs = append(attrs, slog.String("idempotency", in.outcome))
+			}
+			log.LogAttrs(r.Context(), level, "request", attrs...)
+		}
 		if in.abort {
 			panic(http.ErrAbortHandler) // see recoverPanic
 		}
 	})
+}
+
+// requestLabels are a request's metric labels: a route pattern, a method and a status, each
+// from a bounded set (resolve's patterns, observe's methods, the answers the service writes).
+type requestLabels struct {
+	route, method string
+	status        int
+}
+
+// requestCounters are the metrics of one requestLabels.
+type requestCounters struct {
+	count    prometheus.Counter
+	duration prometheus.Observer
+}
+
+// requestMetrics returns labels' metrics, resolved once: WithLabelValues hashes every label on
+// every call, on every request.
+func (s *server) requestMetrics(route, method string, status int) *requestCounters {
+	l := requestLabels{route, method, status}
+	if c, ok := s.reqMetrics.Load(l); ok {
+		return c.(*requestCounters)
+	}
+	m := s.cfg.Metrics
+	c, _ := s.reqMetrics.LoadOrStore(l, &requestCounters{
+		count:    m.HTTPRequests.WithLabelValues(route, method, strconv.Itoa(status)),
+		duration: m.HTTPDuration.WithLabelValues(route, method),
+	})
+	return c.(*requestCounters)
 }
 
 // recoverPanic turns a handler's panic (a bug) into the contract's 500 internal, logged with
