@@ -15,6 +15,9 @@ type amountRequest struct {
 	Amount json.RawMessage `json:"amount"`
 }
 
+// takeMembers implements membersDecoder.
+func (a *amountRequest) takeMembers(m map[string]json.RawMessage) { a.Amount = m["amount"] }
+
 // amount decodes {"amount": ...} under the contract's rules.
 func (s *server) amount(body []byte) (money.Amount, error) {
 	var req amountRequest

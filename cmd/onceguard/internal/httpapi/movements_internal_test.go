@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"encoding/json"
 	"math"
 	"testing"
 	"time"
@@ -58,4 +59,34 @@ func TestStoredAnswerReused(t *testing.T) {
 			t.Errorf("the body stored for %+v answers %+v", m, other)
 		}
 	}
+}
+
+// plainAmount is amountRequest without membersDecoder: what Decode's decoder makes of a body.
+type plainAmount struct {
+	Amount json.RawMessage `json:"amount"`
+}
+
+// FuzzAmountDecode: a money request's body taken from Decode's own parse (membersDecoder) gives
+// the same answer as the decoder: the same problem, or the same amount's bytes.
+func FuzzAmountDecode(f *testing.F) {
+	for _, s := range []string{
+		`{"amount":"1.00"}`, `{"amount": 1.5 }`, ` {"amount" : "7" } `, `{"amount":null}`, `{}`,
+		`{"amount":{"a":1}}`, `{"amount":[1,"2"]}`, `{"Amount":"1"}`, `{"amount":"1","x":2}`,
+		`{"amount":"\u0000"}`, `{"amount":"\\U0000"}`, `{"amount":"\u00e9"}`, `[]`, `null`, `"x"`, ``,
+		`{"amount":"1"}{}`, `{"amount":"1","amount":"2"}`, `{"amount":true}`, `{"amount":"1",}`,
+		"{\"amount\":\"1\"}\n", `{"amount":-0.01e2}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var fast amountRequest
+		var slow plainAmount
+		pf, ps := Decode(body, &fast), Decode(body, &slow)
+		if (pf == nil) != (ps == nil) || pf != nil && (pf.Status != ps.Status || pf.Code != ps.Code || pf.Detail != ps.Detail) {
+			t.Fatalf("Decode(%q): from the members %+v, by the decoder %+v", body, pf, ps)
+		}
+		if pf == nil && !bytes.Equal(fast.Amount, slow.Amount) || (fast.Amount == nil) != (slow.Amount == nil) {
+			t.Fatalf("Decode(%q): amount from the members %q, by the decoder %q", body, fast.Amount, slow.Amount)
+		}
+	})
 }
