@@ -99,3 +99,96 @@ func TestCompleteNotifyAtomic(t *testing.T) {
 		t.Errorf("Complete succeeded, yet the record is %v", again.Outcome)
 	}
 }
+
+// CompleteRowsCTE completes, in the caller's statement, each record whose
+// lease holds it, reads back their ids, and sends one NOTIFY for each
+// record completed, none for a record it left in flight.
+func TestCompleteRowsCTENotifies(t *testing.T) {
+	dsn := os.Getenv("ONCEGUARD_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("ONCEGUARD_TEST_POSTGRES is not set")
+	}
+	ctx := t.Context()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "pgnotify_", Listener: idle{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	listen, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = listen.Close(context.Background()) })
+	if _, err := listen.Exec(ctx, `LISTEN pgnotify_idempotency`); err != nil {
+		t.Fatal(err)
+	}
+	run := fmt.Sprint("rows-", time.Now().UnixNano())
+	ids, leases := []string{run + "-a", run + "-b"}, []string{}
+	for _, id := range ids {
+		res, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: time.Now()})
+		if err != nil || res.Outcome != idemstore.Started {
+			t.Fatalf("Begin(%s): %v %v", id, res, err)
+		}
+		leases = append(leases, res.Lease)
+	}
+	status, header, body, err := sqlstore.CompleteRow(idemstore.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"ok":true}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cte, err := s.CompleteRowsCTE("r", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append(cte.Args, ids[0], leases[0], status, header, body, ids[1], "not its lease")
+	n := len(cte.Args)
+	q := fmt.Sprintf(`WITH r AS (
+  SELECT * FROM (VALUES ($%d::text, $%d::text, $%d::int, $%d::text, $%d::bytea), ($%d::text, $%d::text, $%d::int, $%d::text, $%d::bytea)) AS r(rid, lease, status, header, body)
+), %s
+SELECT id FROM %s`, n+1, n+2, n+3, n+4, n+5, n+6, n+7, n+3, n+4, n+5, cte.With, cte.Result)
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var done []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		done = append(done, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(done) != 1 || done[0] != ids[0] {
+		t.Fatalf("completed %q; want only %q (the other's lease is not held)", done, ids[0])
+	}
+	for i, want := range []idemstore.Outcome{idemstore.Replay, idemstore.InProgress} {
+		res, err := s.Begin(ctx, idemstore.BeginRequest{ID: ids[i], Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: time.Now()})
+		if err != nil || res.Outcome != want {
+			t.Errorf("Begin(%s) after = %v, %v; want %v", ids[i], res.Outcome, err, want)
+		}
+		if want == idemstore.Replay && (res.Record == nil || res.Record.Response == nil || string(res.Record.Response.Body) != `{"ok":true}` || res.Record.Response.Status != 201 ||
+			res.Record.Response.Header.Get("Content-Type") != "application/json") {
+			t.Errorf("%s replays %+v; want the completed answer", ids[i], res.Record)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	note, err := listen.WaitForNotification(wctx)
+	if err != nil || note.Payload != ids[0] {
+		t.Fatalf("first NOTIFY = %+v, %v; want %q", note, err, ids[0])
+	}
+	wctx2, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel2()
+	if note, err := listen.WaitForNotification(wctx2); err == nil && strings.HasPrefix(note.Payload, run) {
+		t.Errorf("a NOTIFY for %q, which was not completed", note.Payload)
+	}
+}
