@@ -314,42 +314,6 @@ func (s *Store) CompleteCTE(id, lease string, resp idemstore.Response, first int
 	return CTE{With: with, Result: result, Args: args}, nil
 }
 
-// CompleteRowsCTE composes Complete of several records into the caller's
-// PostgreSQL statement: rows names a relation of that statement (one of its
-// CTEs) with the columns rid, lease, status, header and body, one row a
-// record (CompleteRow gives a response's status, header and body). Each
-// record completes when its lease holds it. Result names the relation of
-// the ids of the records completed (a column id), which the statement must
-// read (with a Listener it is what sends the waiters' NOTIFY); Args go from
-// placeholder first on.
-func (s *Store) CompleteRowsCTE(rows string, first int) (CTE, error) {
-	if s.dialect != sqldialect.Postgres {
-		return CTE{}, errors.New("sqlstore: CompleteRowsCTE needs PostgreSQL")
-	}
-	with := fmt.Sprintf(`og_done AS (
-  UPDATE %sidempotency i SET state = 2, lease = NULL, status = r.status, header = r.header, body = r.body
-  FROM %s r WHERE i.id = r.rid AND i.state = 1 AND i.lease = r.lease RETURNING i.id
-)`, s.opts.Prefix, rows)
-	var args []any
-	result := `og_done`
-	if s.opts.Listener != nil { // the waiters' NOTIFY, in the same statement
-		args = append(args, s.channel())
-		with += fmt.Sprintf(`, og_note AS (SELECT id, pg_notify($%d, id) FROM og_done)`, first)
-		result = `og_note`
-	}
-	return CTE{With: with, Result: result, Args: args}, nil
-}
-
-// CompleteRow returns resp as CompleteRowsCTE's relation holds it: its
-// status, its header (JSON, "" for none) and its body (never nil).
-func CompleteRow(resp idemstore.Response) (status int, header string, body []byte, err error) {
-	args, err := completeArgs("", "", resp)
-	if err != nil {
-		return 0, "", nil, err
-	}
-	return args[0].(int), args[1].(string), args[2].([]byte), nil
-}
-
 // Completed reads a composed statement's completion (CompleteCTE): nil
 // when the record was completed, ErrLeaseLost when lease no longer held
 // it, or err.

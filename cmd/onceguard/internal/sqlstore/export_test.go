@@ -37,17 +37,3 @@ func MigrationStatements(d sqldialect.Dialect, version int) []string {
 // Gate is the store's write gate (SQLite; nil elsewhere), for tests that
 // hold it to make a group.
 func (s *Store) Gate() *sqldb.WriteGate { return s.gate }
-
-// SettlesQueued is how many settlements wait in s's queue for a batch.
-func SettlesQueued(s *Store) int {
-	s.settles.mu.Lock()
-	defer s.settles.mu.Unlock()
-	return len(s.settles.queue)
-}
-
-// SettlesInflight is how many of s's settlement slots are in use.
-func SettlesInflight(s *Store) int {
-	s.settles.mu.Lock()
-	defer s.settles.mu.Unlock()
-	return s.settles.inflight
-}

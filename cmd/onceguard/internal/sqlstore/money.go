@@ -384,11 +384,7 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 		return false, "", errors.New("sqlstore: settle: no Records to complete the key's record")
 	}
 	if s.d == sqldialect.Postgres && rec != nil && !credit && event == "" && s.Events == nil {
-		async := s.AsyncSettle && kind == app.Withdrawal
-		if rc, ok := s.Records.(RowsCompleter); ok && async {
-			return s.settleBatched(ctx, rc, t, id, outcome, rec)
-		}
-		return s.settleOne(ctx, t, id, outcome, rec, async)
+		return s.settleOne(ctx, t, id, outcome, rec, s.AsyncSettle && kind == app.Withdrawal)
 	}
 	err = s.gate.Run(ctx, s.db, func(ctx context.Context, tx *sql.Tx) (err error) {
 		if event != "" {

@@ -56,8 +56,6 @@ type Store struct {
 	// Settlements that move money back, record a provider's event or write
 	// an event, and every deposit's, wait. Set it before use.
 	AsyncSettle bool
-
-	settles settleBatcher // AsyncSettle's settlements grouped (settleBatched)
 }
 
 // EventWriter writes the event of a state change on its transaction.

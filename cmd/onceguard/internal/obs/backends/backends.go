@@ -48,7 +48,6 @@ type KeyStore interface {
 	StartCTE(st *idemstore.Start, first int, after string) (idemsql.CTE, error)
 	Started(ctx context.Context, st *idemstore.Start, created int64, err error) error
 	CompleteCTE(id, lease string, resp idemstore.Response, first int) (idemsql.CTE, error)
-	CompleteRowsCTE(rows string, first int) (idemsql.CTE, error)
 	Completed(n int64, err error) error
 	BindsSignedTokens() // signed submit tokens bound by the record (idemstore.SignedTokenStore)
 }
@@ -98,10 +97,6 @@ func (t timedKeys) Started(ctx context.Context, st *idemstore.Start, created int
 
 func (t timedKeys) CompleteCTE(id, lease string, resp idemstore.Response, first int) (idemsql.CTE, error) {
 	return t.s.CompleteCTE(id, lease, resp, first)
-}
-
-func (t timedKeys) CompleteRowsCTE(rows string, first int) (idemsql.CTE, error) {
-	return t.s.CompleteRowsCTE(rows, first)
 }
 
 func (t timedKeys) Completed(n int64, err error) error { return t.s.Completed(n, err) }
