@@ -37,8 +37,11 @@ import (
 // The groups of a round: the service configurations, the ceiling and the
 // floors.
 const (
-	groupSQLite      = "sqlite"
-	groupPostgres    = "postgres"
+	groupSQLite   = "sqlite"
+	groupPostgres = "postgres"
+	// groupPostgresB is groupPostgres run with a second build (-bin-b),
+	// interleaved with it in every round: an A/B inside one run.
+	groupPostgresB   = "postgres-b"
 	groupTokens      = "postgres-tokens"
 	groupPgbench     = "pgbench"
 	groupFloor       = "floor"
@@ -51,11 +54,12 @@ const (
 )
 
 // allGroups is every group, in the order of a first round.
-var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupTokens, groupFloor, groupFloorSQLite, groupFloorGrouped}
+var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupFloor, groupFloorSQLite, groupFloorGrouped}
 
 var groupLabels = map[string]string{
 	groupSQLite:       "embedded (SQLite)",
 	groupPostgres:     "PostgreSQL + Redis",
+	groupPostgresB:    "PostgreSQL + Redis, build B",
 	groupTokens:       "PostgreSQL + Redis, default",
 	groupPgbench:      "ceiling: pgbench",
 	groupFloor:        "floor: pgbench tx over HTTP",
@@ -69,7 +73,7 @@ func floorOf(g string) string {
 	switch g {
 	case groupSQLite:
 		return groupFloorSQLite
-	case groupPostgres, groupTokens:
+	case groupPostgres, groupPostgresB, groupTokens:
 		return groupFloor
 	}
 	return ""
@@ -77,7 +81,7 @@ func floorOf(g string) string {
 
 // usesPG says whether a group talks to PostgreSQL (through a proxy).
 func usesPG(g string) bool {
-	return g == groupPostgres || g == groupTokens || g == groupPgbench || g == groupFloor
+	return g == groupPostgres || g == groupPostgresB || g == groupTokens || g == groupPgbench || g == groupFloor
 }
 
 type config struct {
@@ -90,6 +94,7 @@ type config struct {
 	pgbench          string
 	pgbenchJobs      int
 	bin, repo        string
+	binB             string // a second build, run as groupPostgresB
 	dbConns          int
 	markdown, keep   bool
 	proxy            bool // put a round-trip-counting proxy between each PostgreSQL contender and the server
@@ -109,6 +114,7 @@ func main() {
 	flag.StringVar(&cfg.pgbench, "pgbench", "/usr/bin/pgbench", "pgbench `binary` for the ceiling (empty: no ceiling)")
 	flag.IntVar(&cfg.pgbenchJobs, "pgbench-jobs", runtime.NumCPU(), "pgbench -j (threads), at most the clients")
 	flag.StringVar(&cfg.bin, "bin", "", "onceguard `binary` to run (default: build ./cmd/onceguard of the repository into a temporary directory)")
+	flag.StringVar(&cfg.binB, "bin-b", "", "a second onceguard `binary`, run as the group postgres-b (PostgreSQL + Redis, tokens off, its own database) beside postgres in every round: an A/B in one run")
 	flag.StringVar(&cfg.repo, "repo", "", "repository root (`dir`) to build from (default: found upwards from the working directory)")
 	flag.IntVar(&cfg.dbConns, "db-conns", 0, "pass --db-conns N to the PostgreSQL service (0: the service's default)")
 	flag.BoolVar(&cfg.markdown, "markdown", false, "print the table as Markdown")
@@ -150,10 +156,22 @@ func main() {
 			cfg.clients = append(cfg.clients, n)
 		}
 	}
+	onlyList := strings.Split(strings.ReplaceAll(only, " ", ""), ",")
 	for _, g := range allGroups {
-		if only == "" || slices.Contains(strings.Split(strings.ReplaceAll(only, " ", ""), ","), g) {
+		// postgres-b comes with postgres: an A/B needs both.
+		if only == "" || slices.Contains(onlyList, g) || g == groupPostgresB && slices.Contains(onlyList, groupPostgres) {
 			cfg.groups = append(cfg.groups, g)
 		}
+	}
+	if cfg.binB == "" {
+		if only != "" && slices.Contains(onlyList, groupPostgresB) {
+			fmt.Fprintln(os.Stderr, "load: -only postgres-b needs -bin-b")
+			os.Exit(2)
+		}
+		cfg.groups = slices.DeleteFunc(cfg.groups, func(g string) bool { return g == groupPostgresB })
+	} else if !slices.Contains(cfg.groups, groupPostgres) || !slices.Contains(cfg.groups, groupPostgresB) {
+		fmt.Fprintln(os.Stderr, "load: -bin-b runs beside the group postgres: name it in -only")
+		os.Exit(2)
 	}
 	if cfg.pgbench == "" {
 		cfg.groups = slices.DeleteFunc(cfg.groups, func(g string) bool { return g == groupPgbench })
@@ -208,6 +226,9 @@ func run(cfg config, out, progress io.Writer) error {
 	// with exactly the dependencies it ships with).
 	bin, binInfo := cfg.bin, ""
 	if has(groupSQLite) || has(groupPostgres) || has(groupTokens) {
+		if cfg.binB != "" {
+			binInfo = "; build B (postgres-b): " + cfg.binB
+		}
 		if bin == "" {
 			repo := cfg.repo
 			if repo == "" {
@@ -222,9 +243,9 @@ func run(cfg config, out, progress io.Writer) error {
 			if b, err := build.CombinedOutput(); err != nil {
 				return fmt.Errorf("go build ./cmd/onceguard in %s: %v\n%s", repo, err, b)
 			}
-			binInfo = "built from " + repo + gitDescribe(repo)
+			binInfo = "built from " + repo + gitDescribe(repo) + binInfo
 		} else {
-			binInfo = bin
+			binInfo = bin + binInfo
 		}
 	}
 
@@ -298,14 +319,17 @@ func run(cfg config, out, progress io.Writer) error {
 	// PostgreSQL + Redis twice: with submit tokens off like the others, and
 	// in the default configuration (--require-submit-token withdrawal).
 	var rc *redisAdmin
-	for _, g := range []string{groupPostgres, groupTokens} {
+	for _, g := range []string{groupPostgres, groupPostgresB, groupTokens} {
 		if !has(g) {
 			continue
 		}
-		name, svcArgs, id := "ogload_"+runID, slices.Clone(baseArgs), runID
-		if g == groupTokens {
+		name, svcArgs, id, gbin := "ogload_"+runID, slices.Clone(baseArgs), runID, bin
+		switch g {
+		case groupTokens:
 			name, id = name+"_tokens", runID+"t"
 			svcArgs = slices.DeleteFunc(svcArgs, func(a string) bool { return a == "--require-submit-token" || a == "" })
+		case groupPostgresB:
+			name, id, gbin = name+"_b", runID+"b", cfg.binB
 		}
 		if err := pg.createDB(ctx, name); err != nil {
 			return err
@@ -322,7 +346,7 @@ func run(cfg config, out, progress io.Writer) error {
 			cl.add(rc.close)
 			serverLines = append(serverLines, rc.describe(ctx))
 		}
-		s := &serviceConfig{group: g, bin: bin, runID: id, args: args, logPath: filepath.Join(tmp, "service-"+g+".log"), redis: rc, pg: pg, dbName: name, mintTokens: g == groupTokens, proxy: proxies[g]}
+		s := &serviceConfig{group: g, bin: gbin, runID: id, args: args, logPath: filepath.Join(tmp, "service-"+g+".log"), redis: rc, pg: pg, dbName: name, mintTokens: g == groupTokens, proxy: proxies[g]}
 		cl.add(func() { s.cleanupRedis(progress) })
 		services = append(services, s)
 	}
@@ -433,6 +457,7 @@ func run(cfg config, out, progress io.Writer) error {
 	rep.print(out, cfg.markdown)
 	rep.printTargets(out)
 	rep.printTargets22(out, roundCommits(services))
+	rep.printAB(out)
 	var ceilingWork []string
 	if pgb != nil {
 		ceilingWork = pgb.workNotes

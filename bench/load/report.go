@@ -242,7 +242,7 @@ func (r *report) print(out io.Writer, markdown bool) {
 // submitTokens says how a group's withdrawals get their keys.
 func submitTokens(g string) string {
 	switch g {
-	case groupSQLite, groupPostgres:
+	case groupSQLite, groupPostgres, groupPostgresB:
 		return "off"
 	case groupTokens:
 		return "1 minted per withdrawal"
@@ -617,4 +617,70 @@ func noteCommits(note string) (float64, bool) {
 		return 0, false
 	}
 	return x, true
+}
+
+// abLines compare build B (postgres-b) with build A (postgres) at each
+// client count: withdrawals/s and CPU per withdrawal, B over A, paired by
+// round (the two ran in the same round, one after the other in the
+// rotated order); a side is said to be ahead only when it is in every
+// round.
+func (r *report) abLines() []string {
+	var lines []string
+	for _, n := range r.sortedClients() {
+		a, ok1 := r.summarize(groupPostgres, n)
+		b, ok2 := r.summarize(groupPostgresB, n)
+		if !ok1 || !ok2 || a.rounds == 0 || b.rounds == 0 || a.rate <= 0 {
+			continue
+		}
+		per := r.perRound(groupPostgresB, groupPostgres, n, cellRate)
+		line := fmt.Sprintf("%3d clients  withdrawals/s B/A %.2f× (%.0f/s vs %.0f/s)  %s  per round: %s", n, b.rate/a.rate, b.rate, a.rate, abVerdict(per, true), fmtPer(per))
+		if x, okx := r.cpuPerWd(groupPostgresB, n); okx {
+			if y, oky := r.cpuPerWd(groupPostgres, n); oky && y > 0 {
+				cper := r.perRound(groupPostgresB, groupPostgres, n, cellCPUPerWd)
+				line += fmt.Sprintf("; CPU per withdrawal B/A %.2f× (%.2f ms vs %.2f ms)  %s  per round: %s", x/y, x, y, abVerdict(cper, false), fmtPer(cper))
+			}
+		}
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+// abVerdict says which build the per-round ratios (B over A) favour:
+// B when every round is above 1 (higher is better) or below 1 (lower is
+// better), A when every round is on the other side, else neither.
+func abVerdict(per []float64, higherBetter bool) string {
+	above, below := 0, 0
+	for _, x := range per {
+		switch {
+		case x > 1:
+			above++
+		case x < 1:
+			below++
+		}
+	}
+	bAhead, aAhead := above, below
+	if !higherBetter {
+		bAhead, aAhead = below, above
+	}
+	switch {
+	case len(per) == 0:
+		return "no rounds"
+	case bAhead == len(per):
+		return "B ahead in every round"
+	case aAhead == len(per):
+		return "A ahead in every round"
+	}
+	return fmt.Sprintf("not resolved (B ahead in %d of %d rounds)", bAhead, len(per))
+}
+
+// printAB prints abLines, when build B ran.
+func (r *report) printAB(out io.Writer) {
+	lines := r.abLines()
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintln(out, "\nA/B: PostgreSQL + Redis, tokens off, build B (-bin-b) against build A (-bin or the repository's), each on its own database, in the same rounds:")
+	for _, l := range lines {
+		fmt.Fprintln(out, "  "+l)
+	}
 }

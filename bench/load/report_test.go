@@ -331,3 +331,37 @@ func TestReportWriteTxs(t *testing.T) {
 		t.Errorf("durable-commit lines = %q; want 16 clients 2.00 PASS, 64 clients 3.00 FAIL", got)
 	}
 }
+
+// Build B's row sits under build A's, and the A/B lines pair the two by
+// round: a side is ahead only when it is in every round.
+func TestReportAB(t *testing.T) {
+	for _, c := range []struct {
+		a, b []int
+		want string
+	}{
+		{[]int{1000, 1000, 1000}, []int{1100, 1200, 1050}, "withdrawals/s B/A 1.10× (1100/s vs 1000/s)  B ahead in every round  per round: 1.10 1.20 1.05"},
+		{[]int{1000, 1000, 1000}, []int{900, 950, 990}, "A ahead in every round  per round: 0.90 0.95 0.99"},
+		{[]int{1000, 1000, 1000}, []int{1100, 900, 1200}, "not resolved (B ahead in 2 of 3 rounds)  per round: 1.10 0.90 1.20"},
+	} {
+		rep := newReport(config{clients: []int{16}, groups: []string{groupPostgres, groupPostgresB}})
+		cell := func(ok int) *cellResult {
+			return &cellResult{ok: ok, window: time.Second, lat: []time.Duration{time.Millisecond}, cpu: cpuUse{-1, -1, -1, -1}}
+		}
+		for i := range c.a {
+			rep.add(groupPostgres, 16, cell(c.a[i]))
+			rep.add(groupPostgresB, 16, cell(c.b[i]))
+		}
+		lines := rep.abLines()
+		if len(lines) != 1 || !strings.Contains(lines[0], c.want) {
+			t.Errorf("A %v, B %v: lines %q; want one containing %q", c.a, c.b, lines, c.want)
+		}
+		var b strings.Builder
+		rep.print(&b, true)
+		if row := mdRow(t, b.String(), groupLabels[groupPostgresB], 16); row["submit tokens"] != "off" || row["vs floor"] != "-" {
+			t.Errorf("build B's row %v: want tokens off, no floor in the run", row)
+		}
+	}
+	if lines := newReport(config{clients: []int{16}, groups: []string{groupPostgres}}).abLines(); len(lines) != 0 {
+		t.Errorf("without build B: %q; want no A/B line", lines)
+	}
+}
