@@ -316,8 +316,9 @@ func run(cfg config, out, progress io.Writer) error {
 			args: append(slices.Clone(baseArgs), "--data-dir", dir), logPath: filepath.Join(tmp, "service-sqlite.log"),
 			sqlitePath: filepath.Join(dir, "onceguard.db")})
 	}
-	// PostgreSQL + Redis twice: with submit tokens off like the others, and
-	// in the default configuration (--require-submit-token withdrawal).
+	// PostgreSQL + Redis: with submit tokens off like the others (and so
+	// build B, with -bin-b), and in the default configuration
+	// (--require-submit-token withdrawal).
 	var rc *redisAdmin
 	for _, g := range []string{groupPostgres, groupPostgresB, groupTokens} {
 		if !has(g) {
