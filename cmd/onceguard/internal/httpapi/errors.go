@@ -112,10 +112,13 @@ func tooMany(w http.ResponseWriter, code, detail string, wait time.Duration) {
 
 func writeProblem(w http.ResponseWriter, p *idempotency.Problem) { idempotency.WriteProblem(w, p) }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+func writeJSON(w http.ResponseWriter, status int, v any) { writeBody(w, status, jsonBody(v)) }
+
+// writeBody answers status with body, JSON already encoded.
+func writeBody(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_, _ = w.Write(jsonBody(v))
+	_, _ = w.Write(body)
 }
 
 // jsonBody is v as the service sends it: JSON and a newline.

@@ -140,9 +140,7 @@ func (s *server) answerMovement(w http.ResponseWriter, r *http.Request, m app.Mo
 	if body == nil {
 		body = movementBody(m)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	_, _ = w.Write(body)
+	writeBody(w, http.StatusCreated, body)
 }
 
 // movementBody is jsonBody(movementJSON(m)), the same bytes, written without reflection or a
