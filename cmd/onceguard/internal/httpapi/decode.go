@@ -53,10 +53,14 @@ func Decode(body []byte, dst any) *idempotency.Problem {
 		return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: "the body must be a JSON object"}
 	}
 	names := fieldNames(dst)
-	for name := range members {
-		if !names[name] {
-			return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: fmt.Sprintf("unknown member %q", name)}
+	unknown, found := "", false
+	for name := range members { // the first unknown in sorted order: the same answer every time
+		if !names[name] && (!found || name < unknown) {
+			unknown, found = name, true
 		}
+	}
+	if found {
+		return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: fmt.Sprintf("unknown member %q", unknown)}
 	}
 	if bytes.IndexByte(body, '\\') >= 0 && bytes.Contains(bytes.ToLower(body), []byte(`\u0000`)) { // no escape, no NUL
 		return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: "strings must not contain NUL"}

@@ -90,3 +90,18 @@ func FuzzAmountDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeUnknownMemberStable: of several unknown members Decode names the first in sorted
+// order, every time (the map's order is random), and an empty name is one too.
+func TestDecodeUnknownMemberStable(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"zz":1,"amount":"1","b":2,"aa":3}`: `unknown member "aa"`,
+		`{"":1,"amount":"1"}`:                `unknown member ""`,
+	} {
+		for range 20 {
+			if p := Decode([]byte(body), &amountRequest{}); p == nil || p.Detail != want {
+				t.Fatalf("Decode(%s) = %+v; want %q", body, p, want)
+			}
+		}
+	}
+}
