@@ -28,6 +28,7 @@ type requestInfo struct {
 	released                 bool         // the key (and its token) were freed for a retry
 	abort                    bool         // a panic after the status was sent: abort the answer
 	status                   int
+	nextToken                string // a purpose: the answer offers a fresh submit token for it (offerToken)
 }
 
 type requestInfoKey struct{}
@@ -39,10 +40,12 @@ func info(r *http.Request) *requestInfo {
 	return &requestInfo{}
 }
 
-// statusWriter remembers the status a handler wrote.
+// statusWriter remembers the status a handler wrote, and adds the headers that depend on it.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	s      *server
+	r      *http.Request
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -51,15 +54,40 @@ func (w *statusWriter) WriteHeader(code int) {
 		if code == http.StatusUnauthorized { // RFC 9110 section 11.6.1: a 401 names its scheme
 			w.Header().Set("WWW-Authenticate", `Bearer realm="onceguard"`)
 		}
+		w.s.offerToken(w.Header(), w.r, code)
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
-		w.status = http.StatusOK
+		w.WriteHeader(http.StatusOK)
 	}
 	return w.ResponseWriter.Write(b)
+}
+
+// offerToken adds to the answer of a keyed request that sent a submit token, or whose route
+// requires one, a fresh token for the same purpose (Next-Submit-Token, with its expiry in
+// Next-Submit-Token-Expires), so that a form submits again without minting first: one request
+// fewer for each submission. Not on a 5xx (it frees the key and its token for the retry), a 401
+// (no user) or a replay (the stored answer and Idempotent-Replayed, nothing else). The header
+// is never stored with the answer: it is added outside the Idempotency-Key middleware. Only
+// signed tokens (token.Options.Key) are offered, whose minting writes nothing; an unused one
+// expires unseen.
+func (s *server) offerToken(h http.Header, r *http.Request, code int) {
+	in := info(r)
+	if in.nextToken == "" || in.userID == "" || code >= 500 || code == http.StatusUnauthorized || h.Get("Idempotent-Replayed") == "true" {
+		return
+	}
+	is, err := s.tokens.Issue(r.Context(), in.userID, in.nextToken)
+	if err != nil {
+		return // the form mints one itself
+	}
+	if m := s.cfg.Metrics; m != nil {
+		m.Tokens.WithLabelValues("issued").Inc()
+	}
+	h.Set("Next-Submit-Token", is.Token)
+	h.Set("Next-Submit-Token-Expires", ts(is.ExpiresAt))
 }
 
 // observe gives the request its id, logger and info, and writes its log line and metrics.
@@ -71,7 +99,7 @@ func (s *server) observe(next http.Handler) http.Handler {
 		in := &requestInfo{keyHash: obs.Hash(r.Header.Get("Idempotency-Key"))}
 		log := s.log.With("request_id", id)
 		r = r.WithContext(context.WithValue(app.WithLogger(r.Context(), log), requestInfoKey{}, in))
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &statusWriter{ResponseWriter: w, s: s, r: r}
 		next.ServeHTTP(sw, r)
 		status := sw.status
 		if in.abort {
@@ -295,11 +323,21 @@ func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (
 		OnEvent:     s.keyEvent,
 	})(next)
 	// The deadline comes first: the key's lease starts inside it.
+	offer := s.tokens.Signed()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if offer && (s.cfg.RequireToken[purpose] || keyIsToken(r)) {
+			info(r).nextToken = purpose
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.app.RequestTimeout())
 		defer cancel()
 		h.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// keyIsToken reports whether the request's Idempotency-Key is a submit token, sent bare or quoted.
+func keyIsToken(r *http.Request) bool {
+	k := r.Header.Get("Idempotency-Key")
+	return strings.HasPrefix(strings.TrimPrefix(k, `"`), token.Prefix)
 }
 
 // window is a purpose's repeat-submit window: withdrawals and orders only.
@@ -316,7 +354,7 @@ func (s *server) keyEvent(r *http.Request, ev string) {
 	switch ev {
 	case "new", "recovered":
 		// Counted at the request's end (observe): consumed, or released when the answer is not kept.
-		i.tokenUsed = strings.HasPrefix(r.Header.Get("Idempotency-Key"), token.Prefix)
+		i.tokenUsed = keyIsToken(r)
 	case "released":
 		i.released = true
 	}
