@@ -667,6 +667,13 @@ func TestBrowserWithdrawOnce(t *testing.T) {
 	b.waitText("#deposits tbody tr", "succeeded")
 	b.shot("02-deposited")
 
+	// Every form has its key (minted at sign-in; the deposit form's next one
+	// offered by the deposit's answer): from here on each answer that spends
+	// a key offers the next (Next-Submit-Token), and the page mints none.
+	const mintPath = "/api/v1/submit-tokens"
+	b.waitFor(`[...document.querySelectorAll('form[aria-busy]')].every((f) => f.dataset.state !== 'minting')`,
+		`[...document.querySelectorAll('form[aria-busy]')].map((f) => f.id + ': ' + f.dataset.state).join(', ')`)
+	mints := len(b.postKeys(mintPath))
 	const wd = "/api/v1/withdrawals"
 	for i, tc := range []struct {
 		name, amount string
@@ -743,6 +750,10 @@ func TestBrowserWithdrawOnce(t *testing.T) {
 
 	b.submitOK("withdraw-form", "1000", "Not enough money: your balance does not cover 1000.00 CNY. Nothing was changed.")
 	b.shot("05-insufficient-funds")
+	b.waitState("withdraw-form", "ready") // its next key, the refusal's offer
+	if n := len(b.postKeys(mintPath)) - mints; n != 0 {
+		t.Errorf("the page minted %d submit tokens over these withdrawals; want none: each answer that spent a key offered the next", n)
+	}
 
 	// The server's side: four withdrawals, each debited once.
 	if got, want := amounts(api.items(wd)), []string{"5.00", "30.00", "20.00", "10.00"}; !slices.Equal(got, want) {

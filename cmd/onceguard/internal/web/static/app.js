@@ -77,12 +77,15 @@
       }
     }
     const ra = parseInt(res.headers.get('Retry-After') || '', 10);
+    // The next one-time key, offered with a money answer: the form needs no mint for it.
+    const nextKey = res.headers.get('Next-Submit-Token') || '';
     return {
       status: res.status,
       data: data && typeof data === 'object' ? data : {},
       code: data && typeof data.code === 'string' ? data.code : '',
       replayed: res.headers.get('Idempotent-Replayed') === 'true',
       retryAfter: Number.isFinite(ra) && ra >= 0 ? ra : null,
+      next: nextKey.startsWith('st_') ? { token: nextKey, expiresAt: res.headers.get('Next-Submit-Token-Expires') || '' } : null,
     };
   }
 
@@ -255,6 +258,7 @@
       key: '', // the submit token this form sends next: one per intent
       minting: false,
       mintFailures: 0,
+      offered: null, // {token, expiresAt}: the next key the last answer offered (Next-Submit-Token)
       busy: false, // a request is on its way: nothing else may be sent
       pending: null, // {path, body}: the request a retry must resend, same key, same body
       quietUntil: 0, // no new submission before this time (performance.now())
@@ -399,6 +403,7 @@
   function answer(f, r, gen) {
     const d = r.data;
     const req = f.pending;
+    f.offered = r.next; // used by settle when the answer spent the key
     if (r.status >= 200 && r.status < 300) {
       const what = f.spec.done(d, req);
       if (f.spec.list && d.status === 'pending' && typeof d.id === 'string') {
@@ -500,15 +505,34 @@
   }
 
   // settle ends a request: keep holds its key and body for a retry, fresh
-  // fetches a new key (the old one is spent), refresh reloads the page's data.
+  // takes a new key (the old one is spent): the one the answer offered, else
+  // a minted one; refresh reloads the page's data.
   function settle(f, { keep = false, fresh = false, refresh = false }) {
     clearTimeout(f.timers.again);
     f.busy = false;
     if (!keep) f.pending = null;
     f.quietUntil = Math.max(now(), f.lastAttempt) + QUIET_MS;
-    if (fresh) mint(f);
+    const offered = f.offered;
+    f.offered = null;
+    if (fresh && offered) useKey(f, offered.token, offered.expiresAt);
+    else if (fresh) mint(f);
     update(f);
     if (refresh) refreshAll();
+  }
+
+  // useKey makes token the form's key, and fetches a fresh one shortly
+  // before it expires unused.
+  function useKey(f, token, expiresAt) {
+    const gen = state.gen;
+    f.key = token;
+    f.minting = false;
+    f.mintFailures = 0;
+    const left = Date.parse(expiresAt) - Date.now();
+    const ms = Number.isFinite(left) ? Math.max(5000, left - 30000) : 240000;
+    timer(f, 'expiry', ms, () => {
+      if (gen === state.gen && !f.busy && !f.pending) mint(f);
+    });
+    update(f);
   }
 
   async function mint(f) {
@@ -525,16 +549,7 @@
     }
     if (gen !== state.gen) return;
     if (r && r.status === 201 && typeof r.data.token === 'string') {
-      f.key = r.data.token;
-      f.minting = false;
-      f.mintFailures = 0;
-      // An unused key expires: fetch a fresh one shortly before it does.
-      const left = Date.parse(r.data.expires_at) - Date.now();
-      const ms = Number.isFinite(left) ? Math.max(5000, left - 30000) : 240000;
-      timer(f, 'expiry', ms, () => {
-        if (gen === state.gen && !f.busy && !f.pending) mint(f);
-      });
-      update(f);
+      useKey(f, r.data.token, r.data.expires_at);
       return;
     }
     if (r && r.code === 'unauthenticated') {
@@ -727,6 +742,7 @@
   function resetForm(f) {
     stopTimers(f);
     f.key = '';
+    f.offered = null;
     f.minting = false;
     f.busy = false;
     f.pending = null;
