@@ -32,6 +32,7 @@ type cellResult struct {
 	wtxOK bool
 
 	sent         int            // requests over the whole cell, warm-up included
+	mints        int            // of them, the submit tokens minted (POST /api/v1/submit-tokens)
 	other        map[string]int // non-201 answers over the whole cell: "503 busy" -> count
 	otherSample  map[string]string
 	notSucceeded map[string]int // 201s whose status is not "succeeded"
@@ -96,6 +97,9 @@ func (r *cellResult) progressLine() string {
 	if rt, ok := r.roundTripsPer(); ok {
 		s += fmt.Sprintf("  %.2f pg round trips/withdrawal", rt)
 	}
+	if r.mints > 0 && r.sent > 0 {
+		s += fmt.Sprintf("  %.2f tokens minted/withdrawal", float64(r.mints)/float64(r.sent))
+	}
 	if r.tps > 0 {
 		s += fmt.Sprintf("  (pgbench's own tps %.0f)", r.tps)
 	}
@@ -135,13 +139,32 @@ func (r *cellResult) nonOKSummary() string {
 	return strings.Join(parts, ", ")
 }
 
+// tokenMode is where a withdrawal's Idempotency-Key comes from.
+type tokenMode int
+
+const (
+	plainKeys   tokenMode = iota // a fresh plain key (submit tokens off)
+	mintEach                     // a submit token minted just before (POST /api/v1/submit-tokens)
+	chainTokens                  // the token the answer before offered (Next-Submit-Token), else minted
+)
+
+// tokensOf is a group's tokenMode.
+func tokensOf(g string) tokenMode {
+	switch g {
+	case groupTokens:
+		return mintEach
+	case groupChain:
+		return chainTokens
+	}
+	return plainKeys
+}
+
 // runCell runs one cell against a service: every user is one client
 // looping POST /api/v1/withdrawals with a fresh key, warmup unmeasured,
 // then duration measured. Only requests that start and end in the window
-// count; latencies are those of the 201s among them. With mint, the key
-// is a submit token minted just before (POST /api/v1/submit-tokens), and
-// the withdrawal's time includes the mint.
-func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.Duration, probe cpuProbe, mint bool) *cellResult {
+// count; latencies are those of the 201s among them. A withdrawal's time
+// includes its mint, if any (tokens).
+func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.Duration, probe cpuProbe, tokens tokenMode) *cellResult {
 	res := &cellResult{window: duration, cpu: unknownCPU(), other: map[string]int{}, otherSample: map[string]string{}, notSucceeded: map[string]int{}}
 	start := time.Now()
 	w0 := start.Add(warmup)
@@ -170,6 +193,8 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 			var (
 				lat                     []time.Duration
 				ok, sent, transport     int
+				mints                   int
+				next                    string // chainTokens: the token the last answer offered
 				ended                   int
 				other                   = map[string]int{}
 				sample                  = map[string]string{}
@@ -187,15 +212,23 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 				var (
 					st   int
 					resp []byte
+					hdr  http.Header
 					err  error
 				)
 				mintFailed := false
-				if mint {
+				switch {
+				case tokens == chainTokens && next != "":
+					key, next = next, ""
+				case tokens != plainKeys:
+					mints++
 					key, st, resp, err = mintToken(ctx, a, u.token)
 					mintFailed = err != nil || key == ""
 				}
 				if !mintFailed {
-					st, resp, err = a.do(ctx, http.MethodPost, "/api/v1/withdrawals", u.token, key, body)
+					st, resp, hdr, err = a.send(ctx, http.MethodPost, "/api/v1/withdrawals", u.token, key, body)
+					if tokens == chainTokens && hdr != nil {
+						next = hdr.Get("Next-Submit-Token")
+					}
 				}
 				t1 := time.Now()
 				sent++
@@ -253,6 +286,7 @@ func runCell(ctx context.Context, a *api, users []*user, warmup, duration time.D
 			defer mu.Unlock()
 			res.ok += ok
 			res.sent += sent
+			res.mints += mints
 			res.ended += ended
 			res.transport += transport
 			res.lat = append(res.lat, lat...)

@@ -9,7 +9,7 @@
 // contenders connect through a counting proxy (pgproxy.go) that reports
 // their round trips. See ../README.md, "Service load".
 //
-//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-clients 16,64] [-only sqlite,postgres,pgbench,floor,floor-sqlite,floor-sqlite-grouped] [-markdown]
+//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-clients 16,64] [-only sqlite,postgres,postgres-tokens,postgres-chain,pgbench,floor,floor-sqlite,floor-sqlite-grouped] [-markdown]
 package main
 
 import (
@@ -41,8 +41,12 @@ const (
 	groupPostgres = "postgres"
 	// groupPostgresB is groupPostgres run with a second build (-bin-b),
 	// interleaved with it in every round: an A/B inside one run.
-	groupPostgresB   = "postgres-b"
-	groupTokens      = "postgres-tokens"
+	groupPostgresB = "postgres-b"
+	groupTokens    = "postgres-tokens"
+	// groupChain is groupTokens with each withdrawal's token the one the
+	// answer before offered (Next-Submit-Token), as the web page uses
+	// them: a mint only for the first.
+	groupChain       = "postgres-chain"
 	groupPgbench     = "pgbench"
 	groupFloor       = "floor"
 	groupFloorSQLite = "floor-sqlite"
@@ -54,13 +58,14 @@ const (
 )
 
 // allGroups is every group, in the order of a first round.
-var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupFloor, groupFloorSQLite, groupFloorGrouped}
+var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupChain, groupFloor, groupFloorSQLite, groupFloorGrouped}
 
 var groupLabels = map[string]string{
 	groupSQLite:       "embedded (SQLite)",
 	groupPostgres:     "PostgreSQL + Redis",
 	groupPostgresB:    "PostgreSQL + Redis, build B",
 	groupTokens:       "PostgreSQL + Redis, default",
+	groupChain:        "PostgreSQL + Redis, default, chained",
 	groupPgbench:      "ceiling: pgbench",
 	groupFloor:        "floor: pgbench tx over HTTP",
 	groupFloorSQLite:  "floor: SQLite tx over HTTP",
@@ -73,7 +78,7 @@ func floorOf(g string) string {
 	switch g {
 	case groupSQLite:
 		return groupFloorSQLite
-	case groupPostgres, groupPostgresB, groupTokens:
+	case groupPostgres, groupPostgresB, groupTokens, groupChain:
 		return groupFloor
 	}
 	return ""
@@ -81,7 +86,7 @@ func floorOf(g string) string {
 
 // usesPG says whether a group talks to PostgreSQL (through a proxy).
 func usesPG(g string) bool {
-	return g == groupPostgres || g == groupPostgresB || g == groupTokens || g == groupPgbench || g == groupFloor
+	return g == groupPostgres || g == groupPostgresB || g == groupTokens || g == groupChain || g == groupPgbench || g == groupFloor
 }
 
 type config struct {
@@ -108,7 +113,7 @@ func main() {
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured warm-up per cell, same clients")
 	flag.IntVar(&cfg.rounds, "rounds", 2, "rounds; each runs every configuration at every client count, the table shows medians")
 	flag.StringVar(&clients, "clients", "16,64", "comma-separated numbers of concurrent clients (each its own user)")
-	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, postgres-tokens, pgbench, floor, floor-sqlite, floor-sqlite-grouped (default: all)")
+	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, postgres-tokens, postgres-chain, pgbench, floor, floor-sqlite, floor-sqlite-grouped (default: all)")
 	flag.StringVar(&cfg.pgDSN, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL admin `DSN`; the run creates (and at exit drops) a fresh database for the service and one for pgbench through it")
 	flag.StringVar(&cfg.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis `URL` for the PostgreSQL configuration (shared: only the service's keys of this run's users are touched)")
 	flag.StringVar(&cfg.pgbench, "pgbench", "/usr/bin/pgbench", "pgbench `binary` for the ceiling (empty: no ceiling)")
@@ -225,7 +230,7 @@ func run(cfg config, out, progress io.Writer) error {
 	// The service binary, built from the main module (its own go.mod, so
 	// with exactly the dependencies it ships with).
 	bin, binInfo := cfg.bin, ""
-	if has(groupSQLite) || has(groupPostgres) || has(groupTokens) {
+	if has(groupSQLite) || has(groupPostgres) || has(groupTokens) || has(groupChain) {
 		if cfg.binB != "" {
 			binInfo = "; build B (postgres-b): " + cfg.binB
 		}
@@ -320,14 +325,17 @@ func run(cfg config, out, progress io.Writer) error {
 	// build B, with -bin-b), and in the default configuration
 	// (--require-submit-token withdrawal).
 	var rc *redisAdmin
-	for _, g := range []string{groupPostgres, groupPostgresB, groupTokens} {
+	for _, g := range []string{groupPostgres, groupPostgresB, groupTokens, groupChain} {
 		if !has(g) {
 			continue
 		}
 		name, svcArgs, id, gbin := "ogload_"+runID, slices.Clone(baseArgs), runID, bin
 		switch g {
-		case groupTokens:
+		case groupTokens, groupChain:
 			name, id = name+"_tokens", runID+"t"
+			if g == groupChain {
+				name, id = name+"_chain", runID+"c"
+			}
 			svcArgs = slices.DeleteFunc(svcArgs, func(a string) bool { return a == "--require-submit-token" || a == "" })
 		case groupPostgresB:
 			name, id, gbin = name+"_b", runID+"b", cfg.binB
@@ -347,7 +355,7 @@ func run(cfg config, out, progress io.Writer) error {
 			cl.add(rc.close)
 			serverLines = append(serverLines, rc.describe(ctx))
 		}
-		s := &serviceConfig{group: g, bin: gbin, runID: id, args: args, logPath: filepath.Join(tmp, "service-"+g+".log"), redis: rc, pg: pg, dbName: name, mintTokens: g == groupTokens, proxy: proxies[g]}
+		s := &serviceConfig{group: g, bin: gbin, runID: id, args: args, logPath: filepath.Join(tmp, "service-"+g+".log"), redis: rc, pg: pg, dbName: name, tokens: tokensOf(g), proxy: proxies[g]}
 		cl.add(func() { s.cleanupRedis(progress) })
 		services = append(services, s)
 	}
@@ -479,6 +487,9 @@ func serviceFlagsNote(cfg config) string {
 	}
 	if slices.Contains(cfg.groups, groupTokens) {
 		s += `; "` + groupLabels[groupTokens] + `": the same without --require-submit-token "" (its default, withdrawal: each withdrawal mints a submit token first)`
+	}
+	if slices.Contains(cfg.groups, groupChain) {
+		s += `; "` + groupLabels[groupChain] + `": the same default, each withdrawal's token the one the answer before offered (Next-Submit-Token), a mint only when none was`
 	}
 	return s
 }

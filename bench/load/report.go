@@ -226,7 +226,8 @@ func (r *report) print(out io.Writer, markdown bool) {
 		fmt.Fprintln(out, "four connections, write transactions queued in Go by a sqldb.WriteGate), each withdrawal committed alone; \"grouped commits\": the queued ones committed together, as the service's;")
 	}
 	fmt.Fprintln(out, "submit tokens: off: --require-submit-token \"\", each withdrawal carries a fresh plain key; 1 minted per withdrawal: the service's default")
-	fmt.Fprintln(out, "(withdrawals need a submit token), each withdrawal first POSTs /api/v1/submit-tokens and its time includes that request;")
+	fmt.Fprintln(out, "(withdrawals need a submit token), each withdrawal first POSTs /api/v1/submit-tokens and its time includes that request; chained: the same default,")
+	fmt.Fprintln(out, "each withdrawal's token the one the answer before offered (Next-Submit-Token, minted in that answer), as the web page does; a mint only when none was;")
 	fmt.Fprintln(out, "p50/p99: latency of those; vs ceiling: withdrawals/s / pgbench tx/s at the same clients (SQLite rows: against PostgreSQL's ceiling);")
 	fmt.Fprintln(out, "vs floor: withdrawals/s / the floor's on the same database at the same clients (SQLite service: the SQLite floor; PostgreSQL services: the PostgreSQL floor);")
 	fmt.Fprintln(out, "pg write txs: transactions that wrote, which bound the durable commits from above (the service's settlement of a paid withdrawal is one that does not wait for its flush,")
@@ -246,6 +247,8 @@ func submitTokens(g string) string {
 		return "off"
 	case groupTokens:
 		return "1 minted per withdrawal"
+	case groupChain:
+		return "chained: the last answer's"
 	default:
 		return "-"
 	}
@@ -261,7 +264,7 @@ func (r *report) printTargets(out io.Writer) {
 		if !ok || ceil.rounds == 0 || ceil.rate <= 0 {
 			continue
 		}
-		for _, g := range []string{groupPostgres, groupTokens, groupSQLite, groupFloor, groupFloorSQLite, groupFloorGrouped} {
+		for _, g := range []string{groupPostgres, groupTokens, groupChain, groupSQLite, groupFloor, groupFloorSQLite, groupFloorGrouped} {
 			s, ok := r.summarize(g, n)
 			if !ok || s.rounds == 0 {
 				continue
@@ -505,7 +508,7 @@ func (r *report) issue22Lines(commits map[string][]float64) []string {
 		for _, t := range []struct {
 			g string
 			r rule
-		}{{groupPostgres, rule{want: targetPGFloor}}, {groupTokens, rule{want: targetTokensFloor}}, {groupSQLite, rule{want: targetSQLiteFloor}}} {
+		}{{groupPostgres, rule{want: targetPGFloor}}, {groupTokens, rule{want: targetTokensFloor}}, {groupChain, rule{want: targetTokensFloor}}, {groupSQLite, rule{want: targetSQLiteFloor}}} {
 			fl := floorOf(t.g)
 			s, ok1 := r.summarize(t.g, n)
 			f, ok2 := r.summarize(fl, n)
@@ -527,7 +530,7 @@ func (r *report) issue22Lines(commits map[string][]float64) []string {
 	}
 	cpuRule := rule{want: targetCPU, atMost: true}
 	for _, n := range r.sortedClients() {
-		for _, g := range []string{groupPostgres, groupTokens, groupSQLite} {
+		for _, g := range []string{groupPostgres, groupTokens, groupChain, groupSQLite} {
 			fl := floorOf(g)
 			x, ok1 := r.cpuPerWd(g, n)
 			y, ok2 := r.cpuPerWd(fl, n)
@@ -540,7 +543,7 @@ func (r *report) issue22Lines(commits map[string][]float64) []string {
 		}
 	}
 	for _, n := range r.sortedClients() {
-		for _, g := range []string{groupPostgres, groupTokens} {
+		for _, g := range []string{groupPostgres, groupTokens, groupChain} {
 			per := r.perRoundOne(g, n, func(c *cellResult) (float64, bool) { return c.writeTxsPer() })
 			if len(per) == 0 {
 				continue

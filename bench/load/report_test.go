@@ -9,9 +9,11 @@ import (
 )
 
 // The table says which rows run with submit tokens off, and the default
-// configuration (a token minted per withdrawal) has its own row.
+// configuration has its own rows: a token minted per withdrawal, and the
+// tokens chained (each the answer before's offer), judged by the same
+// target.
 func TestReportSubmitTokens(t *testing.T) {
-	cfg := config{clients: []int{16}, groups: []string{groupPgbench, groupPostgres, groupTokens}}
+	cfg := config{clients: []int{16}, groups: []string{groupPgbench, groupPostgres, groupTokens, groupChain, groupFloor}}
 	rep := newReport(cfg)
 	cell := func(ok int) *cellResult {
 		return &cellResult{ok: ok, window: time.Second, lat: []time.Duration{time.Millisecond}, cpu: cpuUse{-1, -1, -1, -1}}
@@ -19,6 +21,8 @@ func TestReportSubmitTokens(t *testing.T) {
 	rep.add(groupPgbench, 16, cell(1000))
 	rep.add(groupPostgres, 16, cell(600))
 	rep.add(groupTokens, 16, cell(400))
+	rep.add(groupChain, 16, cell(550))
+	rep.add(groupFloor, 16, cell(1000))
 	var b strings.Builder
 	rep.print(&b, true)
 	lines := strings.Split(b.String(), "\n")
@@ -26,9 +30,10 @@ func TestReportSubmitTokens(t *testing.T) {
 		t.Fatalf("header %q: want a submit tokens column", lines[0])
 	}
 	want := map[string]string{
-		"| " + groupLabels[groupPostgres] + " | off | 16 | 600 |":                   "",
-		"| " + groupLabels[groupTokens] + " | 1 minted per withdrawal | 16 | 400 |": "",
-		"| " + groupLabels[groupPgbench] + " | - | 16 | 1000 tx/s |":                "",
+		"| " + groupLabels[groupPostgres] + " | off | 16 | 600 |":                     "",
+		"| " + groupLabels[groupTokens] + " | 1 minted per withdrawal | 16 | 400 |":   "",
+		"| " + groupLabels[groupChain] + " | chained: the last answer's | 16 | 550 |": "",
+		"| " + groupLabels[groupPgbench] + " | - | 16 | 1000 tx/s |":                  "",
 	}
 	for prefix := range want {
 		found := false
@@ -38,6 +43,15 @@ func TestReportSubmitTokens(t *testing.T) {
 		if !found {
 			t.Errorf("no row starting %q in\n%s", prefix, b.String())
 		}
+	}
+	var chained []string
+	for _, l := range rep.issue22Lines(nil) {
+		if strings.HasPrefix(l, targetLabel(groupChain)) {
+			chained = append(chained, l)
+		}
+	}
+	if len(chained) != 1 || !strings.Contains(chained[0], "0.55× the floor's") || !strings.Contains(chained[0], "want ≥ 0.50×") {
+		t.Errorf("issue 22 lines of the chained group = %q; want one, 0.55× the floor's against 0.50×", chained)
 	}
 }
 

@@ -51,7 +51,7 @@ type serviceConfig struct {
 	args              []string
 	logPath           string
 	redis             *redisAdmin // nil: SQLite
-	mintTokens        bool        // every withdrawal uses a submit token minted for it
+	tokens            tokenMode   // where each withdrawal's key comes from
 	users             []*user
 
 	pg     *pgAdmin // the PostgreSQL configuration: its database's counters
@@ -225,7 +225,7 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 			return fmt.Errorf("%s: top-up deposits: %w", s.group, err)
 		}
 		probe := cpuProbe{svcPID: s.proc.pid, pg: s.pg != nil, redis: s.redis, proxy: s.proxy, xid: s.pg}
-		r := runCell(ctx, a, s.users[:n], cfg.warmup, cfg.duration, probe, s.mintTokens)
+		r := runCell(ctx, a, s.users[:n], cfg.warmup, cfg.duration, probe, s.tokens)
 		if ctx.Err() != nil {
 			return ctx.Err() // interrupted: the cell is left out
 		}
@@ -461,13 +461,19 @@ func newAPI(base string, clients int) *api {
 }
 
 func (a *api) do(ctx context.Context, method, path, token, key string, body []byte) (int, []byte, error) {
+	st, b, _, err := a.send(ctx, method, path, token, key, body)
+	return st, b, err
+}
+
+// send is do that also returns the answer's headers.
+func (a *api) send(ctx context.Context, method, path, token, key string, body []byte) (int, []byte, http.Header, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, a.base+path, rd)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	if body != nil {
 		req.Header["Content-Type"] = []string{"application/json"}
@@ -481,11 +487,11 @@ func (a *api) do(ctx context.Context, method, path, token, key string, body []by
 	a.reqs.Add(1)
 	resp, err := a.hc.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
+	return resp.StatusCode, b, resp.Header, err
 }
 
 // parseCents reads a contract amount ("123.45", exactly 2 fraction digits).
