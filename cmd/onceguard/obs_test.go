@@ -86,6 +86,7 @@ func TestServeObservability(t *testing.T) {
 		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "duplicate_submission"}, eq(1), ""},
 		{"onceguard_repeat_window_rejections_total", map[string]string{"route": "/api/v1/withdrawals"}, eq(1), ""},
 		{"onceguard_submit_tokens_total", map[string]string{"outcome": "issued"}, eq(2), ""},
+		{"onceguard_submit_tokens_total", map[string]string{"outcome": "offered"}, eq(13 - replays), "with each of the 13 withdrawal answers but the replays"},
 		{"onceguard_submit_tokens_total", map[string]string{"outcome": "consumed"}, eq(1), ""},
 		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "mismatch"}, eq(1), "the deposit key with another amount"},
 		{"onceguard_idempotency_outcomes_total", map[string]string{"outcome": "token_invalid"}, eq(1), "the forged token"},

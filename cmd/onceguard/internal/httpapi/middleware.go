@@ -84,7 +84,7 @@ func (s *server) offerToken(h http.Header, r *http.Request, code int) {
 		return // the form mints one itself
 	}
 	if m := s.cfg.Metrics; m != nil {
-		m.Tokens.WithLabelValues("issued").Inc()
+		m.Tokens.WithLabelValues("offered").Inc()
 	}
 	h.Set("Next-Submit-Token", is.Token)
 	h.Set("Next-Submit-Token-Expires", ts(is.ExpiresAt))

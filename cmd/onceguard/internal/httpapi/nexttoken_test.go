@@ -35,14 +35,20 @@ func TestNextSubmitToken(t *testing.T) {
 	o := newObsHarness(t, nil, nil)
 	tok := o.fundedToken(t) // balance 100.00
 	issued := o.value(t, "onceguard_submit_tokens_total", "outcome", "issued")
+	if got := o.value(t, "onceguard_submit_tokens_total", "outcome", "offered"); got != 0 {
+		t.Fatalf("tokens offered before any money answer = %v; want 0", got)
+	}
 
 	first := serveJSON(o.h, o.token, "POST", "/api/v1/withdrawals", tok, `{"amount":"10"}`)
 	next := offered(t, first)
 	if first.Code != 201 || next == "" || next == tok {
 		t.Fatalf("withdrawal = %d, next token %q (used %q); want 201 and a fresh token", first.Code, next, tok)
 	}
-	if got := o.value(t, "onceguard_submit_tokens_total", "outcome", "issued"); got != issued+1 {
-		t.Errorf("tokens issued = %v; want %v (the offered one counted)", got, issued+1)
+	if got := o.value(t, "onceguard_submit_tokens_total", "outcome", "offered"); got != 1 {
+		t.Errorf("tokens offered = %v; want 1", got)
+	}
+	if got := o.value(t, "onceguard_submit_tokens_total", "outcome", "issued"); got != issued {
+		t.Errorf("tokens issued = %v; want %v (minted ones only)", got, issued)
 	}
 
 	// The replay answers the stored answer and nothing else.

@@ -69,7 +69,7 @@ type vec struct {
 var labelValues = map[string]map[string][]string{
 	"onceguard_idempotency_outcomes_total": {"outcome": {"new", "recovered", "replayed", "in_progress", "mismatch",
 		"key_missing", "key_invalid", "token_invalid", "token_foreign", "token_required", "duplicate_submission", "released", "store_unavailable", "interrupted", "unrecorded"}},
-	"onceguard_submit_tokens_total":          {"outcome": {"issued", "consumed", "released", "invalid", "foreign"}},
+	"onceguard_submit_tokens_total":          {"outcome": {"issued", "offered", "consumed", "released", "invalid", "foreign"}},
 	"onceguard_lock_acquires_total":          {"backend": lockBackends, "result": {"acquired", "busy", "unavailable", "error"}},
 	"onceguard_lock_wait_seconds":            {"backend": lockBackends},
 	"onceguard_lock_hold_seconds":            {"backend": lockBackends},
@@ -172,7 +172,7 @@ func NewMetrics() *Metrics {
 		HTTPRequests:     counter("http_requests_total", "HTTP requests by route pattern, method and status code.", "route", "method", "code"),
 		HTTPDuration:     hist("http_request_duration_seconds", "HTTP request latency by route pattern and method.", "route", "method"),
 		Idempotency:      counter("idempotency_outcomes_total", "Keyed requests by what the Idempotency-Key check decided.", "outcome"),
-		Tokens:           counter("submit_tokens_total", "Submit tokens issued, consumed (their request's answer kept), released (their request failed and freed them for a retry), and refused (invalid, foreign).", "outcome"),
+		Tokens:           counter("submit_tokens_total", "Submit tokens issued (minted on request), offered (with a money answer, Next-Submit-Token), consumed (their request's answer kept), released (their request failed and freed them for a retry), and refused (invalid, foreign).", "outcome"),
 		RepeatRejections: counter("repeat_window_rejections_total", "Requests refused 429 duplicate_submission by the repeat-submit window.", "route"),
 		LockAcquires:     counter("lock_acquires_total", "Lock acquires by the backend that answered and the result.", "backend", "result"),
 		LockWait:         hist("lock_wait_seconds", "Time to a lock acquire's answer.", "backend"),
