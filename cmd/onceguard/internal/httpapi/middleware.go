@@ -46,6 +46,7 @@ type statusWriter struct {
 	status int
 	s      *server
 	r      *http.Request
+	in     *requestInfo // r's
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -54,7 +55,9 @@ func (w *statusWriter) WriteHeader(code int) {
 		if code == http.StatusUnauthorized { // RFC 9110 section 11.6.1: a 401 names its scheme
 			w.Header().Set("WWW-Authenticate", `Bearer realm="onceguard"`)
 		}
-		w.s.offerToken(w.Header(), w.r, code)
+		if w.in.nextToken != "" {
+			w.s.offerToken(w.Header(), w.r, w.in, code)
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -74,9 +77,8 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 // is never stored with the answer: it is added outside the Idempotency-Key middleware. Only
 // signed tokens (token.Options.Key) are offered, whose minting writes nothing; an unused one
 // expires unseen.
-func (s *server) offerToken(h http.Header, r *http.Request, code int) {
-	in := info(r)
-	if in.nextToken == "" || in.userID == "" || code >= 500 || code == http.StatusUnauthorized || h.Get("Idempotent-Replayed") == "true" {
+func (s *server) offerToken(h http.Header, r *http.Request, in *requestInfo, code int) {
+	if in.userID == "" || code >= 500 || code == http.StatusUnauthorized || h.Get("Idempotent-Replayed") == "true" {
 		return
 	}
 	is, err := s.tokens.Issue(r.Context(), in.userID, in.nextToken)
@@ -99,7 +101,7 @@ func (s *server) observe(next http.Handler) http.Handler {
 		in := &requestInfo{keyHash: obs.Hash(r.Header.Get("Idempotency-Key"))}
 		log := s.log.With("request_id", id)
 		r = r.WithContext(context.WithValue(app.WithLogger(r.Context(), log), requestInfoKey{}, in))
-		sw := &statusWriter{ResponseWriter: w, s: s, r: r}
+		sw := &statusWriter{ResponseWriter: w, s: s, r: r, in: in}
 		next.ServeHTTP(sw, r)
 		status := sw.status
 		if in.abort {
