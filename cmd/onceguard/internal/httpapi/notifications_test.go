@@ -1,14 +1,18 @@
 package httpapi_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/obs"
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
 	"github.com/onceguard/onceguard/webhook"
@@ -135,5 +139,90 @@ func TestNotificationsOff(t *testing.T) {
 	o := newObsHarness(t, nil, nil)
 	if status, code := callback(o.h, notifySecret, time.Now(), "application/json", event("evt_1", "operation.succeeded", "dep_1", "charge", "1", "succeeded"), ""); status != 404 || code != "not_found" {
 		t.Errorf("callback without --psp-notify-secret = %d %q; want 404 not_found", status, code)
+	}
+}
+
+// settleFaults fails the next settlements as told: undone (the transaction rolled back: nothing
+// written) or after (it committed, and the error came after: a connection lost on COMMIT's
+// answer).
+type settleFaults struct {
+	app.Store
+	undone, after atomic.Int32
+}
+
+func (f *settleFaults) Settle(ctx context.Context, kind app.Kind, id string, outcome app.Status, at time.Time, rec *app.Record, event string) (bool, app.Status, error) {
+	if f.undone.Add(-1) >= 0 {
+		return false, "", errors.New("fault: the settlement's transaction rolled back")
+	}
+	moved, status, err := f.Store.Settle(ctx, kind, id, outcome, at, rec, event)
+	if err == nil && f.after.Add(-1) >= 0 {
+		return false, "", errors.New("fault: the connection broke on COMMIT's answer")
+	}
+	return moved, status, err
+}
+
+// A callback is answered 2xx only once its settlement committed (PITFALLS: "answer 2xx only
+// after the commit"): a settlement that fails answers 5xx, so the provider redelivers, and
+// nothing changed; the redelivery settles it once. One that committed but whose answer was
+// lost also answers 5xx, and its redelivery agrees without moving money again.
+func TestNotificationAnsweredAfterCommit(t *testing.T) {
+	faults := &settleFaults{}
+	o := newObsHarness(t, nil, nil, func(c *harnessConfig) {
+		c.NotifySecret = notifySecret
+		c.App.NotifyMetrics = c.Metrics
+		c.Provider = obs.Provider{Provider: &psp.Sim{Async: true}, Metrics: c.App.Metrics.(*obs.Metrics)}
+		c.WrapStore = func(s app.Store) app.Store { faults.Store = s; return faults }
+	})
+	deposit := func(key string) string {
+		t.Helper()
+		code, dep, _ := o.call("POST", "/api/v1/deposits", key, `{"amount":"10"}`)
+		id, _ := dep["id"].(string)
+		if code != 201 || dep["status"] != "pending" || id == "" {
+			t.Fatalf("deposit = %d %v; want 201 pending", code, dep)
+		}
+		return id
+	}
+	state := func(id string) (any, any) {
+		t.Helper()
+		_, acct, _ := o.call("GET", "/api/v1/account", "", "")
+		_, d, _ := o.call("GET", "/api/v1/deposits/"+id, "", "")
+		return acct["balance"], d["status"]
+	}
+	now := time.Now()
+
+	// Rolled back: 5xx, still pending, nothing credited; the redelivery settles it.
+	first := deposit("dep-1")
+	ev := event("evt_1", "operation.succeeded", first, "charge", "10.00", "succeeded")
+	faults.undone.Store(1)
+	if status, code := callback(o.h, notifySecret, now, "application/json", ev, ""); status < 500 {
+		t.Errorf("callback whose settlement rolled back = %d %q; want a 5xx, so that the provider redelivers", status, code)
+	}
+	if bal, st := state(first); bal != "0.00" || st != "pending" {
+		t.Errorf("after the failed settlement: balance %v, deposit %v; want 0.00, pending", bal, st)
+	}
+	if status, code := callback(o.h, notifySecret, now, "application/json", ev, ""); status != 204 {
+		t.Errorf("redelivery = %d %q; want 204", status, code)
+	}
+	if bal, st := state(first); bal != "10.00" || st != "succeeded" {
+		t.Errorf("after the redelivery: balance %v, deposit %v; want 10.00, succeeded", bal, st)
+	}
+
+	// Committed, the answer lost: 5xx; the redelivery agrees and credits nothing more.
+	second := deposit("dep-2")
+	ev = event("evt_2", "operation.succeeded", second, "charge", "10.00", "succeeded")
+	faults.after.Store(1)
+	if status, code := callback(o.h, notifySecret, now, "application/json", ev, ""); status < 500 {
+		t.Errorf("callback whose commit's answer was lost = %d %q; want a 5xx", status, code)
+	}
+	if status, code := callback(o.h, notifySecret, now, "application/json", ev, ""); status != 204 {
+		t.Errorf("redelivery = %d %q; want 204", status, code)
+	}
+	if bal, st := state(second); bal != "20.00" || st != "succeeded" {
+		t.Errorf("after the redelivery: balance %v, deposit %v; want 20.00 (each credited once), succeeded", bal, st)
+	}
+	for outcome, want := range map[string]float64{"settled": 1, "agreed": 1} {
+		if got := o.value(t, "onceguard_psp_notifications_total", "outcome", outcome); got != want {
+			t.Errorf("onceguard_psp_notifications_total{outcome=%q} = %v; want %v", outcome, got, want)
+		}
 	}
 }

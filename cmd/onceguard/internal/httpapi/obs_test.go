@@ -125,6 +125,8 @@ type harnessConfig struct {
 	App      app.Config
 	Provider psp.Provider
 	Store    *sqlstore.Store
+	// WrapStore, if set, wraps Store as the service sees it (to inject faults).
+	WrapStore func(app.Store) app.Store
 }
 
 func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Context) error, opts ...func(*harnessConfig)) *obsHarness {
@@ -169,6 +171,9 @@ func newObsHarness(t *testing.T, comps []httpapi.Component, ping func(context.Co
 		opt(&cfg)
 	}
 	cfg.App.Store, cfg.App.Provider = cfg.Store, psp.Port(cfg.Provider)
+	if cfg.WrapStore != nil {
+		cfg.App.Store = cfg.WrapStore(cfg.Store)
+	}
 	cfg.Config.App = app.New(cfg.App)
 	o.h = httpapi.New(cfg.Config)
 	if code, _, _ := o.call("POST", "/api/v1/users", "", `{"username":"alice","password":"correct horse"}`); code != 201 {
