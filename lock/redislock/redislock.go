@@ -29,7 +29,9 @@
 // A single Redis node (or a Cluster with asynchronous replication) can lose
 // an acknowledged lock on failover: treat this lock as a way to make
 // duplicates cheap to turn away, and keep correctness in the database
-// (fencing tokens, unique constraints, conditional updates).
+// (fencing tokens, unique constraints, conditional updates). Fences order
+// the holders across a failover only with Options.ClockFences: a counter
+// goes back with the primary that lost it.
 //
 // Keys: for a lock named K and the default prefix, Redis holds
 // "onceguard:lock:{K}" (the owner token), "onceguard:lock:{K}:fence",
@@ -91,7 +93,9 @@ type Options struct {
 	// Set it when fences from this backend are compared with fences from
 	// another one: behind package fallback, the database grants
 	// clock-based fences while Redis is away, and a resource that accepted
-	// one would refuse every later counter-based fence as stale. It costs
+	// one would refuse every later counter-based fence as stale; and when
+	// Redis fails over to a replica that had not seen the last grants, a
+	// counter goes back, a clock does not. It costs
 	// a script per try instead of two plain commands (about a quarter of
 	// the try throughput); the round trips stay the same.
 	ClockFences bool
