@@ -1,82 +1,15 @@
 package redislock_test
 
 import (
-	"context"
-	"errors"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/internal/redistest"
 	"github.com/onceguard/onceguard/lock/redislock"
 )
 
-// countingBackend counts acquire attempts, the round trips a release's
-// wake-ups cost.
-type countingBackend struct {
-	*redislock.Backend
-	attempts atomic.Int64
-}
-
-func (c *countingBackend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
-	c.attempts.Add(1)
-	return c.Backend.Acquire(ctx, r)
-}
-
 // PITFALLS 12 (thundering herd): a release wakes the first waiter only.
-// With 20 blocked waiters (MaxBackoff 30s: none polls meanwhile), the
-// release is followed by one acquire attempt, the first waiter's, not 20.
+// rueidislock has the same test.
 func TestReleaseWakesOneWaiter(t *testing.T) {
 	_, rdb := ownRedis(t)
-	b := &countingBackend{Backend: redislock.New(rdb, nil)}
-	l := lock.New(b, &lock.Options{MaxBackoff: 30 * time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	holder, err := l.TryAcquire(ctx, "herd", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const waiters = 20
-	var (
-		wg  sync.WaitGroup
-		got = make(chan *lock.Lease, waiters)
-	)
-	for range waiters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			lease, err := l.Acquire(ctx, "herd", time.Minute)
-			if err == nil {
-				got <- lease
-			} else if !errors.Is(err, context.Canceled) {
-				t.Errorf("Acquire = %v", err)
-			}
-		}()
-	}
-	// Every waiter tried, subscribed and tried again: 2 attempts each.
-	for deadline := time.Now().Add(20 * time.Second); b.attempts.Load() < 1+2*waiters; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d acquire attempts; want %d before the release", b.attempts.Load(), 1+2*waiters)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond) // nothing else is on its way
-	before := b.attempts.Load()
-	if err := holder.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var first *lock.Lease
-	select {
-	case first = <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no waiter got the lock within 10s of the release")
-	}
-	time.Sleep(500 * time.Millisecond) // room for a herd to show
-	if n := b.attempts.Load() - before; n != 1 {
-		t.Errorf("acquire attempts after one release = %d; want 1 (the first waiter's)", n)
-	}
-	cancel() // the other waiters give up
-	wg.Wait()
-	_ = first.Release(context.Background())
+	redistest.ReleaseWakesOneWaiter(t, redislock.New(rdb, nil))
 }
