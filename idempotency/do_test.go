@@ -97,6 +97,10 @@ func TestDoContextEndsInsideLease(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	start := time.Now()
 	_, _, err := idempotency.Do(context.Background(), store, doScope, "msg-3", "v1", &idempotency.DoOptions{Lease: lease}, func(ctx context.Context) ([]byte, error) {
+		// The lease began before fn was called: a deadline later than now + lease is outside it.
+		if dl, ok := ctx.Deadline(); !ok || dl.After(time.Now().Add(lease)) {
+			t.Errorf("fn's context deadline = %v (set %v); want one inside the lease, at most %v from now", dl, ok, lease)
+		}
 		select {
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
