@@ -11,16 +11,27 @@ import (
 	"github.com/onceguard/onceguard/lock"
 )
 
-// countingBackend counts acquire attempts, the round trips a release's
-// wake-ups cost.
-type countingBackend struct {
+// CountingWaiter is a backend that counts its acquire attempts (the round
+// trips a release's wake-ups cost) and stays a lock.Waiter.
+type CountingWaiter struct {
 	lock.Backend
 	lock.Waiter
-	attempts atomic.Int64
+	Attempts atomic.Int64
 }
 
-func (c *countingBackend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
-	c.attempts.Add(1)
+// CountAcquires wraps b, which must implement lock.Waiter.
+func CountAcquires(t testing.TB, b lock.Backend) *CountingWaiter {
+	t.Helper()
+	w, ok := b.(lock.Waiter)
+	if !ok {
+		t.Fatalf("%T does not implement lock.Waiter", b)
+	}
+	return &CountingWaiter{Backend: b, Waiter: w}
+}
+
+// Acquire counts the attempt and passes it on.
+func (c *CountingWaiter) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
+	c.Attempts.Add(1)
 	return c.Backend.Acquire(ctx, r)
 }
 
@@ -31,11 +42,7 @@ func (c *countingBackend) Acquire(ctx context.Context, r lock.Request) (lock.Gra
 // 20.
 func ReleaseWakesOneWaiter(t *testing.T, b lock.Backend) {
 	t.Helper()
-	w, ok := b.(lock.Waiter)
-	if !ok {
-		t.Fatalf("%T does not implement lock.Waiter", b)
-	}
-	c := &countingBackend{Backend: b, Waiter: w}
+	c := CountAcquires(t, b)
 	l := lock.New(c, &lock.Options{MaxBackoff: 30 * time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -61,14 +68,14 @@ func ReleaseWakesOneWaiter(t *testing.T, b lock.Backend) {
 		}()
 	}
 	// Every waiter tried, subscribed and tried again: 2 attempts each.
-	for deadline := time.Now().Add(20 * time.Second); c.attempts.Load() < 1+2*waiters; {
+	for deadline := time.Now().Add(20 * time.Second); c.Attempts.Load() < 1+2*waiters; {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d acquire attempts; want %d before the release", c.attempts.Load(), 1+2*waiters)
+			t.Fatalf("%d acquire attempts; want %d before the release", c.Attempts.Load(), 1+2*waiters)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(200 * time.Millisecond) // nothing else is on its way
-	before := c.attempts.Load()
+	before := c.Attempts.Load()
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +86,7 @@ func ReleaseWakesOneWaiter(t *testing.T, b lock.Backend) {
 		t.Fatal("no waiter got the lock within 10s of the release")
 	}
 	time.Sleep(500 * time.Millisecond) // room for a herd to show
-	if n := c.attempts.Load() - before; n != 1 {
+	if n := c.Attempts.Load() - before; n != 1 {
 		t.Errorf("acquire attempts after one release = %d; want 1 (the first waiter's)", n)
 	}
 	cancel() // the other waiters give up

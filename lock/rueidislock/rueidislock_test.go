@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -206,7 +205,7 @@ func TestInteropWithRedislock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := &countedWaiter{Backend: backends[b], Waiter: backends[b].(lock.Waiter)}
+		w := redistest.CountAcquires(t, backends[b])
 		waiter := lock.New(w, &lock.Options{MaxBackoff: 30 * time.Second})
 		got := make(chan error, 1)
 		go func() {
@@ -222,9 +221,9 @@ func TestInteropWithRedislock(t *testing.T) {
 			got <- err
 		}()
 		// Tried, subscribed, tried again: queued and listening.
-		for deadline := time.Now().Add(30 * time.Second); w.acquires.Load() < 2; time.Sleep(time.Millisecond) {
+		for deadline := time.Now().Add(30 * time.Second); w.Attempts.Load() < 2; time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s waiter made %d attempts in 30s; want 2", names[b], w.acquires.Load())
+				t.Fatalf("%s waiter made %d attempts in 30s; want 2", names[b], w.Attempts.Load())
 			}
 		}
 		if err := holder.Release(ctx); err != nil {
@@ -234,18 +233,6 @@ func TestInteropWithRedislock(t *testing.T) {
 			t.Errorf("%s waiter after %s release = %v; want woken by the release", names[b], names[a], err)
 		}
 	}
-}
-
-// countedWaiter counts a backend's acquire attempts and keeps it a Waiter.
-type countedWaiter struct {
-	lock.Backend
-	lock.Waiter
-	acquires atomic.Int64
-}
-
-func (c *countedWaiter) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
-	c.acquires.Add(1)
-	return c.Backend.Acquire(ctx, r)
 }
 
 // A script cache lost mid-run (restart, failover, SCRIPT FLUSH) must not
