@@ -336,10 +336,11 @@ func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (
 	})
 }
 
-// keyIsToken reports whether the request's Idempotency-Key is a submit token, sent bare or quoted.
+// keyIsToken reports whether the request's Idempotency-Key, as the middleware parses it (bare or
+// quoted), is a submit token.
 func keyIsToken(r *http.Request) bool {
-	k := r.Header.Get("Idempotency-Key")
-	return strings.HasPrefix(strings.TrimPrefix(k, `"`), token.Prefix)
+	k, err := idempotency.ParseKey(r.Header["Idempotency-Key"])
+	return err == nil && strings.HasPrefix(k, token.Prefix)
 }
 
 // window is a purpose's repeat-submit window: withdrawals and orders only.
