@@ -96,12 +96,17 @@ func WriteReplay(w http.ResponseWriter, resp *idemstore.Response, expires time.T
 }
 
 // ProblemBody returns p's application/problem+json body, as WriteProblem
-// writes it, and the headers that go with it (Content-Type, Cache-Control
-// and Retry-After when set), for a transport that writes them itself.
+// writes it, and the headers that go with it (Content-Type, Cache-Control,
+// Retry-After when set and the next submit token when the Guard offered
+// one), for a transport that writes them itself.
 func ProblemBody(p *Problem) (header http.Header, body []byte) {
 	header = http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}}
 	if p.RetryAfter > 0 {
 		header["Retry-After"] = []string{strconv.Itoa(p.RetryAfter)}
+	}
+	if p.next != "" {
+		header[HeaderNextToken] = []string{p.next}
+		header[HeaderNextTokenExpires] = []string{p.nextExpires}
 	}
 	var b bytes.Buffer
 	_ = json.NewEncoder(&b).Encode(problemJSON(p))

@@ -41,6 +41,19 @@ type Options[R any] struct {
 	// RequireToken refuses keys that are not submit tokens (400
 	// submit_token_required). Default: false.
 	RequireToken bool
+	// OfferToken hands the client its next submit token with the answer,
+	// so that a form or client submitting again needs no request to mint
+	// one: the answer of a request whose key is a submit token, or on a
+	// RequireToken route, gets a fresh token of Purpose for the same
+	// principal in Next-Submit-Token, with its expiry (RFC 3339) in
+	// Next-Submit-Token-Expires. On every answer but a replay (the stored
+	// answer as it was), a 5xx (the key and its token stay the request's,
+	// for its retry) and a 401, and only once the principal is known. It
+	// is added after the answer is stored, never stored with it. It needs
+	// signed Tokens (token.Options.Key), whose minting writes nothing: an
+	// offer left unused expires unseen. Told as the event
+	// "token_offered". Default: false.
+	OfferToken bool
 
 	// Windows and Window turn on the repeat-submit window: the same
 	// principal sending a request with the same fingerprint to the same
@@ -148,9 +161,10 @@ type Options[R any] struct {
 	// "store_unavailable", "interrupted" (the client went away while the
 	// store worked, before the handler ran: 503 request_interrupted,
 	// nothing kept), "unrecorded" (Deferred: the handler answered without
-	// creating the record; nothing kept). With Deferred, "new" is told
-	// when the handler reports the record created. Low cardinality: fit
-	// for a metric label.
+	// creating the record; nothing kept), and besides the outcome
+	// "token_offered" (OfferToken: the answer carries the next token).
+	// With Deferred, "new" is told when the handler reports the record
+	// created. Low cardinality: fit for a metric label.
 	OnEvent func(r R, event string)
 }
 
@@ -174,6 +188,9 @@ type Guard[R any] struct {
 func NewGuard[R any](o Options[R]) *Guard[R] {
 	if o.Store == nil {
 		panic("idempotency: a Guard needs a Store")
+	}
+	if o.OfferToken && (o.Tokens == nil || !o.Tokens.Signed()) {
+		panic("idempotency: OfferToken needs signed Tokens (token.Options.Key), whose minting writes nothing")
 	}
 	if o.Tokens != nil && o.Tokens.Signed() {
 		if _, ok := o.Store.(idemstore.SignedTokenStore); !ok {
@@ -258,13 +275,19 @@ func (g *Guard[R]) Resume(ctx context.Context, r R, req *Request, call *Call) Ou
 	g.local.finish(call)
 	err := call.Refusal()
 	var held *idemstore.WindowHeldError
+	var out Outcome
 	switch {
 	case errors.As(err, &held):
-		return g.fail(r, "duplicate_submission", g.duplicate(held.Left))
+		out = g.fail(r, "duplicate_submission", g.duplicate(held.Left))
 	case errors.Is(err, idemstore.ErrKeyTaken):
 		return g.begin(ctx, r, req, false)
+	default:
+		out = g.tokenError(ctx, r, err)
 	}
-	return g.tokenError(ctx, r, err)
+	if g.o.OfferToken {
+		out.Problem = g.offerProblem(ctx, r, out.Problem, call.Scope.Principal, call.Key)
+	}
+	return out
 }
 
 // duplicate is the 429 of the repeat-submit window, left to wait.
@@ -276,7 +299,7 @@ func (g *Guard[R]) duplicate(left time.Duration) *Problem {
 	}
 }
 
-func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) Outcome {
+func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) (out Outcome) {
 	o := &g.o
 
 	// 1. Body size, then who is asking.
@@ -294,6 +317,10 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 			return Outcome{Problem: p}
 		}
 	}
+	var key string
+	if o.OfferToken { // a problem from here on may carry the next token
+		defer func() { out.Problem = g.offerProblem(ctx, r, out.Problem, principal, key) }()
+	}
 
 	// 2. The key's syntax.
 	keys := req.Key
@@ -304,7 +331,8 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 		// sent under a second key.
 		keys = keyField(req.ContentType, req.Body, o.KeyField)
 	}
-	key, err := ParseKey(keys)
+	var err error
+	key, err = ParseKey(keys)
 	if errors.Is(err, ErrKeyMissing) {
 		if o.KeyOptional && len(keys) == 0 {
 			g.event(r, "unprotected")
@@ -450,7 +478,7 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 	} else {
 		g.event(r, "new")
 	}
-	out := Outcome{Call: call}
+	out = Outcome{Call: call}
 	if o.ExpiryHeader {
 		out.Expires = now.Add(o.TTL)
 	}
@@ -585,7 +613,9 @@ type Answer struct {
 // request_interrupted when the handler wrote nothing because the
 // request's context ended, 503 store_unavailable when a refusal (not a
 // 2xx) could not be stored. A success that could not be stored is sent:
-// the business tables' unique constraints pin its outcome.
+// the business tables' unique constraints pin its outcome. With
+// Options.OfferToken it adds the next submit token to a.Header, after the
+// answer is stored: the transport sends a.Header.
 func (g *Guard[R]) Finish(r R, call *Call, a Answer) *Problem {
 	detached := (*detachedCall)(call)
 	if d := call.deferred; d != nil {
@@ -599,6 +629,7 @@ func (g *Guard[R]) Finish(r R, call *Call, a Answer) *Problem {
 	switch {
 	case (a.Status >= 500 && !g.o.StoreServerErrors) || call.has(forgotten):
 		g.release(r, detached, call)
+		return nil
 	case !a.Written && !call.has(completed) && call.ctx.Context.Err() != nil:
 		// No answer: the handler gave up when the request's context ended
 		// (a deadline, a client gone). Its empty 200 is not an outcome to
@@ -621,7 +652,52 @@ func (g *Guard[R]) Finish(r R, call *Call, a Answer) *Problem {
 			return g.fail(r, "store_unavailable", probUnavailable).Problem
 		}
 	}
+	if g.o.OfferToken && a.Status < 500 && a.Status != http.StatusUnauthorized && a.Header != nil {
+		// After the store copied what it keeps: the offer is this answer's alone.
+		if next, expires := g.offer(call.ctx.Context, r, call.Scope.Principal, call.Key); next != "" {
+			a.Header[HeaderNextToken] = []string{next}
+			a.Header[HeaderNextTokenExpires] = []string{expires}
+		}
+	}
 	return nil
+}
+
+// The headers of Options.OfferToken: the next submit token, and when it
+// expires (RFC 3339).
+const (
+	HeaderNextToken        = "Next-Submit-Token"
+	HeaderNextTokenExpires = "Next-Submit-Token-Expires"
+)
+
+// offer mints the next submit token for principal (Options.OfferToken)
+// when key is a submit token or the route requires one: the token and its
+// expiry as sent, or "" when there is none to offer.
+func (g *Guard[R]) offer(ctx context.Context, r R, principal, key string) (next, expires string) {
+	if principal == "" || !(g.o.RequireToken || token.IsToken(key)) {
+		return "", ""
+	}
+	is, err := g.o.Tokens.Issue(ctx, principal, g.o.Purpose)
+	if err != nil { // the client mints one itself
+		return "", ""
+	}
+	g.event(r, "token_offered")
+	return is.Token, is.ExpiresAt.UTC().Format(time.RFC3339)
+}
+
+// offerProblem returns p with the next submit token (offer), or p as it
+// is: a 5xx or a 401 gets none. The shared problems are copied, not
+// changed.
+func (g *Guard[R]) offerProblem(ctx context.Context, r R, p *Problem, principal, key string) *Problem {
+	if p == nil || p.Status >= 500 || p.Status == http.StatusUnauthorized {
+		return p
+	}
+	next, expires := g.offer(ctx, r, principal, key)
+	if next == "" {
+		return p
+	}
+	cp := *p
+	cp.next, cp.nextExpires = next, expires
+	return &cp
 }
 
 // Abort frees the key of a handler that panicked, before the transport

@@ -13,6 +13,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/memstore"
+	"github.com/onceguard/onceguard/token"
 )
 
 // counting is a handler that counts its runs and answers status with
@@ -400,5 +401,21 @@ func TestGuardWithoutHTTP(t *testing.T) {
 	}
 	if runs != 2 {
 		t.Errorf("%d runs; want 2", runs)
+	}
+}
+
+// OfferToken needs signed Tokens: a stored token's mint is a write, which
+// an answer must not make for a token the client may never use.
+func TestOfferTokenNeedsSignedTokens(t *testing.T) {
+	store := &memstore.Store{}
+	for name, tokens := range map[string]*token.Tokens{"none": nil, "stored": token.New(store, nil)} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if got := recover(); got != "idempotency: OfferToken needs signed Tokens (token.Options.Key), whose minting writes nothing" {
+					t.Errorf("panic %v; want OfferToken's", got)
+				}
+			}()
+			idempotency.NewGuard(idempotency.Config{Store: store, Tokens: tokens, Purpose: "pay", OfferToken: true})
+		})
 	}
 }

@@ -14,6 +14,8 @@ type Problem struct {
 	Title      string // short, human
 	Detail     string // this occurrence, human
 	RetryAfter int    // seconds; sent as Retry-After when > 0
+
+	next, nextExpires string // Options.OfferToken: the next submit token, sent with the problem
 }
 
 // Error returns the problem's code and detail: a Problem is an error, so
@@ -21,13 +23,18 @@ type Problem struct {
 func (p *Problem) Error() string { return p.Code + ": " + p.Detail }
 
 // WriteProblem writes p as application/problem+json, with Cache-Control:
-// no-store and Retry-After when set.
+// no-store, Retry-After when set and the next submit token when the Guard
+// offered one (Options.OfferToken).
 func WriteProblem(w http.ResponseWriter, p *Problem) {
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	if p.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(p.RetryAfter))
+	}
+	if p.next != "" {
+		h.Set(HeaderNextToken, p.next)
+		h.Set(HeaderNextTokenExpires, p.nextExpires)
 	}
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(problemJSON(p))

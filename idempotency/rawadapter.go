@@ -121,7 +121,8 @@ func (c *HeaderCollector) Answer(status int, body []byte) Answer {
 
 // FirstExtra returns what FirstHeader adds to the collected answer
 // header and it does not have: the headers an adapter sets on a
-// response that already holds the answer, once Finish returned nil. A
+// response that already holds the answer, once Finish returned nil (and
+// the next submit token Finish added, Options.OfferToken). A
 // Cache-Control of the handler's is kept, so it is not among them. The
 // map is c's, valid until Release.
 func (g *Guard[R]) FirstExtra(c *HeaderCollector, expires time.Time) http.Header {
@@ -133,6 +134,12 @@ func (g *Guard[R]) FirstExtra(c *HeaderCollector, expires time.Time) http.Header
 	g.FirstHeader(add, expires)
 	if hadCC {
 		delete(add, "Cache-Control")
+	}
+	// Finish added the offered token to the collected header only.
+	for _, k := range [2]string{HeaderNextToken, HeaderNextTokenExpires} {
+		if v, ok := c.h[k]; ok {
+			add[k] = v
+		}
 	}
 	return add
 }

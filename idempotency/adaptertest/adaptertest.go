@@ -50,6 +50,9 @@ type Config struct {
 	Lease   time.Duration // the in-flight lease; 0 for the default
 	// KeyOptional runs a request without a key, unprotected.
 	KeyOptional bool
+	// RequireToken refuses keys that are not submit tokens; OfferToken
+	// sends the next one with each answer (Tokens signed).
+	RequireToken, OfferToken bool
 	// OnEvent, when set, is told each of the Guard's events.
 	OnEvent func(event string)
 	// The adapter's Principal hook returns the request's "X-User" header
@@ -64,7 +67,7 @@ type Config struct {
 func Options[R any](cfg Config, principal func(R) (string, error)) idempotency.Options[R] {
 	o := idempotency.Options[R]{
 		Store: cfg.Store, Tokens: cfg.Tokens, Purpose: cfg.Purpose, Window: cfg.Window, Lease: cfg.Lease,
-		KeyOptional: cfg.KeyOptional, Principal: principal,
+		KeyOptional: cfg.KeyOptional, RequireToken: cfg.RequireToken, OfferToken: cfg.OfferToken, Principal: principal,
 	}
 	if ev := cfg.OnEvent; ev != nil {
 		o.OnEvent = func(_ R, event string) { ev(event) }
@@ -424,6 +427,8 @@ func Run(t *testing.T, start Start, newStore func(t *testing.T) idemstore.FullSt
 		}
 	})
 
+	t.Run("OfferToken", func(t *testing.T) { testOfferToken(t, setup, newStore(t)) })
+
 	t.Run("RepeatWindow", func(t *testing.T) {
 		c, a := setup(t, Config{Window: time.Minute})
 		body := fmt.Sprintf(`{"amount":%d}`, time.Now().UnixNano())
@@ -552,3 +557,121 @@ func Run(t *testing.T, start Start, newStore func(t *testing.T) idemstore.FullSt
 		}
 	})
 }
+
+// testOfferToken: each answer of a request keyed by a submit token (or on
+// a route that requires one) carries the next token, which works once as
+// a minted one does; a replay, a 5xx and a plain key's answer carry none.
+func testOfferToken(t *testing.T, setup func(*testing.T, Config) (*client, *app), store idemstore.FullStore) {
+	if _, ok := store.(idemstore.SignedTokenStore); !ok {
+		t.Skip("signed submit tokens need an idemstore.SignedTokenStore")
+	}
+	tokens := token.New(store, &token.Options{Key: []byte(unique("offer-key-") + strings.Repeat("k", 32))})
+	var offered atomic.Int32
+	cfg := Config{Store: store, Tokens: tokens, Purpose: "withdrawal", OfferToken: true, OnEvent: func(ev string) {
+		if ev == "token_offered" {
+			offered.Add(1)
+		}
+	}}
+	c, a := setup(t, cfg)
+	user := unique("ann")
+	// next returns the answer's offered token after checking its expiry.
+	next := func(what string, got answer) string {
+		t.Helper()
+		tok := got.header.Get(idempotency.HeaderNextToken)
+		exp, err := time.Parse(time.RFC3339, got.header.Get(idempotency.HeaderNextTokenExpires))
+		if !token.IsToken(tok) || err != nil || !exp.After(time.Now()) {
+			t.Fatalf("%s: %v with Next-Submit-Token %q expiring %q; want a token and its expiry ahead", what, got, tok, got.header.Get(idempotency.HeaderNextTokenExpires))
+		}
+		return tok
+	}
+	none := func(what string, got answer) {
+		t.Helper()
+		if tok := got.header.Get(idempotency.HeaderNextToken); tok != "" || got.header.Get(idempotency.HeaderNextTokenExpires) != "" {
+			t.Errorf("%s: %v offers %q; want no token", what, got, tok)
+		}
+	}
+
+	first, err := tokens.Issue(context.Background(), user, "withdrawal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok1 := c.send("/ok", user, first.Token, "", `{"amount":1}`)
+	if ok1.status != 201 {
+		t.Fatalf("a minted token: %v; want 201", ok1)
+	}
+	tok2 := next("the first answer", ok1)
+	replay := c.send("/ok", user, first.Token, "", `{"amount":1}`)
+	if replay.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(replay.body, ok1.body) {
+		t.Fatalf("the retry: %v; want the replay of %v", replay, ok1)
+	}
+	none("the replay", replay)
+
+	ok2 := c.send("/ok", user, tok2, "", `{"amount":2}`)
+	if ok2.status != 201 || tok2 == first.Token {
+		t.Fatalf("the offered token: %v; want 201 (a token of its own)", ok2)
+	}
+	tok3 := next("the offered token's answer", ok2)
+	// The offered token, spent, with another body: 422, and a new one.
+	reused := c.send("/ok", user, tok2, "", `{"amount":3}`)
+	if reused.status != 422 || reused.code() != "idempotency_key_reused" {
+		t.Fatalf("a spent token with another body: %v; want 422 idempotency_key_reused", reused)
+	}
+	tok4 := next("the 422", reused)
+	// A 5xx keeps the key and its token for the retry: no offer.
+	failed := c.send("/fail", user, tok3, "", `{"amount":4}`)
+	if failed.status != 500 {
+		t.Fatalf("/fail: %v; want 500", failed)
+	}
+	none("the 500", failed)
+	retried := c.send("/fail", user, tok3, "", `{"amount":4}`)
+	if retried.status != 201 {
+		t.Fatalf("the 500's retry with its token: %v; want 201", retried)
+	}
+	next("the retry's answer", retried)
+	// Another user's token: 400, and one of the sender's own.
+	bobs, err := tokens.Issue(context.Background(), unique("bob"), "withdrawal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := c.send("/ok", user, bobs.Token, "", `{"amount":5}`)
+	if foreign.status != 400 || foreign.code() != "submit_token_invalid" {
+		t.Fatalf("another user's token: %v; want 400 submit_token_invalid", foreign)
+	}
+	if got := c.send("/ok", user, next("the 400", foreign), "", `{"amount":5}`); got.status != 201 {
+		t.Errorf("the token offered with the 400: %v; want 201", got)
+	}
+	if got := c.send("/ok", user, tok4, "", `{"amount":6}`); got.status != 201 {
+		t.Errorf("the token offered with the 422: %v; want 201", got)
+	}
+	// A plain key where tokens are not required: no offer.
+	none("a plain key", c.send("/ok", user, unique("plain"), "", `{"amount":7}`))
+	if n := a.runs.Load(); n != 7 {
+		t.Errorf("%d runs; want 7 (the 500 and its retry each ran)", n)
+	}
+	if n := offered.Load(); n != 7 {
+		t.Errorf("told token_offered %d times; want 7 (one per offer)", n)
+	}
+
+	// A route that requires tokens offers one with its 400 to a plain key;
+	// the repeat-submit window's 429 offers one too.
+	cfg.RequireToken, cfg.Window, cfg.OnEvent = true, time.Minute, nil
+	c, _ = setup(t, cfg)
+	body := fmt.Sprintf(`{"amount":%d}`, time.Now().UnixNano())
+	refused := c.send("/ok", user, unique("plain"), "", body)
+	if refused.status != 400 || refused.code() != "submit_token_required" {
+		t.Fatalf("a plain key where a token is required: %v; want 400 submit_token_required", refused)
+	}
+	got := c.send("/ok", user, next("the 400 submit_token_required", refused), "", body)
+	if got.status != 201 {
+		t.Fatalf("the token offered with it: %v; want 201", got)
+	}
+	dup := c.send("/ok", user, next("its answer", got), "", body)
+	if dup.status != 429 || dup.code() != "duplicate_submission" {
+		t.Fatalf("the same body under the next token: %v; want 429 duplicate_submission", dup)
+	}
+	next("the 429", dup)
+	none("no principal", c.send("/ok", "", unique("plain"), "", body))
+}
+
+// unique returns k made unique to this run.
+func unique(k string) string { return fmt.Sprintf("%s-%d", k, time.Now().UnixNano()) }

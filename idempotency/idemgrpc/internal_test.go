@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemgrpc/internal/paypb"
+	"github.com/onceguard/onceguard/idempotency/memstore"
 )
 
 // Cutting request_id out of a deterministic encoding gives the encoding of
@@ -179,5 +180,30 @@ func TestCodeStatus(t *testing.T) {
 				t.Errorf("%v: %d; want a 5xx (freed)", c, st)
 			}
 		}
+	}
+}
+
+// The Guard's options for HTTP answers are refused, each with its own
+// message: gRPC has no body field for a key and no form to offer a token.
+func TestHTTPOptionsRefused(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		set  func(*idempotency.Options[*UnaryRequest])
+		want string
+	}{
+		{"KeyField", func(o *idempotency.Options[*UnaryRequest]) { o.KeyField = "key" }, "idemgrpc: Options.KeyField is for HTTP bodies; use ServerOptions.RequestIDField"},
+		{"OfferToken", func(o *idempotency.Options[*UnaryRequest]) { o.OfferToken = true }, "idemgrpc: Options.OfferToken is for HTTP answers"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var o ServerOptions
+			o.Guard.Store = &memstore.Store{}
+			c.set(&o.Guard)
+			defer func() {
+				if got := recover(); got != c.want {
+					t.Errorf("panic %v; want %q", got, c.want)
+				}
+			}()
+			UnaryServerInterceptor(o)
+		})
 	}
 }

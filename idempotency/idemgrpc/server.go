@@ -174,7 +174,8 @@ type server struct {
 }
 
 // UnaryServerInterceptor returns the interceptor of o. It panics where
-// idempotency.NewGuard does, and when o.Guard.KeyField is set.
+// idempotency.NewGuard does, and when o.Guard.KeyField or
+// o.Guard.OfferToken (the next submit token of an HTTP form) is set.
 func UnaryServerInterceptor(o ServerOptions) grpc.UnaryServerInterceptor {
 	s := newServer(o)
 	return s.intercept
@@ -184,6 +185,9 @@ func newServer(o ServerOptions) *server {
 	g := o.Guard
 	if g.KeyField != "" {
 		panic("idemgrpc: Options.KeyField is for HTTP bodies; use ServerOptions.RequestIDField")
+	}
+	if g.OfferToken {
+		panic("idemgrpc: Options.OfferToken is for HTTP answers")
 	}
 	g.ReplayHeaders = []string{"Content-Type"}
 	if g.MaxBody <= 0 {

@@ -350,3 +350,79 @@ func TestSignedTokens(t *testing.T) {
 		}
 	}
 }
+
+// OfferToken with signed tokens on the SQL store, Deferred (one
+// transaction, or on PostgreSQL one statement) and not: each answer of a
+// token-keyed request carries the next token, added after the answer is
+// stored (a replay has none though every header is replayed), and on the
+// Guard's own refusals that Deferred answers after the handler refused
+// (Resume): the used token's 400 and the window's 429.
+func TestOfferTokenDeferred(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	for _, d := range databases {
+		for _, mode := range []string{"begin", "tx", "cte"} {
+			if mode == "cte" && d.dialect != sqldialect.Postgres {
+				continue
+			}
+			t.Run(d.name+"/"+mode, func(t *testing.T) {
+				rig := newRig(t, d, mode == "cte", mode != "begin", key)
+				var offered atomic.Int32
+				rig.h = idempotency.Middleware(idempotency.Config{
+					Store: rig.s, Deferred: mode != "begin", Tokens: rig.tokens, Purpose: "pay", Window: time.Minute,
+					OfferToken: true, ReplayHeaders: []string{"*"},
+					Principal: func(r *http.Request) (string, error) { return "alice", nil },
+					OnEvent: func(_ *http.Request, ev string) {
+						if ev == "token_offered" {
+							offered.Add(1)
+						}
+					},
+				})(rig.raw)
+				next := func(what string, w *httptest.ResponseRecorder) string {
+					t.Helper()
+					tok := w.Header().Get(idempotency.HeaderNextToken)
+					if err := rig.tokens.Verify(tok, "alice", "pay"); err != nil || w.Header().Get(idempotency.HeaderNextTokenExpires) == "" {
+						t.Fatalf("%s = %d %s %v: the offer %q does not verify (%v)", what, w.Code, w.Body, w.Header(), tok, err)
+					}
+					return tok
+				}
+				n := time.Now().UnixNano()
+				path := fmt.Sprint("/offer/", n)
+				issued, err := rig.tokens.Issue(context.Background(), "alice", "pay")
+				if err != nil {
+					t.Fatal(err)
+				}
+				first := rig.post(t, path+"/a", issued.Token, `{"amount":1}`)
+				if first.Code != 201 {
+					t.Fatalf("first use = %d %s; want 201", first.Code, first.Body)
+				}
+				tok2 := next("the first answer", first)
+				replay := rig.post(t, path+"/a", issued.Token, `{"amount":1}`)
+				if replay.Header().Get("Idempotent-Replayed") != "true" || replay.Header().Get(idempotency.HeaderNextToken) != "" {
+					t.Fatalf("its retry = %d %v; want the replay, with no token (none was stored)", replay.Code, replay.Header())
+				}
+				if w := rig.post(t, path+"/b", tok2, `{"amount":2}`); w.Code != 201 {
+					t.Fatalf("the offered token = %d %s; want 201", w.Code, w.Body)
+				}
+				used := rig.post(t, path+"/c", tok2, `{"amount":3}`)
+				if used.Code != 400 || !strings.Contains(used.Body.String(), "submit_token_invalid") {
+					t.Fatalf("the offered token used again elsewhere = %d %s; want 400 submit_token_invalid", used.Code, used.Body)
+				}
+				tok3 := next("the used token's 400", used)
+				dup := rig.post(t, path+"/b", tok3, `{"amount":2}`)
+				if dup.Code != 429 {
+					t.Fatalf("the same body under the next token = %d %s; want 429", dup.Code, dup.Body)
+				}
+				next("the 429", dup)
+				if w := rig.post(t, path+"/d", tok3, `{"amount":4}`); w.Code != 201 {
+					t.Fatalf("the 400's offer = %d %s; want 201 (the 429 left it unused)", w.Code, w.Body)
+				}
+				if e1, e2, e3 := rig.effects(t, issued.Token), rig.effects(t, tok2), rig.effects(t, tok3); e1 != 1 || e2 != 1 || e3 != 1 {
+					t.Fatalf("effects %d %d %d; want one each", e1, e2, e3)
+				}
+				if got := offered.Load(); got != 5 {
+					t.Errorf("told token_offered %d times; want 5", got)
+				}
+			})
+		}
+	}
+}
