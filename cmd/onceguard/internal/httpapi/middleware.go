@@ -28,7 +28,6 @@ type requestInfo struct {
 	released                 bool         // the key (and its token) were freed for a retry
 	abort                    bool         // a panic after the status was sent: abort the answer
 	status                   int
-	nextToken                string // a purpose: the answer offers a fresh submit token for it (offerToken)
 }
 
 type requestInfoKey struct{}
@@ -44,9 +43,6 @@ func info(r *http.Request) *requestInfo {
 type statusWriter struct {
 	http.ResponseWriter
 	status int
-	s      *server
-	r      *http.Request
-	in     *requestInfo // r's
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -54,9 +50,6 @@ func (w *statusWriter) WriteHeader(code int) {
 		w.status = code
 		if code == http.StatusUnauthorized { // RFC 9110 section 11.6.1: a 401 names its scheme
 			w.Header().Set("WWW-Authenticate", `Bearer realm="onceguard"`)
-		}
-		if w.in.nextToken != "" {
-			w.s.offerToken(w.Header(), w.r, w.in, code)
 		}
 	}
 	w.ResponseWriter.WriteHeader(code)
@@ -69,29 +62,6 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
-// offerToken adds to the answer of a keyed request that sent a submit token, or whose route
-// requires one, a fresh token for the same purpose (Next-Submit-Token, with its expiry in
-// Next-Submit-Token-Expires), so that a form submits again without minting first: one request
-// fewer for each submission. Not on a 5xx (it frees the key and its token for the retry), a 401
-// (no user) or a replay (the stored answer and Idempotent-Replayed, nothing else). The header
-// is never stored with the answer: it is added outside the Idempotency-Key middleware. Only
-// signed tokens (token.Options.Key) are offered, whose minting writes nothing; an unused one
-// expires unseen.
-func (s *server) offerToken(h http.Header, r *http.Request, in *requestInfo, code int) {
-	if in.userID == "" || code >= 500 || code == http.StatusUnauthorized || h.Get("Idempotent-Replayed") == "true" {
-		return
-	}
-	is, err := s.tokens.Issue(r.Context(), in.userID, in.nextToken)
-	if err != nil {
-		return // the form mints one itself
-	}
-	if m := s.cfg.Metrics; m != nil {
-		m.Tokens.WithLabelValues("offered").Inc()
-	}
-	h.Set("Next-Submit-Token", is.Token)
-	h.Set("Next-Submit-Token-Expires", ts(is.ExpiresAt))
-}
-
 // observe gives the request its id, logger and info, and writes its log line and metrics.
 func (s *server) observe(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -101,7 +71,7 @@ func (s *server) observe(next http.Handler) http.Handler {
 		in := &requestInfo{keyHash: obs.Hash(r.Header.Get("Idempotency-Key"))}
 		log := s.log.With("request_id", id)
 		r = r.WithContext(context.WithValue(app.WithLogger(r.Context(), log), requestInfoKey{}, in))
-		sw := &statusWriter{ResponseWriter: w, s: s, r: r, in: in}
+		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r)
 		status := sw.status
 		if in.abort {
@@ -314,6 +284,9 @@ func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (
 		Store: s.cfg.Keys, Tokens: s.tokens, Purpose: purpose, RequireToken: s.cfg.RequireToken[purpose],
 		Windows: s.cfg.Windows, Window: s.window(purpose), TTL: s.cfg.KeyTTL, Lease: s.app.KeyLease(), MaxBody: MaxBody,
 		Deferred: deferred,
+		// The next token with each answer (Next-Submit-Token): a form submits again without
+		// minting first. Signed tokens only, whose minting writes nothing.
+		OfferToken: s.tokens.Signed(),
 		Principal: func(r *http.Request) (string, error) {
 			u, err := user(r)
 			if err != nil && app.ErrorCode(err) != app.CodeNotFound {
@@ -325,11 +298,7 @@ func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (
 		OnEvent:     s.keyEvent,
 	})(next)
 	// The deadline comes first: the key's lease starts inside it.
-	offer := s.tokens.Signed()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if offer && (s.cfg.RequireToken[purpose] || keyIsToken(r)) {
-			info(r).nextToken = purpose
-		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.app.RequestTimeout())
 		defer cancel()
 		h.ServeHTTP(w, r.WithContext(ctx))
@@ -353,6 +322,12 @@ func (s *server) window(purpose string) time.Duration {
 
 // keyEvent counts and logs what the Idempotency-Key check decided.
 func (s *server) keyEvent(r *http.Request, ev string) {
+	if ev == "token_offered" { // besides the request's outcome, not one
+		if m := s.cfg.Metrics; m != nil {
+			m.Tokens.WithLabelValues("offered").Inc()
+		}
+		return
+	}
 	i := info(r)
 	switch ev {
 	case "new", "recovered":
