@@ -267,88 +267,79 @@ func TestDeferred(t *testing.T) {
 // 400 (used), as it is for another user (foreign) or when forged; of ten
 // first uses on ten paths at once, one runs.
 func TestSignedTokens(t *testing.T) {
-	key := []byte("0123456789abcdef0123456789abcdef")
-	for _, d := range databases {
-		for _, mode := range []string{"begin", "tx", "cte"} {
-			if mode == "cte" && d.dialect != sqldialect.Postgres {
-				continue
-			}
-			t.Run(d.name+"/"+mode, func(t *testing.T) {
-				rig := newRig(t, d, mode == "cte", mode != "begin", key)
-				n := time.Now().UnixNano()
-				path := fmt.Sprint("/signed/", n)
-				issued, err := rig.tokens.Issue(context.Background(), "alice", "pay")
-				if err != nil {
-					t.Fatal(err)
-				}
-				tok := issued.Token
-				// Expired before its first use: refused, nothing made.
-				late := token.New(rig.s, &token.Options{Key: key, TTL: time.Minute, Now: func() time.Time { return time.Now().Add(-2 * time.Minute) }})
-				old, _ := late.Issue(context.Background(), "alice", "pay")
-				if w := rig.post(t, path+"/old", old.Token, `{"amount":9}`); w.Code != 400 || rig.effects(t, old.Token) != 0 {
-					t.Fatalf("an expired token = %d, %d effects; want 400, none", w.Code, rig.effects(t, old.Token))
-				}
-				first := rig.post(t, path+"/a", tok, `{"amount":1}`)
-				if first.Code != 201 {
-					t.Fatalf("first use = %d %s; want 201", first.Code, first.Body)
-				}
-				if w := rig.post(t, path+"/a", tok, `{"amount":1}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
-					t.Fatalf("its retry = %d %v; want the replay", w.Code, w.Header())
-				}
-				for _, c := range []struct{ name, path, key string }{
-					{"on another path", path + "/b", tok},
-					{"forged", path + "/c", tok[:len(tok)-2] + "AA"},
-				} {
-					if w := rig.post(t, c.path, c.key, `{"amount":2}`); w.Code != 400 || !strings.Contains(w.Body.String(), "submit_token_invalid") {
-						t.Fatalf("the token %s = %d %s; want 400 submit_token_invalid", c.name, w.Code, w.Body)
-					}
-				}
-				bobs, _ := rig.tokens.Issue(context.Background(), "bob", "pay")
-				if w := rig.post(t, path+"/d", bobs.Token, `{"amount":3}`); w.Code != 400 {
-					t.Fatalf("bob's token = %d; want 400", w.Code)
-				}
-				if e := rig.effects(t, tok); e != 1 {
-					t.Fatalf("%d effects of the token; want 1", e)
-				}
-				// Past its TTL, its request's retry is still its record's replay.
-				rig.later.Store(int64(time.Hour))
-				if w := rig.post(t, path+"/a", tok, `{"amount":1}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
-					t.Fatalf("its retry after its TTL = %d %s; want the replay", w.Code, w.Body)
-				}
-				rig.later.Store(0)
-
-				// Ten first uses of one token on ten paths at once: one runs.
-				issued, _ = rig.tokens.Issue(context.Background(), "alice", "pay")
-				var wg sync.WaitGroup
-				codes := make([]int, 10)
-				for i := range codes {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						w := rig.post(t, fmt.Sprint(path, "/r", i), issued.Token, fmt.Sprintf(`{"amount":%d}`, 10+i))
-						codes[i] = w.Code
-						if w.Code == 503 {
-							t.Log(w.Body.String())
-						}
-					}()
-				}
-				wg.Wait()
-				ok := 0
-				for _, c := range codes {
-					switch c {
-					case 201:
-						ok++
-					case 400, 409:
-					default:
-						t.Fatalf("race answers %v; want 201, 400 or 409", codes)
-					}
-				}
-				if e := rig.effects(t, issued.Token); ok != 1 || e != 1 {
-					t.Fatalf("race: %d answered 201, %d effects (answers %v); want 1 and 1", ok, e, codes)
-				}
-			})
+	signedRigs(t, func(t *testing.T, rig *deferredRig, mode string) {
+		n := time.Now().UnixNano()
+		path := fmt.Sprint("/signed/", n)
+		issued, err := rig.tokens.Issue(context.Background(), "alice", "pay")
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		tok := issued.Token
+		// Expired before its first use: refused, nothing made.
+		late := token.New(rig.s, &token.Options{Key: signedKey, TTL: time.Minute, Now: func() time.Time { return time.Now().Add(-2 * time.Minute) }})
+		old, _ := late.Issue(context.Background(), "alice", "pay")
+		if w := rig.post(t, path+"/old", old.Token, `{"amount":9}`); w.Code != 400 || rig.effects(t, old.Token) != 0 {
+			t.Fatalf("an expired token = %d, %d effects; want 400, none", w.Code, rig.effects(t, old.Token))
+		}
+		first := rig.post(t, path+"/a", tok, `{"amount":1}`)
+		if first.Code != 201 {
+			t.Fatalf("first use = %d %s; want 201", first.Code, first.Body)
+		}
+		if w := rig.post(t, path+"/a", tok, `{"amount":1}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("its retry = %d %v; want the replay", w.Code, w.Header())
+		}
+		for _, c := range []struct{ name, path, key string }{
+			{"on another path", path + "/b", tok},
+			{"forged", path + "/c", tok[:len(tok)-2] + "AA"},
+		} {
+			if w := rig.post(t, c.path, c.key, `{"amount":2}`); w.Code != 400 || !strings.Contains(w.Body.String(), "submit_token_invalid") {
+				t.Fatalf("the token %s = %d %s; want 400 submit_token_invalid", c.name, w.Code, w.Body)
+			}
+		}
+		bobs, _ := rig.tokens.Issue(context.Background(), "bob", "pay")
+		if w := rig.post(t, path+"/d", bobs.Token, `{"amount":3}`); w.Code != 400 {
+			t.Fatalf("bob's token = %d; want 400", w.Code)
+		}
+		if e := rig.effects(t, tok); e != 1 {
+			t.Fatalf("%d effects of the token; want 1", e)
+		}
+		// Past its TTL, its request's retry is still its record's replay.
+		rig.later.Store(int64(time.Hour))
+		if w := rig.post(t, path+"/a", tok, `{"amount":1}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("its retry after its TTL = %d %s; want the replay", w.Code, w.Body)
+		}
+		rig.later.Store(0)
+
+		// Ten first uses of one token on ten paths at once: one runs.
+		issued, _ = rig.tokens.Issue(context.Background(), "alice", "pay")
+		var wg sync.WaitGroup
+		codes := make([]int, 10)
+		for i := range codes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w := rig.post(t, fmt.Sprint(path, "/r", i), issued.Token, fmt.Sprintf(`{"amount":%d}`, 10+i))
+				codes[i] = w.Code
+				if w.Code == 503 {
+					t.Log(w.Body.String())
+				}
+			}()
+		}
+		wg.Wait()
+		ok := 0
+		for _, c := range codes {
+			switch c {
+			case 201:
+				ok++
+			case 400, 409:
+			default:
+				t.Fatalf("race answers %v; want 201, 400 or 409", codes)
+			}
+		}
+		if e := rig.effects(t, issued.Token); ok != 1 || e != 1 {
+			t.Fatalf("race: %d answered 201, %d effects (answers %v); want 1 and 1", ok, e, codes)
+		}
+	})
 }
 
 // OfferToken with signed tokens on the SQL store, Deferred (one
@@ -358,71 +349,79 @@ func TestSignedTokens(t *testing.T) {
 // Guard's own refusals that Deferred answers after the handler refused
 // (Resume): the used token's 400 and the window's 429.
 func TestOfferTokenDeferred(t *testing.T) {
-	key := []byte("0123456789abcdef0123456789abcdef")
+	signedRigs(t, func(t *testing.T, rig *deferredRig, mode string) {
+		var offered atomic.Int32
+		rig.h = idempotency.Middleware(idempotency.Config{
+			Store: rig.s, Deferred: mode != "begin", Tokens: rig.tokens, Purpose: "pay", Window: time.Minute,
+			OfferToken: true, ReplayHeaders: []string{"*"},
+			Principal: func(r *http.Request) (string, error) { return "alice", nil },
+			OnEvent: func(_ *http.Request, ev string) {
+				if ev == "token_offered" {
+					offered.Add(1)
+				}
+			},
+		})(rig.raw)
+		next := func(what string, w *httptest.ResponseRecorder) string {
+			t.Helper()
+			tok := w.Header().Get(idempotency.HeaderNextToken)
+			if err := rig.tokens.Verify(tok, "alice", "pay"); err != nil || w.Header().Get(idempotency.HeaderNextTokenExpires) == "" {
+				t.Fatalf("%s = %d %s %v: the offer %q does not verify (%v)", what, w.Code, w.Body, w.Header(), tok, err)
+			}
+			return tok
+		}
+		n := time.Now().UnixNano()
+		path := fmt.Sprint("/offer/", n)
+		issued, err := rig.tokens.Issue(context.Background(), "alice", "pay")
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := rig.post(t, path+"/a", issued.Token, `{"amount":1}`)
+		if first.Code != 201 {
+			t.Fatalf("first use = %d %s; want 201", first.Code, first.Body)
+		}
+		tok2 := next("the first answer", first)
+		replay := rig.post(t, path+"/a", issued.Token, `{"amount":1}`)
+		if replay.Header().Get("Idempotent-Replayed") != "true" || replay.Header().Get(idempotency.HeaderNextToken) != "" {
+			t.Fatalf("its retry = %d %v; want the replay, with no token (none was stored)", replay.Code, replay.Header())
+		}
+		if w := rig.post(t, path+"/b", tok2, `{"amount":2}`); w.Code != 201 {
+			t.Fatalf("the offered token = %d %s; want 201", w.Code, w.Body)
+		}
+		used := rig.post(t, path+"/c", tok2, `{"amount":3}`)
+		if used.Code != 400 || !strings.Contains(used.Body.String(), "submit_token_invalid") {
+			t.Fatalf("the offered token used again elsewhere = %d %s; want 400 submit_token_invalid", used.Code, used.Body)
+		}
+		tok3 := next("the used token's 400", used)
+		dup := rig.post(t, path+"/b", tok3, `{"amount":2}`)
+		if dup.Code != 429 {
+			t.Fatalf("the same body under the next token = %d %s; want 429", dup.Code, dup.Body)
+		}
+		next("the 429", dup)
+		if w := rig.post(t, path+"/d", tok3, `{"amount":4}`); w.Code != 201 {
+			t.Fatalf("the 400's offer = %d %s; want 201 (the 429 left it unused)", w.Code, w.Body)
+		}
+		if e1, e2, e3 := rig.effects(t, issued.Token), rig.effects(t, tok2), rig.effects(t, tok3); e1 != 1 || e2 != 1 || e3 != 1 {
+			t.Fatalf("effects %d %d %d; want one each", e1, e2, e3)
+		}
+		if got := offered.Load(); got != 5 {
+			t.Errorf("told token_offered %d times; want 5", got)
+		}
+	})
+}
+
+// signedKey signs the rigs' tokens.
+var signedKey = []byte("0123456789abcdef0123456789abcdef")
+
+// signedRigs runs f on a rig with signed tokens on every database, in each
+// mode: "begin" (no Deferred), "tx" (Deferred, the record in the effect's
+// transaction) and, on PostgreSQL, "cte" (in its statement).
+func signedRigs(t *testing.T, f func(t *testing.T, rig *deferredRig, mode string)) {
 	for _, d := range databases {
 		for _, mode := range []string{"begin", "tx", "cte"} {
 			if mode == "cte" && d.dialect != sqldialect.Postgres {
 				continue
 			}
-			t.Run(d.name+"/"+mode, func(t *testing.T) {
-				rig := newRig(t, d, mode == "cte", mode != "begin", key)
-				var offered atomic.Int32
-				rig.h = idempotency.Middleware(idempotency.Config{
-					Store: rig.s, Deferred: mode != "begin", Tokens: rig.tokens, Purpose: "pay", Window: time.Minute,
-					OfferToken: true, ReplayHeaders: []string{"*"},
-					Principal: func(r *http.Request) (string, error) { return "alice", nil },
-					OnEvent: func(_ *http.Request, ev string) {
-						if ev == "token_offered" {
-							offered.Add(1)
-						}
-					},
-				})(rig.raw)
-				next := func(what string, w *httptest.ResponseRecorder) string {
-					t.Helper()
-					tok := w.Header().Get(idempotency.HeaderNextToken)
-					if err := rig.tokens.Verify(tok, "alice", "pay"); err != nil || w.Header().Get(idempotency.HeaderNextTokenExpires) == "" {
-						t.Fatalf("%s = %d %s %v: the offer %q does not verify (%v)", what, w.Code, w.Body, w.Header(), tok, err)
-					}
-					return tok
-				}
-				n := time.Now().UnixNano()
-				path := fmt.Sprint("/offer/", n)
-				issued, err := rig.tokens.Issue(context.Background(), "alice", "pay")
-				if err != nil {
-					t.Fatal(err)
-				}
-				first := rig.post(t, path+"/a", issued.Token, `{"amount":1}`)
-				if first.Code != 201 {
-					t.Fatalf("first use = %d %s; want 201", first.Code, first.Body)
-				}
-				tok2 := next("the first answer", first)
-				replay := rig.post(t, path+"/a", issued.Token, `{"amount":1}`)
-				if replay.Header().Get("Idempotent-Replayed") != "true" || replay.Header().Get(idempotency.HeaderNextToken) != "" {
-					t.Fatalf("its retry = %d %v; want the replay, with no token (none was stored)", replay.Code, replay.Header())
-				}
-				if w := rig.post(t, path+"/b", tok2, `{"amount":2}`); w.Code != 201 {
-					t.Fatalf("the offered token = %d %s; want 201", w.Code, w.Body)
-				}
-				used := rig.post(t, path+"/c", tok2, `{"amount":3}`)
-				if used.Code != 400 || !strings.Contains(used.Body.String(), "submit_token_invalid") {
-					t.Fatalf("the offered token used again elsewhere = %d %s; want 400 submit_token_invalid", used.Code, used.Body)
-				}
-				tok3 := next("the used token's 400", used)
-				dup := rig.post(t, path+"/b", tok3, `{"amount":2}`)
-				if dup.Code != 429 {
-					t.Fatalf("the same body under the next token = %d %s; want 429", dup.Code, dup.Body)
-				}
-				next("the 429", dup)
-				if w := rig.post(t, path+"/d", tok3, `{"amount":4}`); w.Code != 201 {
-					t.Fatalf("the 400's offer = %d %s; want 201 (the 429 left it unused)", w.Code, w.Body)
-				}
-				if e1, e2, e3 := rig.effects(t, issued.Token), rig.effects(t, tok2), rig.effects(t, tok3); e1 != 1 || e2 != 1 || e3 != 1 {
-					t.Fatalf("effects %d %d %d; want one each", e1, e2, e3)
-				}
-				if got := offered.Load(); got != 5 {
-					t.Errorf("told token_offered %d times; want 5", got)
-				}
-			})
+			t.Run(d.name+"/"+mode, func(t *testing.T) { f(t, newRig(t, d, mode == "cte", mode != "begin", signedKey), mode) })
 		}
 	}
 }
