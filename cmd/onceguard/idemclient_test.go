@@ -13,20 +13,22 @@ import (
 	"github.com/onceguard/onceguard/idempotency/idemclient"
 )
 
-// loseFirst sends every request but reports the first one's answer as a
-// lost connection, as a proxy dropping it on the way back would.
-type loseFirst struct {
-	mu   sync.Mutex
-	keys []string
+// keyLog sends every request and records its Idempotency-Key; with
+// loseFirst it reports the first one's answer as a lost connection, as a
+// proxy dropping it on the way back would.
+type keyLog struct {
+	loseFirst bool
+	mu        sync.Mutex
+	keys      []string
 }
 
-func (l *loseFirst) RoundTrip(r *http.Request) (*http.Response, error) {
+func (l *keyLog) RoundTrip(r *http.Request) (*http.Response, error) {
 	l.mu.Lock()
 	l.keys = append(l.keys, r.Header.Get("Idempotency-Key"))
 	first := len(l.keys) == 1
 	l.mu.Unlock()
 	resp, err := http.DefaultTransport.RoundTrip(r)
-	if first && err == nil {
+	if l.loseFirst && first && err == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return nil, errors.New("connection reset by peer")
@@ -42,7 +44,7 @@ func TestIdempotentClient(t *testing.T) {
 	alice := signUp(t, base, "clara")
 	alice.expect(alice.do("POST", "/api/v1/deposits", "dep-1", `{"amount":"100"}`), 201, "")
 
-	lose := &loseFirst{}
+	lose := &keyLog{loseFirst: true}
 	tr := &idemclient.Transport{
 		Base:   lose,
 		NewKey: func(*http.Request) (string, error) { return alice.submitToken("withdrawal"), nil },
@@ -82,5 +84,51 @@ func TestIdempotentClient(t *testing.T) {
 	}
 	if acct := alice.do("GET", "/api/v1/account", "", ""); acct.body["balance"] != "70.00" {
 		t.Errorf("balance = %v; want 70.00", acct.body["balance"])
+	}
+}
+
+// The idempotent client with Offers against the service: each withdrawal's
+// answer offers the next submit token, so four withdrawals mint one token;
+// every key sent is a token, each used once, and the balance shows four
+// debits.
+func TestIdempotentClientOffers(t *testing.T) {
+	base := startServe(t)
+	alice := signUp(t, base, "olga")
+	alice.expect(alice.do("POST", "/api/v1/deposits", "dep-1", `{"amount":"100"}`), 201, "")
+
+	rec := &keyLog{}
+	var mints int
+	tr := &idemclient.Transport{
+		Base:   rec,
+		Offers: &idemclient.Offers{},
+		NewKey: func(*http.Request) (string, error) { mints++; return alice.submitToken("withdrawal"), nil },
+	}
+	for _, amount := range []string{"1.00", "2.00", "3.00", "4.00"} {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, base+"/api/v1/withdrawals", strings.NewReader(`{"amount":"`+amount+`"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+alice.token)
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatalf("withdraw %s: %v", amount, err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || idemclient.Replayed(resp) {
+			t.Fatalf("withdraw %s: %d %s; want a first 201", amount, resp.StatusCode, raw)
+		}
+	}
+	keys := rec.keys
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if !strings.HasPrefix(k, "st_") || seen[k] {
+			t.Fatalf("keys sent %v; want four distinct submit tokens", keys)
+		}
+		seen[k] = true
+	}
+	if len(keys) != 4 || mints != 1 {
+		t.Errorf("%d attempts, %d tokens minted; want 4 attempts and 1 mint (the others offered)", len(keys), mints)
+	}
+	if acct := alice.do("GET", "/api/v1/account", "", ""); acct.body["balance"] != "90.00" {
+		t.Errorf("balance = %v; want 90.00 (four debits: 1, 2, 3 and 4)", acct.body["balance"])
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -76,6 +77,11 @@ type Transport struct {
 	// NewKey mints the key of a request that has none (for example by
 	// fetching a submit token); nil means 128 random bits in hex.
 	NewKey func(*http.Request) (string, error)
+	// Offers, when set, keeps the submit tokens the server offers with
+	// its answers and gives each out once as the key of a later request
+	// to the same route, before NewKey is asked: a form-like client
+	// chains its tokens instead of minting one per request.
+	Offers *Offers
 	// MaxAttempts bounds the attempts per request; 0 means DefaultMaxAttempts.
 	MaxAttempts int
 	// MaxElapsed bounds the time from the first attempt to the start of the
@@ -123,6 +129,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	key := req.Header.Get(Header)
+	if key == "" && t.Offers != nil {
+		key = t.Offers.take(req, time.Now())
+	}
 	if key == "" {
 		if key, err = t.newKey(req); err != nil {
 			return nil, fmt.Errorf("idemclient: minting a key: %w", err)
@@ -141,6 +150,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 		resp, err := t.base().RoundTrip(r)
+		if err == nil && t.Offers != nil {
+			t.Offers.keep(r, resp)
+		}
 		var wait time.Duration
 		if err != nil {
 			if ctx.Err() != nil {
@@ -167,6 +179,75 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, &Error{Key: key, Attempts: attempt, Err: serr}
 		}
 	}
+}
+
+// Offers keeps the submit tokens a server hands out with its answers
+// (Next-Submit-Token, with Next-Submit-Token-Expires: a server with
+// idempotency.Options.OfferToken, as the reference service's money
+// routes) and gives each out once, newest first, as the key of a later
+// request to the same method, host and path (a route keeps one purpose).
+// One that expires within OfferMargin is not given out. It keeps at most
+// MaxOffers per route, dropping the oldest. The zero Offers is ready to
+// use; it is safe for concurrent use. Give each principal (each signed-in
+// user) an Offers of its own: a token works only for the user it was
+// offered to.
+type Offers struct {
+	mu     sync.Mutex
+	routes map[string][]offer // by route, oldest first
+}
+
+type offer struct {
+	token   string
+	expires time.Time
+}
+
+// Limits of Offers.
+const (
+	MaxOffers   = 8               // kept per route
+	OfferMargin = 5 * time.Second // an offer expiring sooner is not given out
+)
+
+func offerRoute(req *http.Request) string {
+	return req.Method + " " + req.URL.Host + req.URL.Path
+}
+
+// keep keeps the offer of resp, the answer to req, if it has one.
+func (o *Offers) keep(req *http.Request, resp *http.Response) {
+	tok := resp.Header.Get("Next-Submit-Token")
+	exp, err := time.Parse(time.RFC3339, resp.Header.Get("Next-Submit-Token-Expires"))
+	if tok == "" || err != nil {
+		return
+	}
+	route := offerRoute(req)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.routes == nil {
+		o.routes = make(map[string][]offer)
+	}
+	held := append(o.routes[route], offer{tok, exp})
+	if len(held) > MaxOffers {
+		held = append(held[:0], held[len(held)-MaxOffers:]...)
+	}
+	o.routes[route] = held
+}
+
+// take gives out the newest offer for req's route that does not expire
+// within OfferMargin of now, and forgets it; "" when there is none.
+func (o *Offers) take(req *http.Request, now time.Time) string {
+	route := offerRoute(req)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	held := o.routes[route]
+	for len(held) > 0 {
+		last := held[len(held)-1]
+		held = held[:len(held)-1]
+		if last.expires.After(now.Add(OfferMargin)) {
+			o.routes[route] = held
+			return last.token
+		}
+	}
+	delete(o.routes, route)
+	return ""
 }
 
 // retryable reads resp's problem code where the status needs it and reports

@@ -442,3 +442,93 @@ func TestNewKey(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// Offers: a request without a key takes the newest unexpired offer of its
+// route (method, host, path), once; the answers' offers are kept, the
+// retried attempt's too; a request with its own key, another route, an
+// offer about to expire and a route with none fall back to NewKey; at most
+// MaxOffers are kept per route.
+func TestOffers(t *testing.T) {
+	var n atomic.Int32
+	var ttl atomic.Int64 // the offers' lifetime
+	ttl.Store(int64(time.Minute))
+	var conflictFirst atomic.Bool // the next request's first attempt: 409 in progress
+	var silent atomic.Bool        // no offers
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !silent.Load() {
+			w.Header().Set("Next-Submit-Token", "st_"+strconv.Itoa(int(n.Add(1))))
+			w.Header().Set("Next-Submit-Token-Expires", time.Now().Add(time.Duration(ttl.Load())).UTC().Format(time.RFC3339))
+		}
+		if conflictFirst.Swap(false) {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusConflict)
+			_, _ = io.WriteString(w, `{"code":"request_in_progress"}`)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	rec := &recorder{}
+	var minted atomic.Int32
+	tr := &Transport{Base: rec, Offers: &Offers{}, sleep: func(context.Context, time.Duration) error { return nil },
+		NewKey: func(*http.Request) (string, error) { return "minted-" + strconv.Itoa(int(minted.Add(1))), nil }}
+	post := func(path, key string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(`{}`))
+		if key != "" {
+			req.Header.Set(Header, key)
+		}
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drain(resp)
+	}
+	sent := func(from int) []string {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return append([]string(nil), rec.keys[from:]...)
+	}
+	expect := func(from int, want ...string) {
+		t.Helper()
+		if got := sent(from); strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("keys sent %v; want %v", got, want)
+		}
+	}
+
+	post("/pay", "")        // no offer yet: a mint; offers st_1
+	post("/pay", "")        // st_1, offers st_2
+	post("/pay", "")        // st_2, offers st_3
+	post("/other", "")      // another route: a mint
+	post("/pay", "own-key") // its own key; its offer (st_5) is kept
+	post("/pay", "")        // st_5, offers st_6
+	conflictFirst.Store(true)
+	post("/pay", "") // st_6 on both attempts, offering st_7 (with the 409) and st_8
+	post("/pay", "") // the newest: st_8
+	expect(0, "minted-1", "st_1", "st_2", "minted-2", "own-key", "st_5", "st_6", "st_6", "st_8")
+	// Held now for /pay: st_3, st_7, st_9. Offers about to expire are not
+	// given out: the older ones are, then a mint.
+	ttl.Store(int64(OfferMargin / 2))
+	post("/pay", "") // st_9; its offer st_10 expires too soon
+	post("/pay", "") // st_7 (st_10 dropped)
+	post("/pay", "") // st_3
+	post("/pay", "") // a mint
+	expect(9, "st_9", "st_7", "st_3", "minted-3")
+
+	// At most MaxOffers per route, the newest.
+	ttl.Store(int64(time.Minute))
+	n.Store(100)
+	for range MaxOffers + 3 {
+		post("/burst", "own") // offers st_101 ... st_111
+	}
+	silent.Store(true)
+	from := len(sent(0))
+	for range MaxOffers + 1 {
+		post("/burst", "")
+	}
+	var want []string
+	for i := 111; i > 111-MaxOffers; i-- {
+		want = append(want, "st_"+strconv.Itoa(i))
+	}
+	expect(from, append(want, "minted-4")...)
+}
