@@ -194,7 +194,7 @@ func NewGuard[R any](o Options[R]) *Guard[R] {
 	}
 	if o.Tokens != nil && o.Tokens.Signed() {
 		if _, ok := o.Store.(idemstore.SignedTokenStore); !ok {
-			panic("idempotency: signed submit tokens need a Store that binds them (idemstore.SignedTokenStore: sqlstore)")
+			panic("idempotency: signed submit tokens need a Store that binds them (idemstore.SignedTokenStore)")
 		}
 	}
 	if o.Window > 0 && o.Windows == nil {

@@ -63,7 +63,10 @@ type window struct {
 	expires time.Time
 }
 
-var _ idemstore.FullStore = (*Store)(nil)
+var (
+	_ idemstore.FullStore        = (*Store)(nil)
+	_ idemstore.SignedTokenStore = (*Store)(nil)
+)
 
 // sweepEvery is how often, at most, a write scans for expired entries.
 const sweepEvery = time.Second
@@ -122,11 +125,17 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 	switch {
 	case e == nil:
 		e = &entry{fp: r.Fingerprint, state: idemstore.InFlight, lease: s.newLease(), leaseUntil: r.Now.Add(r.Lease), expiresAt: r.Now.Add(r.TTL)}
-		if r.Token != nil {
-			if _, err := s.bind(r.Token.Hash, r.Token.Subject, r.Token.Purpose, r.Token.Scope, r.Now, e.expiresAt); err != nil {
+		if t := r.Token; t != nil {
+			var err error
+			if t.Signed {
+				err = s.bindSigned(t, e.expiresAt)
+			} else {
+				_, err = s.bind(t.Hash, t.Subject, t.Purpose, t.Scope, r.Now, e.expiresAt)
+			}
+			if err != nil {
 				return idemstore.BeginResult{}, err
 			}
-			e.tokenHash = r.Token.Hash
+			e.tokenHash = t.Hash
 		}
 		s.records[r.ID] = e
 		return idemstore.BeginResult{Outcome: idemstore.Started, Lease: e.lease}, nil
@@ -341,6 +350,31 @@ func (s *Store) bind(hash, subject, purpose, scope string, now, keep time.Time) 
 	}
 	t.rec.Scope, t.keep = scope, keep
 	return true, nil
+}
+
+// BindsSignedTokens implements idemstore.SignedTokenStore: a signed
+// token, which has no record of its own, is bound to the scope of the
+// first key's record it creates, and kept as long as that record.
+func (s *Store) BindsSignedTokens() {}
+
+// bindSigned binds the signed token of c to its scope, kept until keep:
+// token.ErrUsed when another scope holds it, token.ErrExpired when it is
+// past its time (it may only answer a record it created, which exists:
+// Begin does not get here then). s.mu is held.
+func (s *Store) bindSigned(c *idemstore.TokenClaim, keep time.Time) error {
+	if c.Expired {
+		return token.ErrExpired
+	}
+	t := s.tokens[c.Hash]
+	switch {
+	case t == nil || t.rec.Scope == "": // never used, or freed by Abandon
+		s.tokens[c.Hash] = &tokenEntry{rec: token.Record{Hash: c.Hash, Subject: c.Subject, Purpose: c.Purpose, Scope: c.Scope}, keep: keep}
+		return nil
+	case t.rec.Scope == c.Scope: // its own request's record, gone before it
+		t.keep = keep
+		return nil
+	}
+	return token.ErrUsed
 }
 
 // UnbindToken implements token.Store.

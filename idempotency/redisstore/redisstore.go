@@ -55,7 +55,10 @@ type Store struct {
 	hub    hub // Watch's
 }
 
-var _ idemstore.FullStore = (*Store)(nil)
+var (
+	_ idemstore.FullStore        = (*Store)(nil)
+	_ idemstore.SignedTokenStore = (*Store)(nil)
+)
 
 // New returns a Store on rdb. It does not dial.
 func New(rdb redis.UniversalClient, opts *Options) *Store {
@@ -74,13 +77,15 @@ func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 
 var (
 	// beginLua: KEYS[1] the record; ARGV fingerprint, lease, lease until
-	// ms, now ms, ttl ms, token hash. Returns {outcome, ...}:
-	// 1 started, 2 replay (status, header, body), 3 in progress,
-	// 4 mismatch, 5 started by taking over an expired lease. Times are the
-	// caller's clock (as in every store); Redis key expiry only cleans up.
+	// ms, now ms, ttl ms, token hash, existing only ("1": create none).
+	// Returns {outcome, ...}: 1 started, 2 replay (status, header, body),
+	// 3 in progress, 4 mismatch, 5 started by taking over an expired
+	// lease, 6 none to answer (existing only). Times are the caller's
+	// clock (as in every store); Redis key expiry only cleans up.
 	beginLua = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'fp', 'state', 'until', 'status', 'header', 'body', 'exp')
 if not r[1] or tonumber(r[7]) <= tonumber(ARGV[4]) then
+  if ARGV[7] == '1' then return {6} end
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', '1', 'lease', ARGV[2], 'until', ARGV[3], 'token', ARGV[6],
     'exp', tonumber(ARGV[4]) + tonumber(ARGV[5]))
@@ -130,10 +135,30 @@ redis.call('HSET', KEYS[1], 'scope', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1
 `)
-	// unbindLua: KEYS[1] the token; ARGV scope ("" for any), now ms.
+	// bindSignedLua: KEYS[1] the signed token's binding; ARGV scope, keep
+	// ms. Returns 1 bound now, 0 already bound to scope, or 'used'.
+	bindSignedLua = redis.NewScript(`
+local s = redis.call('HGET', KEYS[1], 'scope')
+if s and s ~= '' then
+  if s == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 0
+  end
+  return 'used'
+end
+redis.call('HSET', KEYS[1], 'scope', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+`)
+	// unbindLua: KEYS[1] the token; ARGV scope ("" for any), now ms. A
+	// signed token's binding (no expiry of its own) is deleted.
 	unbindLua = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'scope', 'expires')
 if not r[1] or r[1] == '' or (ARGV[1] ~= '' and r[1] ~= ARGV[1]) then return 0 end
+if not r[2] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
 redis.call('HSET', KEYS[1], 'scope', '')
 redis.call('PEXPIRE', KEYS[1], math.max(tonumber(r[2]) - tonumber(ARGV[2]), 1))
 return 1
@@ -170,24 +195,37 @@ return 0
 
 // Begin implements idemstore.Store.
 func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
-	tokenHash := ""
+	tokenHash, existingOnly := "", "0"
 	if t := r.Token; t != nil {
 		// Bind first (see the package doc); a record that exists already
 		// was created with this token in this scope, so binding succeeds.
-		if _, err := s.bind(ctx, t.Hash, t.Subject, t.Purpose, t.Scope, r.Now, r.Now.Add(r.TTL), false); err != nil {
+		// An expired signed token binds nothing: it may only answer the
+		// record it created.
+		var err error
+		switch {
+		case t.Signed && t.Expired:
+			existingOnly = "1"
+		case t.Signed:
+			err = s.bindSigned(ctx, t, r.Now, r.Now.Add(r.TTL))
+		default:
+			_, err = s.bind(ctx, t.Hash, t.Subject, t.Purpose, t.Scope, r.Now, r.Now.Add(r.TTL), false)
+		}
+		if err != nil {
 			return idemstore.BeginResult{}, err
 		}
 		tokenHash = t.Hash
 	}
 	lease := newLease()
 	res, err := beginLua.Run(ctx, s.rdb, []string{s.recKey(r.ID)},
-		r.Fingerprint, lease, ms(r.Now.Add(r.Lease)), ms(r.Now), max(r.TTL.Milliseconds(), 1), tokenHash).Slice()
+		r.Fingerprint, lease, ms(r.Now.Add(r.Lease)), ms(r.Now), max(r.TTL.Milliseconds(), 1), tokenHash, existingOnly).Slice()
 	if err != nil {
 		return idemstore.BeginResult{}, wrap("begin", err)
 	}
 	outcome, _ := res[0].(int64)
 	rec := &idemstore.Record{ID: r.ID, Fingerprint: r.Fingerprint}
 	switch outcome {
+	case 6:
+		return idemstore.BeginResult{}, token.ErrExpired
 	case 1:
 		return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease}, nil
 	case 5:
@@ -329,6 +367,25 @@ func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope string, 
 		}
 	}
 	return false, fmt.Errorf("redisstore: bind token: unexpected reply %v", res)
+}
+
+// BindsSignedTokens implements idemstore.SignedTokenStore: a signed
+// token, which has no record of its own, is bound to the scope of the
+// first key's record it creates (a key of its own, kept as long as that
+// record), before the record is created, as a stored token is.
+func (s *Store) BindsSignedTokens() {}
+
+// bindSigned binds the signed token of c to its scope until keep:
+// token.ErrUsed when another scope holds it.
+func (s *Store) bindSigned(ctx context.Context, c *idemstore.TokenClaim, now, keep time.Time) error {
+	res, err := bindSignedLua.Run(ctx, s.rdb, []string{s.tokKey(c.Hash)}, c.Scope, max(keep.Sub(now).Milliseconds(), 1)).Result()
+	if err != nil {
+		return wrap("bind token", err)
+	}
+	if res == "used" {
+		return token.ErrUsed
+	}
+	return nil
 }
 
 // UnbindToken implements token.Store.

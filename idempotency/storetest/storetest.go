@@ -196,6 +196,8 @@ func Run(t *testing.T, newStore func(t *testing.T) idemstore.FullStore) {
 		}
 	})
 
+	t.Run("SignedTokens", func(t *testing.T) { signedTokens(t, newStore(t), uniq) })
+
 	// Pitfall 21: one submit token sent at once as the key of two
 	// different requests (two scopes, two records). Binding it and creating
 	// the record are one atomic step: exactly one Begin starts, the other
@@ -558,5 +560,97 @@ func windowFreed(t *testing.T, s idemstore.FullStore) {
 		if n := runs.Load(); n != 2 {
 			t.Errorf("%s: handler ran %d times; want 2 (the failed first and the second)", how.name, n)
 		}
+	}
+}
+
+// signedTokens: a store that binds signed tokens (idemstore.SignedTokenStore)
+// binds one, which has no record of its own, to the scope of the first
+// record it creates: a retry there is that record's answer, another scope
+// is refused token.ErrUsed and leaves no record; Abandon frees it; past
+// its time (Expired) it answers the record it created and creates none;
+// of concurrent first uses in ten scopes, one starts.
+func signedTokens(t *testing.T, st idemstore.FullStore, uniq func(*testing.T, string) string) {
+	s, ok := st.(idemstore.SignedTokenStore)
+	if !ok {
+		t.Skip("not an idemstore.SignedTokenStore")
+	}
+	ctx := context.Background()
+	now := time.Now()
+	hash := token.Hash(uniq(t, "st_signed"))
+	claim := func(scope string) *idemstore.TokenClaim {
+		return &idemstore.TokenClaim{Hash: hash, Subject: "alice", Purpose: "pay", Scope: scope, Signed: true}
+	}
+	begin := func(id, scope string, c *idemstore.TokenClaim) (idemstore.BeginResult, error) {
+		if c == nil {
+			c = claim(scope)
+		}
+		return s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: c, Now: now})
+	}
+	a, b := uniq(t, "scope-a"), uniq(t, "scope-b")
+	idA, idB := uniq(t, "rec-a"), uniq(t, "rec-b")
+
+	res, err := begin(idA, a, nil)
+	if err != nil || res.Outcome != idemstore.Started {
+		t.Fatalf("first use = %+v, %v; want Started", res, err)
+	}
+	if _, err := begin(idB, b, nil); !errors.Is(err, token.ErrUsed) {
+		t.Fatalf("the token in another scope while in flight = %v; want ErrUsed", err)
+	}
+	if err := s.Abandon(ctx, idA, res.Lease); err != nil {
+		t.Fatal(err)
+	}
+	// Freed: the other scope may have it now; then the first cannot.
+	res, err = begin(idB, b, nil)
+	if err != nil || res.Outcome != idemstore.Started {
+		t.Fatalf("after Abandon, another scope = %+v, %v; want Started", res, err)
+	}
+	if err := s.Complete(ctx, idB, res.Lease, idemstore.Response{Status: 201, Body: []byte("b")}, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := begin(idA, a, nil); !errors.Is(err, token.ErrUsed) {
+		t.Fatalf("the first scope, after the other completed = %v; want ErrUsed", err)
+	}
+	if got, err := begin(idB, b, nil); err != nil || got.Outcome != idemstore.Replay || string(got.Record.Response.Body) != "b" {
+		t.Fatalf("its own retry = %+v, %v; want the replay", got, err)
+	}
+	// Past its time: its own record still answers; nothing new is made.
+	expired := claim(b)
+	expired.Expired = true
+	if got, err := begin(idB, b, expired); err != nil || got.Outcome != idemstore.Replay {
+		t.Fatalf("its retry past the token's time = %+v, %v; want the replay", got, err)
+	}
+	other := claim(b)
+	other.Hash, other.Expired = token.Hash(uniq(t, "st_late")), true
+	if _, err := begin(uniq(t, "rec-late"), b, other); !errors.Is(err, token.ErrExpired) {
+		t.Fatalf("an unused token past its time = %v; want ErrExpired", err)
+	}
+	// It created nothing: within its time it starts.
+	other.Expired = false
+	lateID := uniq(t, "rec-late2")
+	if got, err := begin(lateID, b, other); err != nil || got.Outcome != idemstore.Started {
+		t.Fatalf("that token within its time = %+v, %v; want Started (the refusal bound nothing)", got, err)
+	}
+
+	// Ten first uses of one token in ten scopes at once: one starts.
+	hash = token.Hash(uniq(t, "st_race"))
+	var started atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			scope := uniq(t, fmt.Sprint("race-", i))
+			res, err := begin(uniq(t, fmt.Sprint("race-rec-", i)), scope, nil)
+			switch {
+			case err == nil && res.Outcome == idemstore.Started:
+				started.Add(1)
+			case !errors.Is(err, token.ErrUsed):
+				t.Errorf("a racing first use = %+v, %v; want Started or ErrUsed", res, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := started.Load(); n != 1 {
+		t.Errorf("%d of 10 racing first uses started; want 1", n)
 	}
 }
