@@ -13,8 +13,13 @@
 // step (the two keys can live on different Cluster slots). A crash
 // between the two leaves the token bound to its request's scope with no
 // record: a retry of the same request goes through, the token cannot be
-// used for anything else, exactly as after a completed request. Records
-// and tokens expire with Redis key expiry: nothing to prune.
+// used for anything else, exactly as after a completed request. One
+// interleaving is not covered: when the token's first request is
+// abandoned (a 5xx frees its key and token) after a retry with the same
+// key bound the token and before that retry creates its record, the
+// retry's record holds a token no longer bound, which another scope could
+// then use once more. memstore and sqlstore bind and create in one atomic
+// step. Records and tokens expire with Redis key expiry: nothing to prune.
 //
 // A Redis without persistence forgets records and tokens on restart: keep
 // them in the application's database (package sqlstore) when a restart
