@@ -242,7 +242,7 @@ func Run(t *testing.T, start Start, newStore func(t *testing.T) idemstore.FullSt
 	}
 	// uniq makes the keys of one run unique: a shared database keeps the
 	// records of earlier runs.
-	uniq := func(t *testing.T, k string) string { return fmt.Sprintf("%s-%d", k, time.Now().UnixNano()) }
+	uniq := func(_ *testing.T, k string) string { return unique(k) }
 
 	t.Run("ReplayByteForByte", func(t *testing.T) {
 		c, a := setup(t, Config{})
