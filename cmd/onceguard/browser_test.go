@@ -1292,3 +1292,83 @@ func TestBrowserKeyNoteOnce(t *testing.T) {
 		t.Errorf("the page mentions the one-time key %d times with every form ready; want once", n)
 	}
 }
+
+// A form gives the focus back to the button a keyboard user pressed once
+// its answer is in, without scrolling to it; and a form whose answer comes
+// after the user moved on to another form does not take the focus back: on a phone that jump moved the pay button from
+// under the next tap (TestBrowserPhoneLayout failed in CI that way, its
+// click landing beside the button).
+func TestBrowserFocusStaysWhereUserIs(t *testing.T) {
+	path := needBrowser(t)
+	base, _ := startServeGated(t)
+	b := newBrowser(t, path, base)
+	// Each POST of a deposit or a withdrawal is answered only when the test
+	// lets one through (a send on its path's channel).
+	let := map[string]chan struct{}{"/api/v1/deposits": make(chan struct{}), "/api/v1/withdrawals": make(chan struct{})}
+	b.intercept("*/api/v1/*", fetch.RequestStageResponse, func(ev fetch.EventRequestPaused) error {
+		hold := let[strings.TrimPrefix(ev.Request.URL, base)]
+		if ev.Request.Method != http.MethodPost || hold == nil {
+			return b.pass(ev)
+		}
+		go func() { // the handler sees the tab's requests in order: hold this one aside
+			select {
+			case <-hold:
+			case <-b.ctx.Done():
+				return
+			}
+			if err := b.pass(ev); err != nil && b.ctx.Err() == nil {
+				b.problem(fmt.Sprintf("passing %s %s on: %v", ev.Request.Method, ev.Request.URL, err))
+			}
+		}()
+		return nil
+	})
+	answer := func(path string) {
+		t.Helper()
+		select {
+		case let[path] <- struct{}{}:
+		case <-time.After(15 * time.Second):
+			t.Fatalf("no POST of %s was waiting for its answer", path)
+		}
+	}
+	where := `(e => e ? e.tagName + ' in ' + ((e.closest('form') || {}).id || 'no form') : 'nothing')(document.activeElement)`
+	b.signUp("ivan")
+
+	// A keyboard user: Tab to the deposit button, Enter; the button is
+	// disabled while the request is out (the focus falls to the page), the
+	// user scrolls to the lists, and when the form is ready its button has
+	// the focus again, the page where the user scrolled it.
+	b.waitState("deposit-form", "ready")
+	b.fill("#deposit-amount", "100")
+	b.tabTo("#deposit-form button[type=submit]", 3)
+	b.do(chromedp.KeyEvent("\r"))
+	b.waitState("deposit-form", "busy")
+	if !eval[bool](b, `(window.scrollTo(0, document.body.scrollHeight), `+q("#deposit-form button[type=submit]")+`.getBoundingClientRect().bottom < 0)`) {
+		t.Fatal("scrolled to the end of the page, the deposit button is still in view; want it above the viewport")
+	}
+	answer("/api/v1/deposits")
+	b.waitText("#deposit-form .msg", "Done. Deposit of 100.00 CNY")
+	b.waitState("deposit-form", "ready")
+	b.waitFor(`document.activeElement === `+q("#deposit-form button[type=submit]"), where)
+	if top := eval[float64](b, q("#deposit-form button[type=submit]")+`.getBoundingClientRect().top`); top >= 0 {
+		t.Errorf("giving the deposit button its focus back scrolled it into view (its top at %vpx); want the page left where the user scrolled it", top)
+	}
+
+	// Two forms at once: the deposit's answer comes after the user pressed
+	// withdraw, whose answer is held until the deposit's form is ready.
+	b.fill("#deposit-amount", "5")
+	b.do(chromedp.Click(chromedp.CSS("#deposit-form button[type=submit]")))
+	b.waitState("deposit-form", "busy")
+	b.fill("#withdraw-amount", "7")
+	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.waitState("withdraw-form", "busy")
+	answer("/api/v1/deposits")
+	b.waitText("#deposit-form .msg", "Done. Deposit of 5.00 CNY")
+	b.waitState("deposit-form", "ready")
+	if got := eval[string](b, where); strings.Contains(got, "deposit-form") {
+		t.Errorf("the deposit form's answer came after the user pressed withdraw, and it took the focus back: %s; want it left where the user is", got)
+	}
+	answer("/api/v1/withdrawals")
+	b.waitText("#withdraw-form .msg", "Done. Withdrawal of 7.00 CNY")
+	b.waitState("withdraw-form", "ready")
+	b.waitFor(`document.activeElement === `+q("#withdraw-form button[type=submit]"), where)
+}

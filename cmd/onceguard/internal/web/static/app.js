@@ -340,7 +340,10 @@
     if (t < f.quietUntil) timer(f, 'quiet', f.quietUntil - t + 10, () => update(f));
     if (ok && f.refocus) {
       f.refocus = false;
-      if (document.activeElement === document.body || document.activeElement === null) f.button.focus();
+      // Without a scroll: the user is still at this button (a press or a
+      // focus elsewhere cancels the refocus), and a page that jumps under
+      // a finger makes the next tap land on something else.
+      if (document.activeElement === document.body || document.activeElement === null) f.button.focus({ preventScroll: true });
     }
   }
 
@@ -868,6 +871,14 @@
       keyedForm($('pay-form'), specs.pay),
     ];
     for (const f of state.forms) update(f);
+    // A form gives the focus back to its button when its answer is in, for
+    // a keyboard user who pressed it; once the user has moved on (a press
+    // or a focus anywhere else) it must not take the focus back.
+    const movedOn = (ev) => {
+      for (const f of state.forms) if (!f.form.contains(ev.target)) f.refocus = false;
+    };
+    document.addEventListener('focusin', movedOn, true);
+    document.addEventListener('pointerdown', movedOn, true);
     // Only ask for the account when a session may exist: a first visit
     // then makes no request that is bound to fail.
     if (!hasHint()) {
