@@ -10,16 +10,17 @@
 // token adds one, to bind it), a replay is one Begin, a window claim one.
 //
 // A token is bound before its key's record is created, in a separate
-// step (the two keys can live on different Cluster slots). A crash
-// between the two leaves the token bound to its request's scope with no
-// record: a retry of the same request goes through, the token cannot be
-// used for anything else, exactly as after a completed request. One
-// interleaving is not covered: when the token's first request is
-// abandoned (a 5xx frees its key and token) after a retry with the same
-// key bound the token and before that retry creates its record, the
-// retry's record holds a token no longer bound, which another scope could
-// then use once more. memstore and sqlstore bind and create in one atomic
-// step. Records and tokens expire with Redis key expiry: nothing to prune.
+// step (the two keys can live on different Cluster slots), and the
+// binding names its holder: the lease of the request that bound it last.
+// An abandoned record (a 5xx frees its key and token) frees its token only
+// while the binding is still its own, so a retry of the same request that
+// bound it in the meantime, and creates its record after the abandon,
+// keeps it bound. A crash between the two steps, or an abandon after such
+// a retry found the record in progress, leaves the token bound to its
+// request's scope with no record: a retry of the same request goes
+// through, the token cannot be used for anything else, exactly as after a
+// completed request. Records and tokens expire with Redis key expiry:
+// nothing to prune.
 //
 // A Redis without persistence forgets records and tokens on restart: keep
 // them in the application's database (package sqlstore) when a restart
@@ -123,43 +124,51 @@ redis.call('PUBLISH', KEYS[1], '0')
 return r[3] or ''
 `)
 	// bindLua: KEYS[1] the token; ARGV subject, purpose, scope, now ms,
-	// keep ms (how long a bound token is kept), fresh only (1: refuse one
-	// already bound to scope). Returns 1 bound now, 0 already bound to
-	// scope, or an error reason: unknown, foreign, purpose, used, expired.
+	// keep ms (how long a bound token is kept), unused, holder (the lease
+	// of the request binding it, "" for none). Returns 1 bound now, 0
+	// already bound to scope (the holder passes to this one), or an error
+	// reason: unknown, foreign, purpose, used, expired.
 	bindLua = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'subject', 'purpose', 'expires', 'scope')
 if not r[1] then return 'unknown' end
 if r[1] ~= ARGV[1] then return 'foreign' end
 if r[2] ~= ARGV[2] then return 'purpose' end
 if r[4] and r[4] ~= '' then
-  if r[4] == ARGV[3] then return 0 end
+  if r[4] == ARGV[3] then
+    redis.call('HSET', KEYS[1], 'holder', ARGV[7])
+    return 0
+  end
   return 'used'
 end
 if tonumber(r[3]) <= tonumber(ARGV[4]) then return 'expired' end
-redis.call('HSET', KEYS[1], 'scope', ARGV[3])
+redis.call('HSET', KEYS[1], 'scope', ARGV[3], 'holder', ARGV[7])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1
 `)
 	// bindSignedLua: KEYS[1] the signed token's binding; ARGV scope, keep
-	// ms. Returns 1 bound now, 0 already bound to scope, or 'used'.
+	// ms, holder (as bindLua's). Returns 1 bound now, 0 already bound to
+	// scope (the holder passes to this one), or 'used'.
 	bindSignedLua = redis.NewScript(`
 local s = redis.call('HGET', KEYS[1], 'scope')
 if s and s ~= '' then
   if s == ARGV[1] then
+    redis.call('HSET', KEYS[1], 'holder', ARGV[3])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return 0
   end
   return 'used'
 end
-redis.call('HSET', KEYS[1], 'scope', ARGV[1])
+redis.call('HSET', KEYS[1], 'scope', ARGV[1], 'holder', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
-	// unbindLua: KEYS[1] the token; ARGV scope ("" for any), now ms. A
+	// unbindLua: KEYS[1] the token; ARGV scope ("" for any), now ms,
+	// holder ("" for any: else only the binding that holder made last). A
 	// signed token's binding (no expiry of its own) is deleted.
 	unbindLua = redis.NewScript(`
-local r = redis.call('HMGET', KEYS[1], 'scope', 'expires')
+local r = redis.call('HMGET', KEYS[1], 'scope', 'expires', 'holder')
 if not r[1] or r[1] == '' or (ARGV[1] ~= '' and r[1] ~= ARGV[1]) then return 0 end
+if ARGV[3] ~= '' and r[3] ~= ARGV[3] then return 0 end
 if not r[2] then
   redis.call('DEL', KEYS[1])
   return 1
@@ -200,7 +209,7 @@ return 0
 
 // Begin implements idemstore.Store.
 func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.BeginResult, error) {
-	tokenHash, existingOnly := "", "0"
+	tokenHash, existingOnly, lease := "", "0", newLease()
 	if t := r.Token; t != nil {
 		// Bind first (see the package doc); a record that exists already
 		// was created with this token in this scope, so binding succeeds.
@@ -211,16 +220,15 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 		case t.Signed && t.Expired:
 			existingOnly = "1"
 		case t.Signed:
-			err = s.bindSigned(ctx, t, r.Now, r.Now.Add(r.TTL))
+			err = s.bindSigned(ctx, t, lease, r.Now, r.Now.Add(r.TTL))
 		default:
-			_, err = s.bind(ctx, t.Hash, t.Subject, t.Purpose, t.Scope, r.Now, r.Now.Add(r.TTL), false)
+			_, err = s.bind(ctx, t.Hash, t.Subject, t.Purpose, t.Scope, lease, r.Now, r.Now.Add(r.TTL))
 		}
 		if err != nil {
 			return idemstore.BeginResult{}, err
 		}
 		tokenHash = t.Hash
 	}
-	lease := newLease()
 	res, err := beginLua.Run(ctx, s.rdb, []string{s.recKey(r.ID)},
 		r.Fingerprint, lease, ms(r.Now.Add(r.Lease)), ms(r.Now), max(r.TTL.Milliseconds(), 1), tokenHash, existingOnly).Slice()
 	if err != nil {
@@ -293,7 +301,9 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 		return wrap("abandon", err)
 	}
 	if tok != "" {
-		if err := unbindLua.Run(ctx, s.rdb, []string{s.tokKey(tok)}, "", ms(time.Now())).Err(); err != nil {
+		// Only while the binding is this request's: a retry of it that bound the
+		// token since holds it now, and may be about to create its record.
+		if err := unbindLua.Run(ctx, s.rdb, []string{s.tokKey(tok)}, "", ms(time.Now()), lease).Err(); err != nil {
 			return wrap("abandon", err)
 		}
 	}
@@ -346,11 +356,13 @@ func (s *Store) GetToken(ctx context.Context, hash string) (token.Record, error)
 
 // BindToken implements token.Store. A token bound on its own is kept 24h.
 func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope string, now time.Time) (bool, error) {
-	return s.bind(ctx, hash, subject, purpose, scope, now, now.Add(token.BoundTTL), false)
+	return s.bind(ctx, hash, subject, purpose, scope, "", now, now.Add(token.BoundTTL))
 }
 
-func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope string, now, keep time.Time, _ bool) (bool, error) {
-	res, err := bindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, subject, purpose, scope, ms(now), max(keep.Sub(now).Milliseconds(), 1), 0).Result()
+// bind binds a stored token to scope until keep, holder (a record's lease,
+// or "") holding the binding.
+func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope, holder string, now, keep time.Time) (bool, error) {
+	res, err := bindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, subject, purpose, scope, ms(now), max(keep.Sub(now).Milliseconds(), 1), 0, holder).Result()
 	if err != nil {
 		return false, wrap("bind token", err)
 	}
@@ -380,10 +392,11 @@ func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope string, 
 // record), before the record is created, as a stored token is.
 func (s *Store) BindsSignedTokens() {}
 
-// bindSigned binds the signed token of c to its scope until keep:
-// token.ErrUsed when another scope holds it.
-func (s *Store) bindSigned(ctx context.Context, c *idemstore.TokenClaim, now, keep time.Time) error {
-	res, err := bindSignedLua.Run(ctx, s.rdb, []string{s.tokKey(c.Hash)}, c.Scope, max(keep.Sub(now).Milliseconds(), 1)).Result()
+// bindSigned binds the signed token of c to its scope until keep, holder
+// (a record's lease) holding the binding: token.ErrUsed when another scope
+// holds it.
+func (s *Store) bindSigned(ctx context.Context, c *idemstore.TokenClaim, holder string, now, keep time.Time) error {
+	res, err := bindSignedLua.Run(ctx, s.rdb, []string{s.tokKey(c.Hash)}, c.Scope, max(keep.Sub(now).Milliseconds(), 1), holder).Result()
 	if err != nil {
 		return wrap("bind token", err)
 	}
@@ -398,7 +411,7 @@ func (s *Store) UnbindToken(ctx context.Context, hash, scope string) error {
 	if scope == "" {
 		return nil
 	}
-	return wrap("unbind token", unbindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, scope, ms(time.Now())).Err())
+	return wrap("unbind token", unbindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, scope, ms(time.Now()), "").Err())
 }
 
 func wrap(op string, err error) error {
