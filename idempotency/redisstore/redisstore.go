@@ -124,8 +124,8 @@ redis.call('PUBLISH', KEYS[1], '0')
 return r[3] or ''
 `)
 	// bindLua: KEYS[1] the token; ARGV subject, purpose, scope, now ms,
-	// keep ms (how long a bound token is kept), unused, holder (the lease
-	// of the request binding it, "" for none). Returns 1 bound now, 0
+	// keep ms (how long a bound token is kept), holder (the lease of the
+	// request binding it, "" for none). Returns 1 bound now, 0
 	// already bound to scope (the holder passes to this one), or an error
 	// reason: unknown, foreign, purpose, used, expired.
 	bindLua = redis.NewScript(`
@@ -135,13 +135,13 @@ if r[1] ~= ARGV[1] then return 'foreign' end
 if r[2] ~= ARGV[2] then return 'purpose' end
 if r[4] and r[4] ~= '' then
   if r[4] == ARGV[3] then
-    redis.call('HSET', KEYS[1], 'holder', ARGV[7])
+    redis.call('HSET', KEYS[1], 'holder', ARGV[6])
     return 0
   end
   return 'used'
 end
 if tonumber(r[3]) <= tonumber(ARGV[4]) then return 'expired' end
-redis.call('HSET', KEYS[1], 'scope', ARGV[3], 'holder', ARGV[7])
+redis.call('HSET', KEYS[1], 'scope', ARGV[3], 'holder', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1
 `)
@@ -362,7 +362,7 @@ func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope str
 // bind binds a stored token to scope until keep, holder (a record's lease,
 // or "") holding the binding.
 func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope, holder string, now, keep time.Time) (bool, error) {
-	res, err := bindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, subject, purpose, scope, ms(now), max(keep.Sub(now).Milliseconds(), 1), 0, holder).Result()
+	res, err := bindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, subject, purpose, scope, ms(now), max(keep.Sub(now).Milliseconds(), 1), holder).Result()
 	if err != nil {
 		return false, wrap("bind token", err)
 	}

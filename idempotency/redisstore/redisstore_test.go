@@ -135,3 +135,39 @@ func TestAbandonKeepsARetrysToken(t *testing.T) {
 		})
 	}
 }
+
+// When a retry found the first request's record in progress (its binding
+// of the token passed the holder to it) and the first request is then
+// abandoned, the token stays bound to that request's scope, as after a
+// crash between binding and record: a retry of the request goes through,
+// another scope is refused.
+func TestAbandonAfterRetryInProgress(t *testing.T) {
+	rdb := redistest.Shared(t)
+	prefix := redistest.Prefix(t, rdb, "storetest")
+	ctx := t.Context()
+	s := redisstore.New(rdb, &redisstore.Options{Prefix: prefix})
+	now := time.Now()
+	if err := s.PutToken(ctx, token.Record{Hash: "h", Subject: "u", Purpose: "p", ExpiresAt: now.Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	req := func(id, scope string) idemstore.BeginRequest {
+		return idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now,
+			Token: &idemstore.TokenClaim{Hash: "h", Subject: "u", Purpose: "p", Scope: scope}}
+	}
+	first, err := s.Begin(ctx, req("rec", "S"))
+	if err != nil || first.Outcome != idemstore.Started {
+		t.Fatalf("first Begin = %+v, %v; want started", first, err)
+	}
+	if retry, err := s.Begin(ctx, req("rec", "S")); err != nil || retry.Outcome != idemstore.InProgress {
+		t.Fatalf("the retry's Begin = %+v, %v; want in progress", retry, err)
+	}
+	if err := s.Abandon(ctx, "rec", first.Lease); err != nil {
+		t.Fatal(err)
+	}
+	if other, err := s.Begin(ctx, req("rec-other", "S2")); !errors.Is(err, token.ErrUsed) {
+		t.Errorf("Begin in another scope = %+v, %v; want token.ErrUsed (the token stays with its request)", other, err)
+	}
+	if again, err := s.Begin(ctx, req("rec", "S")); err != nil || again.Outcome != idemstore.Started {
+		t.Errorf("a retry of the request after the abandon = %+v, %v; want started", again, err)
+	}
+}
