@@ -452,6 +452,27 @@ func (b *browser) waitState(form, state string) {
 	b.waitFor(q("#"+form)+".dataset.state === "+jsString(state), q("#"+form)+".dataset.state + ': ' + "+q("#"+form+" .msg")+".textContent")
 }
 
+// click presses the mouse on the middle of sel, as a user does, and fails
+// at once, naming what it hit, when the press landed on something else:
+// the page moved between the measuring of sel and the press (a scroll, a
+// line shown or hidden above it) or something covered sel, which a test
+// would otherwise see only as a later wait's timeout, with nothing to say
+// why. A press on nothing at all (a disabled button may get none) passes.
+func (b *browser) click(sel string) {
+	b.t.Helper()
+	eval[bool](b, `(() => { window.__ogPress = null; document.addEventListener('pointerdown', (e) => { window.__ogPress = e.target; }, {capture: true, once: true}); return true; })()`)
+	b.do(chromedp.Click(chromedp.CSS(sel)))
+	miss := eval[string](b, `(() => { const t = window.__ogPress, want = `+q(sel)+`;
+		if (t === null || (want && want.contains(t))) return '';
+		return t.tagName + (t.id ? '#' + t.id : '') + ' in ' + ((t.closest('form, section') || {}).id || 'the page') + ', the page scrolled to ' + Math.round(window.scrollY) + 'px';
+	})()`)
+	if miss != "" {
+		b.t.Errorf("a click on %s landed on %s: the page moved between measuring it and the press, or something covered it", sel, miss)
+		b.shot("failure")
+		b.t.FailNow()
+	}
+}
+
 func (b *browser) fill(sel, text string) {
 	b.t.Helper()
 	// Empty it in the page (SetValue cannot set ""), then type as a user.
@@ -554,7 +575,7 @@ func (b *browser) signUp(name string) {
 	b.waitFor(`!document.getElementById('auth').hidden`, `document.body.innerText`)
 	b.fill("#username", name)
 	b.fill("#password", "correct horse")
-	b.do(chromedp.Click(chromedp.CSS("#signup")))
+	b.click("#signup")
 	b.waitText("#who-name", name)
 }
 
@@ -564,7 +585,7 @@ func (b *browser) submitOK(form, amount, want string) {
 	b.t.Helper()
 	b.waitState(form, "ready")
 	b.fill("#"+form+" input[name=amount]", amount)
-	b.do(chromedp.Click(chromedp.CSS("#" + form + " button[type=submit]")))
+	b.click("#" + form + " button[type=submit]")
 	b.waitText("#"+form+" .msg", want)
 }
 
@@ -726,7 +747,7 @@ func TestBrowserWithdrawOnce(t *testing.T) {
 	refreshes := b.getCount("/api/v1/account") // the last success's refresh is done
 	b.waitState("withdraw-form", "ready")
 	b.fill("#withdraw-amount", "5")
-	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.click("#withdraw-form button[type=submit]")
 	b.waitText("#withdraw-form .msg", "Not sent again: this is the same withdrawal you submitted a moment ago")
 	b.waitRefresh(refreshes, "a 429")
 	b.waitFor(`/wait \d+ seconds? and submit again/.test(`+q("#withdraw-form .msg")+`.textContent)`, q("#withdraw-form .msg")+".textContent")
@@ -847,7 +868,7 @@ func TestBrowserRetryKeepsKey(t *testing.T) {
 
 	b.waitState("withdraw-form", "ready")
 	b.fill("#withdraw-amount", "7")
-	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.click("#withdraw-form button[type=submit]")
 	b.waitText("#withdraw-form .msg", "No answer from the service (a network problem), so it is not known whether this went through. Press “Retry”")
 	b.waitState("withdraw-form", "retry")
 	b.waitRefresh(refreshes, "a network error") // whether it went through is unknown: the lists tell
@@ -859,7 +880,7 @@ func TestBrowserRetryKeepsKey(t *testing.T) {
 	}
 	b.shot("01-network-error")
 
-	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.click("#withdraw-form button[type=submit]")
 	b.waitText("#withdraw-form .msg", "Still being processed: your earlier submission reached the service and has not finished yet.")
 	if !eval[bool](b, q("#withdraw-form button[type=submit]")+".disabled") {
 		t.Errorf("button while the service says in progress is enabled; want disabled")
@@ -887,7 +908,7 @@ func TestBrowserRetryKeepsKey(t *testing.T) {
 	// new request (here a repeat inside the window: 429).
 	b.waitState("withdraw-form", "ready")
 	b.fill("#withdraw-amount", "7")
-	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.click("#withdraw-form button[type=submit]")
 	b.waitText("#withdraw-form .msg", "Not sent again")
 	if keys := b.postKeys(wd); keys[len(keys)-1] == keys[0] {
 		t.Errorf("the submission after the replay reused the spent key %q; want a new one", keys[0])
@@ -923,7 +944,7 @@ func TestBrowserServerErrorKeepsKey(t *testing.T) {
 
 	b.waitState("withdraw-form", "ready")
 	b.fill("#withdraw-amount", "7")
-	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.click("#withdraw-form button[type=submit]")
 	b.waitText("#withdraw-form .msg", "The service could not finish this right now (Service unavailable). Wait 1 second, then press “Retry”: it sends the same request with the same one-time key")
 	select {
 	case st := <-served:
@@ -945,7 +966,7 @@ func TestBrowserServerErrorKeepsKey(t *testing.T) {
 	b.waitText("#balance", "43.00 CNY")
 	b.shot("01-503")
 
-	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.click("#withdraw-form button[type=submit]")
 	b.waitText("#withdraw-form .msg", "Already submitted — here is the result of your earlier submission; nothing was done twice. Withdrawal of 7.00 CNY: it went through.")
 	b.shot("02-replayed")
 
@@ -987,7 +1008,7 @@ func TestBrowserInvalidToken(t *testing.T) {
 		t.Fatal("the withdraw form is ready but did not get the bogus token")
 	}
 	b.fill("#withdraw-amount", "7")
-	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.click("#withdraw-form button[type=submit]")
 	b.waitText("#withdraw-form .msg", "This form’s one-time key was not accepted (it expired, or was used for something else). Nothing was done. A new key is on its way: submit again when the button is ready.")
 	b.shot("01-invalid-token")
 	if keys := b.postKeys(wd); len(keys) != 1 || keys[0] != bogus {
@@ -998,7 +1019,7 @@ func TestBrowserInvalidToken(t *testing.T) {
 	}
 
 	b.waitState("withdraw-form", "ready")
-	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.click("#withdraw-form button[type=submit]")
 	b.waitText("#withdraw-form .msg", "Done. Withdrawal of 7.00 CNY: it went through.")
 	b.shot("02-new-token")
 	keys := b.postKeys(wd)
@@ -1052,7 +1073,7 @@ func TestBrowserSessionAndOrders(t *testing.T) {
 	b.fill("#order-amount", "30")
 	b.fill("#order-description", "tea")
 	answered := b.refreshAnswers()
-	b.do(chromedp.Click(chromedp.CSS("#order-form button[type=submit]")))
+	b.click("#order-form button[type=submit]")
 	b.waitText("#order-form .msg", "Not sent again: this is the same order you submitted a moment ago")
 	// The 429 makes the page refresh its lists: let that finish before the
 	// session ends, or the refresh, not the next action, finds it gone.
@@ -1072,17 +1093,17 @@ func TestBrowserSessionAndOrders(t *testing.T) {
 	other := &client{t: t, base: base, token: token}
 	other.expect(other.do("DELETE", "/api/v1/sessions/current", "", ""), 204, "")
 	b.fill("#deposit-amount", "1")
-	b.do(chromedp.Click(chromedp.CSS("#deposit-form button[type=submit]")))
+	b.click("#deposit-form button[type=submit]")
 	b.waitText("#auth-msg", "Your session has expired. Sign in again; the last action was not carried out.")
 	b.shot("02-session-expired")
 
 	// Sign in again with the mouse, then sign out.
 	b.fill("#username", "carol")
 	b.fill("#password", "correct horse")
-	b.do(chromedp.Click(chromedp.CSS("#signin")))
+	b.click("#signin")
 	b.waitText("#who-name", "carol")
 	b.waitText("#balance", "50.00 CNY")
-	b.do(chromedp.Click(chromedp.CSS("#signout")))
+	b.click("#signout")
 	b.waitText("#auth-msg", "You are signed out.")
 	b.waitFor(`document.getElementById('app').hidden`, `document.body.innerText`)
 	if w := eval[int](b, `document.documentElement.scrollWidth - window.innerWidth`); w > 0 {
@@ -1171,10 +1192,10 @@ func TestBrowserPhoneLayout(t *testing.T) {
 	b.waitState("order-form", "ready")
 	b.fill("#order-amount", "20")
 	b.fill("#order-description", "a pot of green tea with two cups")
-	b.do(chromedp.Click(chromedp.CSS("#order-form button[type=submit]")))
+	b.click("#order-form button[type=submit]")
 	b.waitText("#order-form .msg", "Done. Order ON")
 	b.waitState("pay-form", "ready")
-	b.do(chromedp.Click(chromedp.CSS("#pay-form button[type=submit]")))
+	b.click("#pay-form button[type=submit]")
 	b.waitText("#pay-form .msg", "Done. Order paid")
 	b.waitText("#balance", "73.00 CNY")
 	b.waitFor(`document.querySelectorAll('#ledger tbody tr').length === 3 && document.querySelector('#orders tbody').textContent.includes('paid')`, `document.querySelector('#ledger').innerText`)
@@ -1249,7 +1270,7 @@ func TestBrowserLedgerNamesOrder(t *testing.T) {
 	b.submitOK("deposit-form", "50", "Done. Deposit of 50.00 CNY")
 	b.submitOK("order-form", "12", "Done. Order ON")
 	b.waitState("pay-form", "ready")
-	b.do(chromedp.Click(chromedp.CSS("#pay-form button[type=submit]")))
+	b.click("#pay-form button[type=submit]")
 	b.waitText("#pay-form .msg", "Done. Order paid")
 	b.waitText("#orders tbody", "paid")
 	orderNo := eval[string](b, q("#orders tbody td.what")+".textContent")
@@ -1356,10 +1377,10 @@ func TestBrowserFocusStaysWhereUserIs(t *testing.T) {
 	// Two forms at once: the deposit's answer comes after the user pressed
 	// withdraw, whose answer is held until the deposit's form is ready.
 	b.fill("#deposit-amount", "5")
-	b.do(chromedp.Click(chromedp.CSS("#deposit-form button[type=submit]")))
+	b.click("#deposit-form button[type=submit]")
 	b.waitState("deposit-form", "busy")
 	b.fill("#withdraw-amount", "7")
-	b.do(chromedp.Click(chromedp.CSS("#withdraw-form button[type=submit]")))
+	b.click("#withdraw-form button[type=submit]")
 	b.waitState("withdraw-form", "busy")
 	answer("/api/v1/deposits")
 	b.waitText("#deposit-form .msg", "Done. Deposit of 5.00 CNY")
