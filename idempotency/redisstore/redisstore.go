@@ -7,20 +7,26 @@
 //
 // Every operation is one Lua script on one key, so it runs on one Cluster
 // slot. Round trips: a first use is Begin plus Complete (two; a submit
-// token adds one, to bind it), a replay is one Begin, a window claim one.
+// token adds one, to bind it), a replay is one Begin (a token adds one), a
+// window claim one; under a token, an answer in progress or with another
+// body adds one more, to leave the binding's count (below).
 //
 // A token is bound before its key's record is created, in a separate
-// step (the two keys can live on different Cluster slots), and the
-// binding names its holder: the lease of the request that bound it last.
-// An abandoned record (a 5xx frees its key and token) frees its token only
-// while the binding is still its own, so a retry of the same request that
-// bound it in the meantime, and creates its record after the abandon,
-// keeps it bound. A crash between the two steps, or an abandon after such
-// a retry found the record in progress, leaves the token bound to its
-// request's scope with no record: a retry of the same request goes
-// through, the token cannot be used for anything else, exactly as after a
-// completed request. Records and tokens expire with Redis key expiry:
-// nothing to prune.
+// step (the two keys can live on different Cluster slots), so the binding
+// counts the requests that bound it and may still create or hold a record
+// (their leases: each Begin draws its lease before it binds). An
+// abandoned record (a 5xx frees its key and token) frees its token only
+// when no other such request is left; otherwise the last of them to leave
+// frees it: a request that found the record in progress or with another
+// body leaves at once, one whose record completes never does. So a retry
+// of the same request that bound the token and creates its record after
+// an abandon keeps it bound, in either order of the two binds. A crash
+// between binding and creating (or a holder whose expired lease another
+// request took over) stays counted: the token stays bound to its
+// request's scope with no record, a retry of the same request goes
+// through, and the token cannot be used for anything else, exactly as
+// after a completed request. Records and tokens expire with Redis key
+// expiry: nothing to prune.
 //
 // A Redis without persistence forgets records and tokens on restart: keep
 // them in the application's database (package sqlstore) when a restart
@@ -124,54 +130,79 @@ redis.call('PUBLISH', KEYS[1], '0')
 return r[3] or ''
 `)
 	// bindLua: KEYS[1] the token; ARGV subject, purpose, scope, now ms,
-	// keep ms (how long a bound token is kept), holder (the lease of the
-	// request binding it, "" for none). Returns 1 bound now, 0
-	// already bound to scope (the holder passes to this one), or an error
-	// reason: unknown, foreign, purpose, used, expired.
+	// keep ms (how long a bound token is kept), lease (of the request
+	// binding it, counted until it leaves; "" for none). Returns 1 bound
+	// now, 0 already bound to scope, or an error reason: unknown,
+	// foreign, purpose, used, expired.
 	bindLua = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'subject', 'purpose', 'expires', 'scope')
 if not r[1] then return 'unknown' end
 if r[1] ~= ARGV[1] then return 'foreign' end
 if r[2] ~= ARGV[2] then return 'purpose' end
+local bound = 1
 if r[4] and r[4] ~= '' then
-  if r[4] == ARGV[3] then
-    redis.call('HSET', KEYS[1], 'holder', ARGV[6])
-    return 0
-  end
-  return 'used'
+  if r[4] ~= ARGV[3] then return 'used' end
+  bound = 0
+else
+  if tonumber(r[3]) <= tonumber(ARGV[4]) then return 'expired' end
+  redis.call('HSET', KEYS[1], 'scope', ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
 end
-if tonumber(r[3]) <= tonumber(ARGV[4]) then return 'expired' end
-redis.call('HSET', KEYS[1], 'scope', ARGV[3], 'holder', ARGV[6])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-return 1
+if ARGV[6] ~= '' and redis.call('HSETNX', KEYS[1], 'p:' .. ARGV[6], '1') == 1 then
+  redis.call('HINCRBY', KEYS[1], 'pending', 1)
+end
+return bound
 `)
 	// bindSignedLua: KEYS[1] the signed token's binding; ARGV scope, keep
-	// ms, holder (as bindLua's). Returns 1 bound now, 0 already bound to
-	// scope (the holder passes to this one), or 'used'.
+	// ms, lease (as bindLua's). Returns 1 bound now, 0 already bound to
+	// scope, or 'used'.
 	bindSignedLua = redis.NewScript(`
 local s = redis.call('HGET', KEYS[1], 'scope')
+local bound = 1
 if s and s ~= '' then
-  if s == ARGV[1] then
-    redis.call('HSET', KEYS[1], 'holder', ARGV[3])
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return 0
-  end
-  return 'used'
+  if s ~= ARGV[1] then return 'used' end
+  bound = 0
+else
+  redis.call('HSET', KEYS[1], 'scope', ARGV[1])
 end
-redis.call('HSET', KEYS[1], 'scope', ARGV[1], 'holder', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
+if redis.call('HSETNX', KEYS[1], 'p:' .. ARGV[3], '1') == 1 then
+  redis.call('HINCRBY', KEYS[1], 'pending', 1)
+end
+return bound
 `)
 	// unbindLua: KEYS[1] the token; ARGV scope ("" for any), now ms,
-	// holder ("" for any: else only the binding that holder made last). A
-	// signed token's binding (no expiry of its own) is deleted.
+	// lease ("" for none), mode. Mode "abandon": the lease's record was
+	// abandoned; it leaves the count, and the token is unbound only when
+	// no counted request is left (else it is marked for the last one to
+	// leave). Mode "leave": the lease's request created no record; it
+	// leaves the count, and unbinds the token when it was the last one
+	// after such an abandon. Mode "": unbind. A signed token's binding (no
+	// expiry of its own) is deleted; a stored token's is kept, unbound,
+	// until the token's own expiry. Returns 1 unbound, else 0.
 	unbindLua = redis.NewScript(`
-local r = redis.call('HMGET', KEYS[1], 'scope', 'expires', 'holder')
+local r = redis.call('HMGET', KEYS[1], 'scope', 'expires')
 if not r[1] or r[1] == '' or (ARGV[1] ~= '' and r[1] ~= ARGV[1]) then return 0 end
-if ARGV[3] ~= '' and r[3] ~= ARGV[3] then return 0 end
+if ARGV[4] ~= '' then
+  local left = tonumber(redis.call('HGET', KEYS[1], 'pending') or '0')
+  if ARGV[3] ~= '' and redis.call('HDEL', KEYS[1], 'p:' .. ARGV[3]) == 1 then
+    left = redis.call('HINCRBY', KEYS[1], 'pending', -1)
+  elseif ARGV[4] == 'leave' then
+    return 0
+  end
+  if left > 0 then
+    if ARGV[4] == 'abandon' then redis.call('HSET', KEYS[1], 'orphan', '1') end
+    return 0
+  end
+  if ARGV[4] == 'leave' and redis.call('HGET', KEYS[1], 'orphan') ~= '1' then return 0 end
+end
 if not r[2] then
   redis.call('DEL', KEYS[1])
   return 1
+end
+local f = redis.call('HKEYS', KEYS[1])
+for i = 1, #f do
+  if string.sub(f[i], 1, 2) == 'p:' or f[i] == 'pending' or f[i] == 'orphan' then redis.call('HDEL', KEYS[1], f[i]) end
 end
 redis.call('HSET', KEYS[1], 'scope', '')
 redis.call('PEXPIRE', KEYS[1], math.max(tonumber(r[2]) - tonumber(ARGV[2]), 1))
@@ -235,6 +266,13 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 		return idemstore.BeginResult{}, wrap("begin", err)
 	}
 	outcome, _ := res[0].(int64)
+	if (outcome == 3 || outcome == 4) && tokenHash != "" && existingOnly == "0" {
+		// This request bound the token and created no record: it leaves the
+		// binding's count (and frees the token if it was the last one left
+		// after an abandon). A failure leaves it counted, the token bound to
+		// this scope, as after a crash: the answer stands.
+		_ = unbindLua.Run(ctx, s.rdb, []string{s.tokKey(tokenHash)}, "", ms(r.Now), lease, "leave").Err()
+	}
 	rec := &idemstore.Record{ID: r.ID, Fingerprint: r.Fingerprint}
 	switch outcome {
 	case 6:
@@ -301,9 +339,9 @@ func (s *Store) Abandon(ctx context.Context, id, lease string) error {
 		return wrap("abandon", err)
 	}
 	if tok != "" {
-		// Only while the binding is this request's: a retry of it that bound the
-		// token since holds it now, and may be about to create its record.
-		if err := unbindLua.Run(ctx, s.rdb, []string{s.tokKey(tok)}, "", ms(time.Now()), lease).Err(); err != nil {
+		// Only when no other request that bound the token may still create or
+		// hold a record with it (see the package doc).
+		if err := unbindLua.Run(ctx, s.rdb, []string{s.tokKey(tok)}, "", ms(time.Now()), lease, "abandon").Err(); err != nil {
 			return wrap("abandon", err)
 		}
 	}
@@ -359,10 +397,10 @@ func (s *Store) BindToken(ctx context.Context, hash, subject, purpose, scope str
 	return s.bind(ctx, hash, subject, purpose, scope, "", now, now.Add(token.BoundTTL))
 }
 
-// bind binds a stored token to scope until keep, holder (a record's lease,
-// or "") holding the binding.
-func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope, holder string, now, keep time.Time) (bool, error) {
-	res, err := bindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, subject, purpose, scope, ms(now), max(keep.Sub(now).Milliseconds(), 1), holder).Result()
+// bind binds a stored token to scope until keep, counting lease (a
+// request's, or "" for none) among those that may create a record with it.
+func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope, lease string, now, keep time.Time) (bool, error) {
+	res, err := bindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, subject, purpose, scope, ms(now), max(keep.Sub(now).Milliseconds(), 1), lease).Result()
 	if err != nil {
 		return false, wrap("bind token", err)
 	}
@@ -392,11 +430,10 @@ func (s *Store) bind(ctx context.Context, hash, subject, purpose, scope, holder 
 // record), before the record is created, as a stored token is.
 func (s *Store) BindsSignedTokens() {}
 
-// bindSigned binds the signed token of c to its scope until keep, holder
-// (a record's lease) holding the binding: token.ErrUsed when another scope
-// holds it.
-func (s *Store) bindSigned(ctx context.Context, c *idemstore.TokenClaim, holder string, now, keep time.Time) error {
-	res, err := bindSignedLua.Run(ctx, s.rdb, []string{s.tokKey(c.Hash)}, c.Scope, max(keep.Sub(now).Milliseconds(), 1), holder).Result()
+// bindSigned binds the signed token of c to its scope until keep,
+// counting lease as bind does: token.ErrUsed when another scope holds it.
+func (s *Store) bindSigned(ctx context.Context, c *idemstore.TokenClaim, lease string, now, keep time.Time) error {
+	res, err := bindSignedLua.Run(ctx, s.rdb, []string{s.tokKey(c.Hash)}, c.Scope, max(keep.Sub(now).Milliseconds(), 1), lease).Result()
 	if err != nil {
 		return wrap("bind token", err)
 	}
@@ -411,7 +448,7 @@ func (s *Store) UnbindToken(ctx context.Context, hash, scope string) error {
 	if scope == "" {
 		return nil
 	}
-	return wrap("unbind token", unbindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, scope, ms(time.Now()), "").Err())
+	return wrap("unbind token", unbindLua.Run(ctx, s.rdb, []string{s.tokKey(hash)}, scope, ms(time.Now()), "", "").Err())
 }
 
 func wrap(op string, err error) error {

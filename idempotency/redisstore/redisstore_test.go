@@ -50,22 +50,22 @@ func TestTokenKeyExpires(t *testing.T) {
 	_ = rdb.Del(ctx, prefix+"tok:{h}")
 }
 
-// beforeBegin is a go-redis hook that runs fn once, just before the
-// client's first script call on key (the record's: Begin's own script,
+// before is a go-redis hook that runs fn once, just before the client's
+// first script call whose arguments match (say, Begin's record script,
 // after its token was bound).
-type beforeBegin struct {
-	key  string
-	fn   func()
-	done bool
+type before struct {
+	match func(args []any) bool
+	fn    func()
+	done  bool
 }
 
-func (h *beforeBegin) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *beforeBegin) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *before) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *before) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (h *beforeBegin) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *before) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if a := cmd.Args(); !h.done && len(a) > 3 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && a[3] == h.key {
+		if !h.done && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && h.match(cmd.Args()) {
 			h.done = true
 			h.fn()
 		}
@@ -73,101 +73,147 @@ func (h *beforeBegin) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// A request is abandoned (its 5xx frees its key and its token) after a
-// retry of it bound the token and before that retry created its record:
-// the retry's record must keep the token bound, so that no other request
-// can use it once more. Before the binding named its holder, the abandon
-// unbound the token from under the retry.
-func TestAbandonKeepsARetrysToken(t *testing.T) {
+// onKey matches a script call on key (its first key).
+func onKey(key string) func([]any) bool {
+	return func(a []any) bool { return len(a) > 3 && a[3] == key }
+}
+
+// tokenRig is a store with one token (stored or signed) and a way to make
+// Begin requests with it in any scope, and a second store on a client of
+// its own whose script calls a hook can interleave with.
+type tokenRig struct {
+	t      *testing.T
+	s      *redisstore.Store
+	rdb    *redis.Client
+	prefix string
+	hash   string
+	signed bool
+	now    time.Time
+}
+
+func newTokenRig(t *testing.T, signed bool) *tokenRig {
 	rdb := redistest.Shared(t)
-	prefix := redistest.Prefix(t, rdb, "storetest")
-	ctx := t.Context()
-	for _, signed := range []bool{false, true} {
-		name := map[bool]string{false: "stored", true: "signed"}[signed]
-		t.Run(name, func(t *testing.T) {
-			s := redisstore.New(rdb, &redisstore.Options{Prefix: prefix})
-			now := time.Now()
-			hash := "h-" + name
-			if !signed {
-				if err := s.PutToken(ctx, token.Record{Hash: hash, Subject: "u", Purpose: "p", ExpiresAt: now.Add(time.Minute)}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			claim := func(scope string) *idemstore.TokenClaim {
-				return &idemstore.TokenClaim{Hash: hash, Subject: "u", Purpose: "p", Scope: scope, Signed: signed}
-			}
-			req := func(id, scope string) idemstore.BeginRequest {
-				return idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Token: claim(scope), Now: now}
-			}
-			id := "rec-" + name
-			first, err := s.Begin(ctx, req(id, "S"))
-			if err != nil || first.Outcome != idemstore.Started {
-				t.Fatalf("first Begin = %+v, %v; want started", first, err)
-			}
-			// The retry's client abandons the first request between the
-			// retry's binding and its record.
-			retryClient := redis.NewClient(rdb.Options())
-			t.Cleanup(func() { _ = retryClient.Close() })
-			hook := &beforeBegin{key: prefix + "rec:{" + id + "}", fn: func() {
-				if err := s.Abandon(ctx, id, first.Lease); err != nil {
-					t.Errorf("Abandon of the first request: %v", err)
-				}
-			}}
-			retryClient.AddHook(hook)
-			retry, err := redisstore.New(retryClient, &redisstore.Options{Prefix: prefix}).Begin(ctx, req(id, "S"))
-			if !hook.done {
-				t.Fatal("the hook did not run: the test did not interleave")
-			}
-			if err != nil || retry.Outcome != idemstore.Started {
-				t.Fatalf("the retry's Begin = %+v, %v; want started (the first's record abandoned)", retry, err)
-			}
-			other, err := s.Begin(ctx, req("rec-other-"+name, "S2"))
-			if !errors.Is(err, token.ErrUsed) {
-				t.Errorf("Begin in another scope with the token the retry's record holds = %+v, %v; want token.ErrUsed", other, err)
-			}
-			// The retry abandoned in turn frees the token: it was its own.
-			if err := s.Abandon(ctx, id, retry.Lease); err != nil {
-				t.Fatal(err)
-			}
-			if other, err := s.Begin(ctx, req("rec-other-"+name, "S2")); err != nil || other.Outcome != idemstore.Started {
-				t.Errorf("Begin in another scope after the retry's abandon = %+v, %v; want started (the token freed)", other, err)
-			}
-		})
+	g := &tokenRig{t: t, rdb: rdb, prefix: redistest.Prefix(t, rdb, "storetest"), hash: "h", signed: signed, now: time.Now()}
+	g.s = redisstore.New(rdb, &redisstore.Options{Prefix: g.prefix})
+	if !signed {
+		if err := g.s.PutToken(t.Context(), token.Record{Hash: g.hash, Subject: "u", Purpose: "p", ExpiresAt: g.now.Add(time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return g
+}
+
+func (g *tokenRig) req(id, scope string) idemstore.BeginRequest {
+	return idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: g.now,
+		Token: &idemstore.TokenClaim{Hash: g.hash, Subject: "u", Purpose: "p", Scope: scope, Signed: g.signed}}
+}
+
+// hooked returns a store on a client of its own that runs fn just before
+// its first script call matching match.
+func (g *tokenRig) hooked(match func([]any) bool, fn func()) (*redisstore.Store, *before) {
+	c := redis.NewClient(g.rdb.Options())
+	g.t.Cleanup(func() { _ = c.Close() })
+	h := &before{match: match, fn: fn}
+	c.AddHook(h)
+	return redisstore.New(c, &redisstore.Options{Prefix: g.prefix}), h
+}
+
+func (g *tokenRig) begin(s *redisstore.Store, id, scope string, want idemstore.Outcome) idemstore.BeginResult {
+	g.t.Helper()
+	res, err := s.Begin(g.t.Context(), g.req(id, scope))
+	if err != nil || res.Outcome != want {
+		g.t.Fatalf("Begin of %s in %s = %+v, %v; want outcome %v", id, scope, res, err, want)
+	}
+	return res
+}
+
+func (g *tokenRig) abandon(id, lease string) {
+	g.t.Helper()
+	if err := g.s.Abandon(g.t.Context(), id, lease); err != nil {
+		g.t.Errorf("Abandon of %s: %v", id, err)
 	}
 }
 
-// When a retry found the first request's record in progress (its binding
-// of the token passed the holder to it) and the first request is then
-// abandoned, the token stays bound to that request's scope, as after a
-// crash between binding and record: a retry of the request goes through,
-// another scope is refused.
+// usedElsewhere checks whether the token is refused in another scope, as
+// want says (a Begin there that starts is abandoned again).
+func (g *tokenRig) usedElsewhere(want bool, why string) {
+	g.t.Helper()
+	res, err := g.s.Begin(g.t.Context(), g.req("rec-elsewhere", "S2"))
+	switch {
+	case want && !errors.Is(err, token.ErrUsed):
+		g.t.Errorf("Begin in another scope = %+v, %v; want token.ErrUsed: %s", res, err, why)
+	case !want && (err != nil || res.Outcome != idemstore.Started):
+		g.t.Errorf("Begin in another scope = %+v, %v; want started: %s", res, err, why)
+	case !want:
+		g.abandon("rec-elsewhere", res.Lease)
+	}
+}
+
+func eachToken(t *testing.T, f func(t *testing.T, g *tokenRig)) {
+	for _, signed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stored", true: "signed"}[signed], func(t *testing.T) { f(t, newTokenRig(t, signed)) })
+	}
+}
+
+// A request is abandoned (its 5xx frees its key and its token) after a
+// retry of it bound the token and before that retry created its record:
+// the retry's record must keep the token bound, so that no other request
+// can use it once more. Before the binding counted its requests, the
+// abandon unbound the token from under the retry.
+func TestAbandonKeepsARetrysToken(t *testing.T) {
+	eachToken(t, func(t *testing.T, g *tokenRig) {
+		first := g.begin(g.s, "rec", "S", idemstore.Started)
+		retryStore, hook := g.hooked(onKey(g.prefix+"rec:{rec}"), func() { g.abandon("rec", first.Lease) })
+		retry := g.begin(retryStore, "rec", "S", idemstore.Started) // the first's record abandoned in between
+		if !hook.done {
+			t.Fatal("the hook did not run: the test did not interleave")
+		}
+		g.usedElsewhere(true, "the retry's record holds it")
+		g.abandon("rec", retry.Lease)
+		g.usedElsewhere(false, "the retry's record, the last, was abandoned too")
+	})
+}
+
+// The same with the binds the other way round: a request C binds the
+// token and is slow to create its record; a retry A binds it after C,
+// creates the record, and is abandoned; then C creates its record. A
+// binding that named only the request that bound it last lost C's.
+func TestAbandonKeepsAnEarlierBindersToken(t *testing.T) {
+	eachToken(t, func(t *testing.T, g *tokenRig) {
+		slow, hook := g.hooked(onKey(g.prefix+"rec:{rec}"), func() {
+			a := g.begin(g.s, "rec", "S", idemstore.Started)
+			g.abandon("rec", a.Lease)
+		})
+		c := g.begin(slow, "rec", "S", idemstore.Started)
+		if !hook.done {
+			t.Fatal("the hook did not run: the test did not interleave")
+		}
+		g.usedElsewhere(true, "the slow request's record holds it")
+		g.abandon("rec", c.Lease)
+		g.usedElsewhere(false, "every record with it was abandoned")
+	})
+}
+
+// A retry that finds the first request's record in progress created
+// nothing: when the first is then abandoned, the token is free again (as
+// memstore and sqlstore free it), also when the abandon comes between the
+// retry's answer and its leaving the binding's count.
 func TestAbandonAfterRetryInProgress(t *testing.T) {
-	rdb := redistest.Shared(t)
-	prefix := redistest.Prefix(t, rdb, "storetest")
-	ctx := t.Context()
-	s := redisstore.New(rdb, &redisstore.Options{Prefix: prefix})
-	now := time.Now()
-	if err := s.PutToken(ctx, token.Record{Hash: "h", Subject: "u", Purpose: "p", ExpiresAt: now.Add(time.Minute)}); err != nil {
-		t.Fatal(err)
-	}
-	req := func(id, scope string) idemstore.BeginRequest {
-		return idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: now,
-			Token: &idemstore.TokenClaim{Hash: "h", Subject: "u", Purpose: "p", Scope: scope}}
-	}
-	first, err := s.Begin(ctx, req("rec", "S"))
-	if err != nil || first.Outcome != idemstore.Started {
-		t.Fatalf("first Begin = %+v, %v; want started", first, err)
-	}
-	if retry, err := s.Begin(ctx, req("rec", "S")); err != nil || retry.Outcome != idemstore.InProgress {
-		t.Fatalf("the retry's Begin = %+v, %v; want in progress", retry, err)
-	}
-	if err := s.Abandon(ctx, "rec", first.Lease); err != nil {
-		t.Fatal(err)
-	}
-	if other, err := s.Begin(ctx, req("rec-other", "S2")); !errors.Is(err, token.ErrUsed) {
-		t.Errorf("Begin in another scope = %+v, %v; want token.ErrUsed (the token stays with its request)", other, err)
-	}
-	if again, err := s.Begin(ctx, req("rec", "S")); err != nil || again.Outcome != idemstore.Started {
-		t.Errorf("a retry of the request after the abandon = %+v, %v; want started", again, err)
-	}
+	eachToken(t, func(t *testing.T, g *tokenRig) {
+		first := g.begin(g.s, "rec", "S", idemstore.Started)
+		g.begin(g.s, "rec", "S", idemstore.InProgress)
+		g.abandon("rec", first.Lease)
+		g.usedElsewhere(false, "the only record with it was abandoned")
+	})
+	eachToken(t, func(t *testing.T, g *tokenRig) {
+		first := g.begin(g.s, "rec", "S", idemstore.Started)
+		leave := func(a []any) bool { return len(a) > 7 && a[3] == g.prefix+"tok:{h}" && a[len(a)-1] == "leave" }
+		retryStore, hook := g.hooked(leave, func() { g.abandon("rec", first.Lease) })
+		g.begin(retryStore, "rec", "S", idemstore.InProgress)
+		if !hook.done {
+			t.Fatal("the hook did not run: the test did not interleave")
+		}
+		g.usedElsewhere(false, "the first's record was abandoned, and the retry created none")
+		g.begin(g.s, "rec", "S", idemstore.Started) // and a retry of the request still goes through
+	})
 }
