@@ -269,9 +269,10 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 	if (outcome == 3 || outcome == 4) && tokenHash != "" && existingOnly == "0" {
 		// This request bound the token and created no record: it leaves the
 		// binding's count (and frees the token if it was the last one left
-		// after an abandon). A failure leaves it counted, the token bound to
-		// this scope, as after a crash: the answer stands.
-		_ = unbindLua.Run(ctx, s.rdb, []string{s.tokKey(tokenHash)}, "", ms(r.Now), lease, "leave").Err()
+		// after an abandon), also when its caller has gone (a deadline, a
+		// client that hung up), as Abandon does. A failure leaves it counted,
+		// the token bound to this scope, as after a crash: the answer stands.
+		_ = unbindLua.Run(context.WithoutCancel(ctx), s.rdb, []string{s.tokKey(tokenHash)}, "", ms(r.Now), lease, "leave").Err()
 	}
 	rec := &idemstore.Record{ID: r.ID, Fingerprint: r.Fingerprint}
 	switch outcome {

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -215,5 +216,45 @@ func TestAbandonAfterRetryInProgress(t *testing.T) {
 		}
 		g.usedElsewhere(false, "the first's record was abandoned, and the retry created none")
 		g.begin(g.s, "rec", "S", idemstore.Started) // and a retry of the request still goes through
+	})
+	// The retry's caller gone (its deadline, a client that hung up) by the
+	// time it leaves: it leaves all the same.
+	eachToken(t, func(t *testing.T, g *tokenRig) {
+		first := g.begin(g.s, "rec", "S", idemstore.Started)
+		ctx, cancel := context.WithCancel(t.Context())
+		leave := func(a []any) bool { return len(a) > 7 && a[3] == g.prefix+"tok:{h}" && a[len(a)-1] == "leave" }
+		retryStore, hook := g.hooked(leave, func() { cancel(); g.abandon("rec", first.Lease) })
+		if res, err := retryStore.Begin(ctx, g.req("rec", "S")); err != nil || res.Outcome != idemstore.InProgress {
+			t.Fatalf("the retry's Begin = %+v, %v; want in progress", res, err)
+		}
+		if !hook.done {
+			t.Fatal("the hook did not run: the test did not interleave")
+		}
+		g.usedElsewhere(false, "the first's record was abandoned, and the retry, whose caller had gone, created none")
+	})
+}
+
+// A binding written before bindings counted their requests (no count in
+// it) whose record is in flight: a retry that finds the record in progress
+// and leaves must not free the token under it, and the record's abandon
+// frees it as before.
+func TestUpgradedBindingKeepsItsToken(t *testing.T) {
+	eachToken(t, func(t *testing.T, g *tokenRig) {
+		first := g.begin(g.s, "rec", "S", idemstore.Started)
+		// What the earlier scripts wrote: the scope, no count.
+		tok := g.prefix + "tok:{h}"
+		fields, err := g.rdb.HKeys(t.Context(), tok).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fields {
+			if f == "pending" || strings.HasPrefix(f, "p:") {
+				g.rdb.HDel(t.Context(), tok, f)
+			}
+		}
+		g.begin(g.s, "rec", "S", idemstore.InProgress)
+		g.usedElsewhere(true, "the earlier request's record is in flight")
+		g.abandon("rec", first.Lease)
+		g.usedElsewhere(false, "its record was abandoned")
 	})
 }
