@@ -104,6 +104,12 @@ func newTokenRig(t *testing.T, signed bool) *tokenRig {
 	return g
 }
 
+// onLeave matches the script call by which a request that created no
+// record leaves the token's binding.
+func (g *tokenRig) onLeave() func([]any) bool {
+	return func(a []any) bool { return len(a) > 7 && a[3] == g.prefix+"tok:{"+g.hash+"}" && a[len(a)-1] == "leave" }
+}
+
 func (g *tokenRig) req(id, scope string) idemstore.BeginRequest {
 	return idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: g.now,
 		Token: &idemstore.TokenClaim{Hash: g.hash, Subject: "u", Purpose: "p", Scope: scope, Signed: g.signed}}
@@ -208,8 +214,7 @@ func TestAbandonAfterRetryInProgress(t *testing.T) {
 	})
 	eachToken(t, func(t *testing.T, g *tokenRig) {
 		first := g.begin(g.s, "rec", "S", idemstore.Started)
-		leave := func(a []any) bool { return len(a) > 7 && a[3] == g.prefix+"tok:{h}" && a[len(a)-1] == "leave" }
-		retryStore, hook := g.hooked(leave, func() { g.abandon("rec", first.Lease) })
+		retryStore, hook := g.hooked(g.onLeave(), func() { g.abandon("rec", first.Lease) })
 		g.begin(retryStore, "rec", "S", idemstore.InProgress)
 		if !hook.done {
 			t.Fatal("the hook did not run: the test did not interleave")
@@ -222,8 +227,7 @@ func TestAbandonAfterRetryInProgress(t *testing.T) {
 	eachToken(t, func(t *testing.T, g *tokenRig) {
 		first := g.begin(g.s, "rec", "S", idemstore.Started)
 		ctx, cancel := context.WithCancel(t.Context())
-		leave := func(a []any) bool { return len(a) > 7 && a[3] == g.prefix+"tok:{h}" && a[len(a)-1] == "leave" }
-		retryStore, hook := g.hooked(leave, func() { cancel(); g.abandon("rec", first.Lease) })
+		retryStore, hook := g.hooked(g.onLeave(), func() { cancel(); g.abandon("rec", first.Lease) })
 		if res, err := retryStore.Begin(ctx, g.req("rec", "S")); err != nil || res.Outcome != idemstore.InProgress {
 			t.Fatalf("the retry's Begin = %+v, %v; want in progress", res, err)
 		}
