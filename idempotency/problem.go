@@ -1,9 +1,7 @@
 package idempotency
 
 import (
-	"encoding/json"
 	"net/http"
-	"strconv"
 )
 
 // Problem is an RFC 9457 problem detail with the machine-readable code
@@ -26,18 +24,13 @@ func (p *Problem) Error() string { return p.Code + ": " + p.Detail }
 // no-store, Retry-After when set and the next submit token when the Guard
 // offered one (Options.OfferToken).
 func WriteProblem(w http.ResponseWriter, p *Problem) {
+	header, body := ProblemBody(p)
 	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Cache-Control", "no-store")
-	if p.RetryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(p.RetryAfter))
-	}
-	if p.next != "" {
-		h.Set(HeaderNextToken, p.next)
-		h.Set(HeaderNextTokenExpires, p.nextExpires)
+	for k, v := range header {
+		h[k] = v
 	}
 	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(problemJSON(p))
+	_, _ = w.Write(body)
 }
 
 // problemJSON is p's RFC 9457 body.
