@@ -116,13 +116,20 @@ func (g *tokenRig) req(id, scope string) idemstore.BeginRequest {
 }
 
 // hooked returns a store on a client of its own that runs fn just before
-// its first script call matching match.
-func (g *tokenRig) hooked(match func([]any) bool, fn func()) (*redisstore.Store, *before) {
+// its first script call matching match, and a check that fails the test
+// when fn has not run (the test did not interleave).
+func (g *tokenRig) hooked(match func([]any) bool, fn func()) (*redisstore.Store, func()) {
 	c := redis.NewClient(g.rdb.Options())
 	g.t.Cleanup(func() { _ = c.Close() })
 	h := &before{match: match, fn: fn}
 	c.AddHook(h)
-	return redisstore.New(c, &redisstore.Options{Prefix: g.prefix}), h
+	interleaved := func() {
+		g.t.Helper()
+		if !h.done {
+			g.t.Fatal("the hook did not run: the test did not interleave")
+		}
+	}
+	return redisstore.New(c, &redisstore.Options{Prefix: g.prefix}), interleaved
 }
 
 func (g *tokenRig) begin(s *redisstore.Store, id, scope string, want idemstore.Outcome) idemstore.BeginResult {
@@ -170,11 +177,9 @@ func eachToken(t *testing.T, f func(t *testing.T, g *tokenRig)) {
 func TestAbandonKeepsARetrysToken(t *testing.T) {
 	eachToken(t, func(t *testing.T, g *tokenRig) {
 		first := g.begin(g.s, "rec", "S", idemstore.Started)
-		retryStore, hook := g.hooked(onKey(g.prefix+"rec:{rec}"), func() { g.abandon("rec", first.Lease) })
+		retryStore, interleaved := g.hooked(onKey(g.prefix+"rec:{rec}"), func() { g.abandon("rec", first.Lease) })
 		retry := g.begin(retryStore, "rec", "S", idemstore.Started) // the first's record abandoned in between
-		if !hook.done {
-			t.Fatal("the hook did not run: the test did not interleave")
-		}
+		interleaved()
 		g.usedElsewhere(true, "the retry's record holds it")
 		g.abandon("rec", retry.Lease)
 		g.usedElsewhere(false, "the retry's record, the last, was abandoned too")
@@ -187,14 +192,12 @@ func TestAbandonKeepsARetrysToken(t *testing.T) {
 // binding that named only the request that bound it last lost C's.
 func TestAbandonKeepsAnEarlierBindersToken(t *testing.T) {
 	eachToken(t, func(t *testing.T, g *tokenRig) {
-		slow, hook := g.hooked(onKey(g.prefix+"rec:{rec}"), func() {
+		slow, interleaved := g.hooked(onKey(g.prefix+"rec:{rec}"), func() {
 			a := g.begin(g.s, "rec", "S", idemstore.Started)
 			g.abandon("rec", a.Lease)
 		})
 		c := g.begin(slow, "rec", "S", idemstore.Started)
-		if !hook.done {
-			t.Fatal("the hook did not run: the test did not interleave")
-		}
+		interleaved()
 		g.usedElsewhere(true, "the slow request's record holds it")
 		g.abandon("rec", c.Lease)
 		g.usedElsewhere(false, "every record with it was abandoned")
@@ -214,11 +217,9 @@ func TestAbandonAfterRetryInProgress(t *testing.T) {
 	})
 	eachToken(t, func(t *testing.T, g *tokenRig) {
 		first := g.begin(g.s, "rec", "S", idemstore.Started)
-		retryStore, hook := g.hooked(g.onLeave(), func() { g.abandon("rec", first.Lease) })
+		retryStore, interleaved := g.hooked(g.onLeave(), func() { g.abandon("rec", first.Lease) })
 		g.begin(retryStore, "rec", "S", idemstore.InProgress)
-		if !hook.done {
-			t.Fatal("the hook did not run: the test did not interleave")
-		}
+		interleaved()
 		g.usedElsewhere(false, "the first's record was abandoned, and the retry created none")
 		g.begin(g.s, "rec", "S", idemstore.Started) // and a retry of the request still goes through
 	})
@@ -227,13 +228,11 @@ func TestAbandonAfterRetryInProgress(t *testing.T) {
 	eachToken(t, func(t *testing.T, g *tokenRig) {
 		first := g.begin(g.s, "rec", "S", idemstore.Started)
 		ctx, cancel := context.WithCancel(t.Context())
-		retryStore, hook := g.hooked(g.onLeave(), func() { cancel(); g.abandon("rec", first.Lease) })
+		retryStore, interleaved := g.hooked(g.onLeave(), func() { cancel(); g.abandon("rec", first.Lease) })
 		if res, err := retryStore.Begin(ctx, g.req("rec", "S")); err != nil || res.Outcome != idemstore.InProgress {
 			t.Fatalf("the retry's Begin = %+v, %v; want in progress", res, err)
 		}
-		if !hook.done {
-			t.Fatal("the hook did not run: the test did not interleave")
-		}
+		interleaved()
 		g.usedElsewhere(false, "the first's record was abandoned, and the retry, whose caller had gone, created none")
 	})
 }
