@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/onceguard/onceguard/bench/internal/stats"
 )
 
 // summary is the median over rounds of one cell's metrics.
@@ -306,7 +308,7 @@ func printTargets(w io.Writer, rep *report) {
 		}
 		// Where the cells have paired blocks, their interval decides.
 		if _, lo, hi, n := pairedRatio(ra, rb); n >= 2 {
-			verdict = ciVerdict(lo, hi, want) + " (by the paired-block 95% CI)"
+			verdict = stats.Verdict(lo, hi, want, false) + " (by the paired-block 95% CI)"
 		}
 		fmt.Fprintf(w, "  %-58s  %7s× (%s vs %s, want %s)  %s   per round: %s\n",
 			label, fmtRatio(mx, my), fmtRate(mx), fmtRate(my), wantText, verdict, strings.Join(perRound, " "))
@@ -474,49 +476,22 @@ func short(lib string) string {
 	return lib
 }
 
-// ciVerdict judges a ratio that has a confidence interval lo–hi against the
-// target want: PASS when the whole interval is at or above it, FAIL when
-// it is wholly below, TIE when it spans the target, which the measurement
-// cannot tell apart from the ratio on either side.
-func ciVerdict(lo, hi, want float64) string {
-	switch {
-	case lo >= want:
-		return "PASS"
-	case hi < want:
-		return "FAIL"
-	default:
-		return "TIE"
-	}
-}
-
 // pairedRatio compares two libraries' blocks of the same passes of paired
 // cells (every round's): for each pass in which both ran a block without
-// an error, the log of b's block time over a's, which is the log of a's
-// cycles/s over b's (a block is pairBlock cycles for both). It returns the
-// geometric mean of that ratio, a 95% confidence interval for it (normal
-// approximation: hundreds of pairs per round), and the number of pairs.
-// Pairing a pass's blocks, milliseconds apart, takes the machine's drift
-// out of each difference; the interval assumes what is left is independent
-// from pass to pass.
+// an error, b's block time over a's, which is a's cycles/s over b's (a
+// block is pairBlock cycles for both). It returns their geometric mean, a
+// 95% confidence interval for it and the number of pairs
+// (stats.PairedRatio). Pairing a pass's blocks, milliseconds apart, takes
+// the machine's drift out of each ratio.
 func pairedRatio(ra, rb []*result) (geo, lo, hi float64, n int) {
-	var sum, sq float64
+	var ratios []float64
 	for i := range min(len(ra), len(rb)) {
 		a, b := ra[i].blocks, rb[i].blocks
 		for p := range min(len(a), len(b)) {
-			if a[p] <= 0 || b[p] <= 0 {
-				continue
+			if a[p] > 0 && b[p] > 0 {
+				ratios = append(ratios, float64(b[p])/float64(a[p]))
 			}
-			x := math.Log(float64(b[p]) / float64(a[p]))
-			sum += x
-			sq += x * x
-			n++
 		}
 	}
-	if n < 2 {
-		return 0, 0, 0, n
-	}
-	mean := sum / float64(n)
-	sd := math.Sqrt(max(0, sq-float64(n)*mean*mean) / float64(n-1))
-	half := 1.96 * sd / math.Sqrt(float64(n))
-	return math.Exp(mean), math.Exp(mean - half), math.Exp(mean + half), n
+	return stats.PairedRatio(ratios)
 }

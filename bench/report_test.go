@@ -43,23 +43,6 @@ func TestPairedRatio(t *testing.T) {
 	}
 }
 
-func TestCIVerdict(t *testing.T) {
-	for _, c := range []struct {
-		lo, hi, want float64
-		verdict      string
-	}{
-		{0.920, 1.019, 1, "TIE"},
-		{1.01, 1.10, 1, "PASS"},
-		{0.90, 0.99, 1, "FAIL"},
-		{1.5, 2.5, 2, "TIE"},
-		{2.1, 2.5, 2, "PASS"},
-	} {
-		if got := ciVerdict(c.lo, c.hi, c.want); got != c.verdict {
-			t.Errorf("ciVerdict(%g, %g, want %g) = %s, want %s", c.lo, c.hi, c.want, got, c.verdict)
-		}
-	}
-}
-
 // A paired-1 target whose medians favour onceguard but whose paired blocks
 // show no difference is printed TIE, not PASS.
 func TestPairedTargetTie(t *testing.T) {

@@ -9,7 +9,7 @@
 // contenders connect through a counting proxy (pgproxy.go) that reports
 // their round trips. See ../README.md, "Service load".
 //
-//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-clients 16,64] [-only sqlite,postgres,postgres-tokens,postgres-chain,pgbench,floor,floor-sqlite,floor-sqlite-grouped] [-markdown]
+//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-pairs 10] [-clients 16,64] [-only sqlite,postgres,postgres-tokens,postgres-chain,pgbench,floor,floor-sqlite,floor-sqlite-grouped] [-markdown]
 package main
 
 import (
@@ -103,6 +103,10 @@ type config struct {
 	dbConns          int
 	markdown, keep   bool
 	proxy            bool // put a round-trip-counting proxy between each PostgreSQL contender and the server
+	// pairs of blocks of each contender and its reference after the
+	// rounds (pairs.go), each block pairWarmup + pairBlock; 0: none.
+	pairs                 int
+	pairBlock, pairWarmup time.Duration
 }
 
 func main() {
@@ -125,6 +129,9 @@ func main() {
 	flag.BoolVar(&cfg.markdown, "markdown", false, "print the table as Markdown")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary directory (service logs, pgbench logs, SQLite file) and the databases")
 	flag.BoolVar(&cfg.proxy, "pg-proxy", true, "connect every PostgreSQL contender through a proxy of its own that counts its round trips (false: directly, no round-trip figures)")
+	flag.IntVar(&cfg.pairs, "pairs", 0, "after the rounds, run `N` pairs of blocks of each contender and its reference (its floor; build B and build A) back to back, and judge the targets from the pairs' 95% interval (0: none)")
+	flag.DurationVar(&cfg.pairBlock, "pair-block", 2*time.Second, "measured `time` of one block of -pairs")
+	flag.DurationVar(&cfg.pairWarmup, "pair-warmup", 500*time.Millisecond, "unmeasured warm-up of one block of -pairs")
 	flag.StringVar(&floorDSN, "floor-serve", "", "internal: serve the floor group's minimal withdrawal server on `DSN` (the load starts itself this way)")
 	flag.StringVar(&floorSQLite, "floor-sqlite-serve", "", "internal: serve the floor-sqlite group's minimal withdrawal server on the SQLite `file`")
 	flag.IntVar(&floorGroup, "floor-sqlite-group", 1, "internal: with -floor-sqlite-serve, how many withdrawals one COMMIT may hold (sqldb.WriteGate's MaxGroup)")
@@ -181,8 +188,9 @@ func main() {
 	if cfg.pgbench == "" {
 		cfg.groups = slices.DeleteFunc(cfg.groups, func(g string) bool { return g == groupPgbench })
 	}
-	if cfg.rounds < 1 || cfg.duration <= 0 || cfg.warmup < 0 || len(cfg.clients) == 0 || len(cfg.groups) == 0 || cfg.pgbenchJobs < 1 {
-		fmt.Fprintln(os.Stderr, "load: want -rounds >= 1, -duration > 0, -warmup >= 0, -pgbench-jobs >= 1, some -clients and some -only group")
+	if cfg.rounds < 1 || cfg.duration <= 0 || cfg.warmup < 0 || len(cfg.clients) == 0 || len(cfg.groups) == 0 || cfg.pgbenchJobs < 1 ||
+		cfg.pairs < 0 || cfg.pairs > 0 && (cfg.pairBlock <= 0 || cfg.pairWarmup < 0) {
+		fmt.Fprintln(os.Stderr, "load: want -rounds >= 1, -duration > 0, -warmup >= 0, -pgbench-jobs >= 1, -pairs >= 0 (with -pair-block > 0, -pair-warmup >= 0), some -clients and some -only group")
 		os.Exit(2)
 	}
 	if err := run(cfg, os.Stdout, os.Stderr); err != nil {
@@ -448,6 +456,11 @@ func run(cfg config, out, progress io.Writer) error {
 			}
 		}
 	}
+	if cfg.pairs > 0 && ctx.Err() == nil {
+		if err := runPairs(ctx, cfg, services, rep, progress); err != nil && ctx.Err() == nil {
+			return err
+		}
+	}
 	if ctx.Err() != nil {
 		rep.interrupted = true
 		fmt.Fprintln(progress, "interrupted: the table shows the cells that ran")
@@ -467,6 +480,7 @@ func run(cfg config, out, progress io.Writer) error {
 	rep.printTargets(out)
 	rep.printTargets22(out, roundCommits(services))
 	rep.printAB(out)
+	rep.printPairs(out)
 	var ceilingWork []string
 	if pgb != nil {
 		ceilingWork = pgb.workNotes

@@ -17,10 +17,13 @@ const target = 0.5
 type report struct {
 	cfg         config
 	cells       map[string][]*cellResult // "group/clients" -> one per round
+	pairs       map[string]*pairCells    // pairKey -> the paired blocks (-pairs)
 	interrupted bool
 }
 
-func newReport(cfg config) *report { return &report{cfg: cfg, cells: map[string][]*cellResult{}} }
+func newReport(cfg config) *report {
+	return &report{cfg: cfg, cells: map[string][]*cellResult{}, pairs: map[string]*pairCells{}}
+}
 
 func cellKey(g string, n int) string { return fmt.Sprintf("%s/%d", g, n) }
 

@@ -102,13 +102,14 @@ func (a *addrWatcher) Write(p []byte) (int, error) {
 	return a.w.Write(p)
 }
 
-// start runs the service and waits until it listens.
-func (s *serviceConfig) start(ctx context.Context, round int) error {
+// start runs the service and waits until it listens; when names the run
+// ("round 2", "paired blocks") in its log.
+func (s *serviceConfig) start(ctx context.Context, when string) error {
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(logf, "=== round %d: %s %s\n", round+1, s.bin, strings.Join(quoteArgs(s.args), " "))
+	fmt.Fprintf(logf, "=== %s: %s %s\n", when, s.bin, strings.Join(quoteArgs(s.args), " "))
 	w := &addrWatcher{w: logf, found: make(chan string, 1)}
 	cmd := exec.Command(s.bin, s.args...)
 	for _, e := range os.Environ() {
@@ -142,8 +143,8 @@ func (s *serviceConfig) start(ctx context.Context, round int) error {
 }
 
 // stop sends SIGTERM and waits (20 s, then SIGKILL); a graceful stop
-// exits 0 (docs/api.md, "Process"), anything else is noted.
-func (s *serviceConfig) stop(round int) {
+// exits 0 (docs/api.md, "Process"), anything else is noted under when.
+func (s *serviceConfig) stop(when string) {
 	p := s.proc
 	if p == nil {
 		return
@@ -156,10 +157,10 @@ func (s *serviceConfig) stop(round int) {
 	case <-time.After(20 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
-		s.notes = append(s.notes, fmt.Sprintf("round %d: the service did not exit within 20s of SIGTERM; killed", round+1))
+		s.notes = append(s.notes, when+": the service did not exit within 20s of SIGTERM; killed")
 	}
 	if p.waitErr != nil {
-		s.notes = append(s.notes, fmt.Sprintf("round %d: the service exited with %v after SIGTERM (want exit status 0)", round+1, p.waitErr))
+		s.notes = append(s.notes, fmt.Sprintf("%s: the service exited with %v after SIGTERM (want exit status 0)", when, p.waitErr))
 	}
 	fmt.Fprintf(p.log, "=== stopped after %v: %v\n", time.Since(t0).Round(time.Millisecond), errString(p.waitErr))
 	p.log.Close()
@@ -194,10 +195,11 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 	for _, u := range s.users {
 		sentBefore += u.sent
 	}
-	if err := s.start(ctx, round); err != nil {
+	when := fmt.Sprintf("round %d", round+1)
+	if err := s.start(ctx, when); err != nil {
 		return err
 	}
-	defer s.stop(round) // on an error; a no-op after the stop below
+	defer s.stop(when) // on an error; a no-op after the stop below
 	a := newAPI(s.proc.base, maxClients)
 	defer a.hc.CloseIdleConnections()
 	var wal0 uint32
@@ -232,7 +234,7 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 		rep.add(s.group, n, r)
 		fmt.Fprintf(progress, "round %d  %-20s %3d clients  %s\n", round+1, groupLabels[s.group], n, r.progressLine())
 	}
-	s.checkBalances(ctx, a, round)
+	s.checkBalances(ctx, a, when)
 	a.hc.CloseIdleConnections()
 	var wal1 uint32
 	var wb1 int64
@@ -242,7 +244,7 @@ func (s *serviceConfig) roundRun(ctx context.Context, round int, order []int, ma
 	if wbOK {
 		wb1, wbOK = pidWriteBytes(s.proc.pid)
 	}
-	s.stop(round)
+	s.stop(when)
 	sent := int64(0)
 	for _, u := range s.users {
 		sent += u.sent
@@ -364,8 +366,8 @@ func topUp(ctx context.Context, a *api, users []*user) error {
 }
 
 // checkBalances compares each user's balance (GET /api/v1/account) with
-// what the answers it got imply.
-func (s *serviceConfig) checkBalances(ctx context.Context, a *api, round int) {
+// what the answers it got imply; a difference is noted under when.
+func (s *serviceConfig) checkBalances(ctx context.Context, a *api, when string) {
 	bad := 0
 	var first string
 	for _, u := range s.users {
@@ -388,7 +390,7 @@ func (s *serviceConfig) checkBalances(ctx context.Context, a *api, round int) {
 		}
 	}
 	if bad > 0 {
-		s.notes = append(s.notes, fmt.Sprintf("round %d: %d of %d users' balances differ from what the answers imply; first: %s", round+1, bad, len(s.users), first))
+		s.notes = append(s.notes, fmt.Sprintf("%s: %d of %d users' balances differ from what the answers imply; first: %s", when, bad, len(s.users), first))
 	}
 }
 
