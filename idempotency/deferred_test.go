@@ -124,6 +124,9 @@ func TestDeferredLocalWindow(t *testing.T) {
 			w.WriteHeader(http.StatusServiceUnavailable) // frees the key and its window
 		case `{"a":"refused"}`:
 			w.WriteHeader(http.StatusUnauthorized) // created nothing
+		case `{"a":"created, then failed"}`:
+			call.Created()                               // its transaction committed the record,
+			w.WriteHeader(http.StatusServiceUnavailable) // then it failed: the key, its window and the hold go
 		default:
 			call.Created() // the handler's transaction committed its record
 			w.WriteHeader(http.StatusCreated)
@@ -184,7 +187,7 @@ func TestDeferredLocalWindow(t *testing.T) {
 	if got := runs.Load(); got != 3 {
 		t.Errorf("handler runs = %d; want 3 (k1, k3, crashed): the duplicates never ran", got)
 	}
-	for i, body := range []string{`{"a":"fail"}`, `{"a":"refused"}`} {
+	for i, body := range []string{`{"a":"fail"}`, `{"a":"refused"}`, `{"a":"created, then failed"}`} {
 		if w := post(fmt.Sprint("x1-", i), body); w.Code == http.StatusTooManyRequests || w.Code == http.StatusBadRequest {
 			t.Fatalf("%s first = %d", body, w.Code)
 		}
