@@ -532,3 +532,46 @@ func TestOffers(t *testing.T) {
 	}
 	expect(from, append(want, "minted-4")...)
 }
+
+// An offer is for its route, the method, host and path of the request
+// whose answer carried it: another host (a token of one service's, useless
+// and not to be shown to another) or another method on the same path gets
+// a key of its own.
+func TestOffersStayOnTheirRoute(t *testing.T) {
+	offering := func(name string) *httptest.Server {
+		var n atomic.Int32
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Next-Submit-Token", "st_"+name+strconv.Itoa(int(n.Add(1))))
+			w.Header().Set("Next-Submit-Token-Expires", time.Now().Add(time.Minute).UTC().Format(time.RFC3339))
+			w.WriteHeader(http.StatusCreated)
+		}))
+	}
+	a, b := offering("a"), offering("b")
+	defer a.Close()
+	defer b.Close()
+	rec := &recorder{}
+	var minted atomic.Int32
+	tr := &Transport{Base: rec, Offers: &Offers{}, sleep: func(context.Context, time.Duration) error { return nil },
+		NewKey: func(*http.Request) (string, error) { return "minted-" + strconv.Itoa(int(minted.Add(1))), nil }}
+	send := func(method, url string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, strings.NewReader(`{}`))
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drain(resp)
+	}
+	send(http.MethodPost, a.URL+"/pay")  // a mint; A offers st_a1
+	send(http.MethodPost, b.URL+"/pay")  // another host: a mint; B offers st_b1
+	send(http.MethodPatch, a.URL+"/pay") // another method: a mint; A offers st_a2
+	send(http.MethodPost, a.URL+"/pay")  // A's offer to POST /pay
+	send(http.MethodPost, b.URL+"/pay")  // B's
+	send(http.MethodPatch, a.URL+"/pay") // A's offer to PATCH /pay
+	rec.mu.Lock()
+	got := strings.Join(rec.keys, " ")
+	rec.mu.Unlock()
+	if want := "minted-1 minted-2 minted-3 st_a1 st_b1 st_a2"; got != want {
+		t.Fatalf("keys sent %s; want %s", got, want)
+	}
+}
