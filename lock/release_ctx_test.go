@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -71,5 +72,55 @@ func TestReleaseContexts(t *testing.T) {
 	}
 	if dl, ok := last.Deadline(); !ok || dl.Before(start.Add(time.Hour)) {
 		t.Fatalf("the last release's deadline is %v after its start, want at least the 1h timeout", dl.Sub(start))
+	}
+}
+
+// stuckRelease keeps, for each Release, whether its context was already
+// done when it arrived; its first Release waits for that context to end
+// and fails, as a release stuck on an unreachable backend does.
+type stuckRelease struct {
+	nopBackend
+	mu      sync.Mutex
+	arrived []error // ctx.Err() on arrival, per Release
+}
+
+func (b *stuckRelease) Release(ctx context.Context, key, owner string) error {
+	b.mu.Lock()
+	b.arrived = append(b.arrived, ctx.Err())
+	first := len(b.arrived) == 1
+	b.mu.Unlock()
+	if first {
+		<-ctx.Done()
+		return lock.ErrUnavailable
+	}
+	return nil
+}
+
+// A Release's deadline runs from that Release, not from the acquire: a
+// lease held longer than ReleaseTimeout still gets the whole timeout, and
+// a retry after a Release that timed out gets one of its own.
+func TestReleaseDeadlineFromEachRelease(t *testing.T) {
+	const timeout = 30 * time.Millisecond
+	b := &stuckRelease{}
+	l := lock.New(b, &lock.Options{ReleaseTimeout: timeout})
+	lease, err := l.TryAcquire(context.Background(), "k", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * timeout) // held past ReleaseTimeout
+	start := time.Now()
+	if err := lease.Release(context.Background()); !errors.Is(err, lock.ErrUnavailable) {
+		t.Fatalf("the stuck Release = %v; want ErrUnavailable", err)
+	}
+	if waited := time.Since(start); waited < timeout*3/4 {
+		t.Errorf("the stuck Release gave up after %v; want about ReleaseTimeout, %v, from its start", waited, timeout)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatalf("the retry = %v; want nil", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.arrived) != 2 || b.arrived[0] != nil || b.arrived[1] != nil {
+		t.Fatalf("the Releases arrived with contexts done: %v; want two, neither done on arrival", b.arrived)
 	}
 }
