@@ -468,10 +468,7 @@ func TestOffers(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	defer srv.Close()
-	rec := &recorder{}
-	var minted atomic.Int32
-	tr := &Transport{Base: rec, Offers: &Offers{}, sleep: func(context.Context, time.Duration) error { return nil },
-		NewKey: func(*http.Request) (string, error) { return "minted-" + strconv.Itoa(int(minted.Add(1))), nil }}
+	rec, tr := offersTransport()
 	post := func(path, key string) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(`{}`))
@@ -533,6 +530,15 @@ func TestOffers(t *testing.T) {
 	expect(from, append(want, "minted-4")...)
 }
 
+// offersTransport is a Transport that keeps offers and mints minted-1,
+// minted-2, ..., without sleeping between attempts, over a recorder.
+func offersTransport() (*recorder, *Transport) {
+	rec := &recorder{}
+	var minted atomic.Int32
+	return rec, &Transport{Base: rec, Offers: &Offers{}, sleep: func(context.Context, time.Duration) error { return nil },
+		NewKey: func(*http.Request) (string, error) { return "minted-" + strconv.Itoa(int(minted.Add(1))), nil }}
+}
+
 // An offer is for its route, the method, host and path of the request
 // whose answer carried it: another host (a token of one service's, useless
 // and not to be shown to another) or another method on the same path gets
@@ -549,10 +555,7 @@ func TestOffersStayOnTheirRoute(t *testing.T) {
 	a, b := offering("a"), offering("b")
 	defer a.Close()
 	defer b.Close()
-	rec := &recorder{}
-	var minted atomic.Int32
-	tr := &Transport{Base: rec, Offers: &Offers{}, sleep: func(context.Context, time.Duration) error { return nil },
-		NewKey: func(*http.Request) (string, error) { return "minted-" + strconv.Itoa(int(minted.Add(1))), nil }}
+	rec, tr := offersTransport()
 	send := func(method, url string) {
 		t.Helper()
 		req, _ := http.NewRequest(method, url, strings.NewReader(`{}`))
