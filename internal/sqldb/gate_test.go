@@ -21,6 +21,7 @@ type fakeDB struct {
 	mu         sync.Mutex
 	log        []string
 	failCommit error
+	failBegin  error
 }
 
 func (f *fakeDB) add(s string) {
@@ -43,9 +44,20 @@ type fakeConn struct{ f *fakeDB }
 func (fakeConn) Prepare(string) (driver.Stmt, error) {
 	return nil, errors.New("no prepared statements")
 }
-func (fakeConn) Close() error                { return nil }
-func (c fakeConn) Begin() (driver.Tx, error) { c.f.add("BEGIN"); return c, nil }
-func (c fakeConn) Rollback() error           { c.f.add("ROLLBACK"); return nil }
+func (fakeConn) Close() error      { return nil }
+func (c fakeConn) Rollback() error { c.f.add("ROLLBACK"); return nil }
+
+func (c fakeConn) Begin() (driver.Tx, error) {
+	c.f.mu.Lock()
+	err := c.f.failBegin
+	c.f.mu.Unlock()
+	if err != nil {
+		c.f.add("BEGIN failed")
+		return nil, err
+	}
+	c.f.add("BEGIN")
+	return c, nil
+}
 
 func (c fakeConn) Commit() error {
 	c.f.mu.Lock()
@@ -306,7 +318,12 @@ func TestWriteGateFailedCommit(t *testing.T) {
 	g := NewWriteGate()
 	disk := errors.New("disk I/O error")
 	f.failCommit = disk
+	var told [][2]int
+	g.OnCommit = func(members, waiting int) { told = append(told, [2]int{members, waiting}) }
 	errs := grouped(t, g, f, db, exec("a"), func(context.Context, *sql.Tx) error { return errors.New("refused") })
+	if len(told) != 1 || told[0] != [2]int{3, 0} {
+		t.Errorf("OnCommit told %v; want once, the failed COMMIT's 3 members and 0 waiting", told)
+	}
 	for i, err := range errs {
 		if !errors.Is(err, ErrGroupLost) || !errors.Is(err, disk) || !Unavailable(err) {
 			t.Errorf("Run %d = %v (Unavailable %v); want ErrGroupLost, the COMMIT's error, Unavailable (nothing committed: a retry is safe)", i, err, Unavailable(err))
@@ -398,6 +415,91 @@ func TestWriteGateCancel(t *testing.T) {
 	// Already cancelled, on a free gate: nothing runs.
 	if err := g.Run(gone, db, func(context.Context, *sql.Tx) error { t.Error("a cancelled Run ran"); return nil }); !errors.Is(err, context.Canceled) {
 		t.Errorf("Run with a cancelled context on a free gate = %v; want Canceled", err)
+	}
+}
+
+// A BEGIN that fails (SQLITE_BUSY past the busy timeout, an I/O error)
+// is the first Run's error, at once, and the gate goes on.
+func TestWriteGateFailedBegin(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	locked := errors.New("database is locked")
+	f.mu.Lock()
+	f.failBegin = locked
+	f.mu.Unlock()
+	done := make(chan error, 1)
+	go func() { done <- g.Run(context.Background(), db, exec("a")) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, locked) {
+			t.Errorf("Run with a failing BEGIN = %v; want its error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run with a failing BEGIN never returned")
+	}
+	f.mu.Lock()
+	f.failBegin = nil
+	f.mu.Unlock()
+	if err := g.Run(context.Background(), db, exec("after")); err != nil {
+		t.Errorf("Run after a failed BEGIN = %v", err)
+	}
+	wantLog(t, f, "BEGIN failed", "BEGIN", "SAVEPOINT onceguard_member", "after", "RELEASE onceguard_member", "COMMIT")
+}
+
+// lateGiveUp is the context of a caller that gives up exactly as its turn
+// comes: Err is nil for its first two calls (Run's entry, the gate's check
+// as it hands the turn over) and Canceled from then on; Done never closes.
+type lateGiveUp struct {
+	context.Context
+	calls sync.Mutex
+	n     int
+}
+
+func (c *lateGiveUp) Err() error {
+	c.calls.Lock()
+	defer c.calls.Unlock()
+	if c.n++; c.n <= 2 {
+		return nil
+	}
+	return context.Canceled
+}
+
+func (c *lateGiveUp) Done() <-chan struct{} { return nil }
+
+// A Run handed the gate's turn after its caller gave up returns the
+// context's error and passes the turn on: the gate is not left held.
+func TestWriteGateTurnGivenUp(t *testing.T) {
+	_, db := newFake(t)
+	g := NewWriteGate()
+	g.MaxGroup = 1 // the queued Run gets the turn, not a place in the group
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = g.Run(context.Background(), db, func(context.Context, *sql.Tx) error { <-release; return nil })
+	})
+	waitHeld(t, g)
+	var gaveUp error
+	wg.Go(func() {
+		gaveUp = g.Run(&lateGiveUp{Context: context.Background()}, db, func(context.Context, *sql.Tx) error {
+			t.Error("the Run whose caller gave up ran")
+			return nil
+		})
+	})
+	waitQueued(t, g, 1)
+	close(release)
+	wg.Wait()
+	if !errors.Is(gaveUp, context.Canceled) {
+		t.Errorf("the Run that gave up as its turn came = %v; want Canceled", gaveUp)
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Run(context.Background(), db, exec("after")) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run after a given-up turn = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run after a given-up turn never ran: the gate stayed held")
 	}
 }
 

@@ -191,12 +191,15 @@ func TestGroupCancelledMember(t *testing.T) {
 	}
 }
 
-// SQLiteDSN keeps temporary files in memory (PRAGMA temp_store = 2), so
-// that a member's savepoint journal is not written to a file past 64 KiB.
-func TestSQLiteDSNTempStore(t *testing.T) {
+// Every connection SQLiteDSN opens has its settings: temporary files in
+// memory (a member's savepoint journal is not written to a file past 64
+// KiB), the 10 s busy timeout (a write outside the gate waits for the
+// gate's transaction instead of failing with SQLITE_BUSY), WAL,
+// synchronous NORMAL and the automatic checkpoint at 10000 pages.
+func TestSQLiteDSNPragmas(t *testing.T) {
 	db := open(t)
 	conns := make([]*sql.Conn, 0, 4)
-	for range 4 { // every connection of the pool has it
+	for range 4 { // every connection of the pool has them
 		c, err := db.Conn(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -205,12 +208,20 @@ func TestSQLiteDSNTempStore(t *testing.T) {
 		conns = append(conns, c)
 	}
 	for _, c := range conns {
-		var mode int
-		if err := c.QueryRowContext(context.Background(), `PRAGMA temp_store`).Scan(&mode); err != nil {
-			t.Fatal(err)
-		}
-		if mode != 2 {
-			t.Errorf("PRAGMA temp_store = %d; want 2 (MEMORY)", mode)
+		for _, p := range []struct{ pragma, want string }{
+			{"temp_store", "2"}, // MEMORY
+			{"busy_timeout", "10000"},
+			{"journal_mode", "wal"},
+			{"synchronous", "1"}, // NORMAL
+			{"wal_autocheckpoint", "10000"},
+		} {
+			var got string
+			if err := c.QueryRowContext(context.Background(), `PRAGMA `+p.pragma).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != p.want {
+				t.Errorf("PRAGMA %s = %s; want %s", p.pragma, got, p.want)
+			}
 		}
 	}
 }
