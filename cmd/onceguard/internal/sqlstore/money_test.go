@@ -747,3 +747,52 @@ BEGIN INSERT INTO commit_mode (op, sync) VALUES (TG_TABLE_NAME || ' ' || TG_OP, 
 		})
 	}
 }
+
+// A retry of a key whose withdrawal exists but whose record is gone (it
+// expired, or was freed while the row stayed) gets the first withdrawal,
+// created false, and a record of its own, made alone after the duplicate's
+// rollback and holding the retry's lease: the Guard completes it with the
+// first withdrawal's answer.
+func TestWithdrawRetryRecordsItsKey(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			s, db, now := withFunds(t, d)
+			ctx := context.Background()
+			keys, err := idemsql.New(db, d.dialect, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := keys.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			s.Records = keys
+			at := time.UnixMicro(now)
+			rec := fmt.Sprint("rec-k-", now) // the key store's tables are not emptied between runs
+			start := func(lease string) *app.TxChecks {
+				return &app.TxChecks{Start: &idemstore.Start{ID: rec, Fingerprint: "fp", Lease: lease,
+					LeaseUntil: at.Add(time.Minute), ExpiresAt: at.Add(time.Hour), Now: at}}
+			}
+			if _, created, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "k", Amount: 1000, CreatedAt: at}, 0, start("lease-1")); err != nil || !created {
+				t.Fatalf("the first withdrawal = created %v, %v", created, err)
+			}
+			if err := keys.Abandon(ctx, rec, "lease-1"); err != nil { // its record freed; the row stays
+				t.Fatal(err)
+			}
+			got, created, err := s.Withdraw(ctx, app.Movement{ID: "w2", UserID: "u1", Key: "k", Amount: 1000, CreatedAt: at}, 0, start("lease-2"))
+			if err != nil || created || got.ID != "w1" {
+				t.Fatalf("the retry = %s created %v, %v; want w1, not created", got.ID, created, err)
+			}
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if err := keys.CompleteTx(ctx, tx, rec, "lease-2", idemstore.Response{Status: 201, Body: []byte("w1")}); err != nil {
+				t.Fatalf("completing the retry's record under its lease = %v; want it there, in flight", err)
+			}
+			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 9000 || sum != bal {
+				t.Errorf("balance %v, ledger %v; want 90.00: one withdrawal", bal, sum)
+			}
+		})
+	}
+}
