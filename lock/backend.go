@@ -38,8 +38,7 @@ type Request struct {
 	Owner string
 	// TTL is how long the lock is held without a refresh; whole milliseconds.
 	TTL time.Duration
-	// Wait is set by a blocking Acquire on its attempts after the first,
-	// which is a try and found the lock held. A backend that queues waiters
+	// Wait is set by a blocking Acquire. A backend that queues waiters
 	// (see Waiter) then records Owner in the key's FIFO queue, for
 	// WaitTTL, when the lock is held, so that it is served before later
 	// arrivals; a non-waiting attempt never jumps that queue.

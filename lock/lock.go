@@ -194,12 +194,7 @@ func (l *Locker) acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	if err := ctx.Err(); err != nil {
 		return nil, errors.Join(ErrNotAcquired, err)
 	}
-	// The first attempt is a try (Wait false): on a free lock, the usual
-	// case, the backend's cheapest path (on Redis, two plain commands
-	// instead of the queueing script). Only a caller that found the lock
-	// held waits; it joins the backend's queue with its next attempt,
-	// after subscribing, which it would have made anyway.
-	req := Request{Key: key, Owner: newOwner(), TTL: ttl, WaitTTL: 4 * l.opts.MaxBackoff}
+	req := Request{Key: key, Owner: newOwner(), TTL: ttl, Wait: true, WaitTTL: 4 * l.opts.MaxBackoff}
 	if req.WaitTTL < time.Second {
 		req.WaitTTL = time.Second
 	}
@@ -220,7 +215,6 @@ func (l *Locker) acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	}()
 	for {
 		start := time.Now()
-		queued = queued || req.Wait // this attempt may join the queue: leave it when giving up
 		g, err := l.backend.Acquire(ctx, req)
 		if err == nil {
 			lease := newLease(l, key, req.Owner, ttl, g.Fence, start)
@@ -241,8 +235,7 @@ func (l *Locker) acquire(ctx context.Context, key string, ttl time.Duration) (*L
 			}
 			return nil, err
 		}
-		tried := !req.Wait
-		req.Wait = true // held: the next attempts wait in line
+		queued = true
 		if l.waiter != nil && wake == nil {
 			// Subscribe first, then try again: a release between the
 			// failed attempt and the subscription is not missed.
@@ -250,10 +243,7 @@ func (l *Locker) acquire(ctx context.Context, key string, ttl time.Duration) (*L
 				wake, stop = w, s
 				continue
 			}
-			// No notifications: poll, from a place in the queue taken now.
-			if tried {
-				continue
-			}
+			// No notifications: poll.
 		}
 		sleep := backoff
 		if wake != nil {
