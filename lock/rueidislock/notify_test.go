@@ -132,3 +132,33 @@ func TestRefusedSubscribeKeepsTheSession(t *testing.T) {
 		t.Error("the session's first waiter was not woken after the refusal")
 	}
 }
+
+// The last waiter of a session to leave ends it at once, in leaveLocked,
+// while it holds send: a waiter that takes send next gets a session of its
+// own, not the one whose connection is about to be closed.
+func TestLastLeaverEndsTheSession(t *testing.T) {
+	rdb := redistest.Shared(t)
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{rdb.Options().Addr}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := New(c, nil).subs
+	ch := redistest.Prefix(t, rdb, "og-last")
+	if _, _, err := s.wait(context.Background(), ch, "o1"); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	sess := s.sess
+	s.mu.Unlock()
+	s.send <- struct{}{} // as its stop does
+	last := s.leaveLocked(sess, ch, "o1")
+	s.mu.Lock()
+	after, dead := s.sess, sess.dead
+	s.mu.Unlock()
+	<-s.send
+	sess.dc.Close()
+	if !last || after != nil || !dead {
+		t.Fatalf("the last waiter's leave: last %v, the session new waiters join is still it %v, ended %v; want last, none, ended", last, after == sess, dead)
+	}
+}
