@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -451,14 +452,11 @@ func TestWriteGateFailedBegin(t *testing.T) {
 // as it hands the turn over) and Canceled from then on; Done never closes.
 type lateGiveUp struct {
 	context.Context
-	calls sync.Mutex
-	n     int
+	calls atomic.Int32
 }
 
 func (c *lateGiveUp) Err() error {
-	c.calls.Lock()
-	defer c.calls.Unlock()
-	if c.n++; c.n <= 2 {
+	if c.calls.Add(1) <= 2 {
 		return nil
 	}
 	return context.Canceled
