@@ -2,6 +2,7 @@ package rueidislock
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -160,5 +161,83 @@ func TestLastLeaverEndsTheSession(t *testing.T) {
 	sess.dc.Close()
 	if !last || after != nil || !dead {
 		t.Fatalf("the last waiter's leave: last %v, the session new waiters join is still it %v, ended %v; want last, none, ended", last, after == sess, dead)
+	}
+}
+
+// endsAfterSelect is a context whose first Done (wait's select for the
+// send slot) is open and which has ended by the next: its caller gives up
+// while its SUBSCRIBE is under way.
+type endsAfterSelect struct {
+	context.Context
+	calls       atomic.Int32
+	open, ended chan struct{}
+}
+
+func newEndsAfterSelect() *endsAfterSelect {
+	c := &endsAfterSelect{Context: context.Background(), open: make(chan struct{}), ended: make(chan struct{})}
+	close(c.ended)
+	return c
+}
+
+func (c *endsAfterSelect) Done() <-chan struct{} {
+	if c.calls.Add(1) == 1 {
+		return c.open
+	}
+	return c.ended
+}
+
+func (c *endsAfterSelect) Err() error {
+	if c.calls.Load() > 1 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// A waiter whose own context ends during its SUBSCRIBE fails, and leaves
+// the session as it was: the connection is healthy, and retiring it would
+// cost the other waiters' session a new connection for every caller that
+// gives up.
+func TestCallerGivingUpKeepsTheSession(t *testing.T) {
+	rdb := redistest.Shared(t)
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{rdb.Options().Addr}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := New(c, nil).subs
+	ctx := context.Background()
+	ch := redistest.Prefix(t, rdb, "og-giveup")
+	wake, stop, err := s.wait(ctx, ch+"a", "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	s.mu.Lock()
+	first := s.sess
+	s.mu.Unlock()
+
+	gives := newEndsAfterSelect()
+	if _, _, err := s.wait(gives, ch+"b", "o2"); err == nil {
+		t.Fatal("a waiter whose context ended during SUBSCRIBE was subscribed")
+	}
+	if n := gives.calls.Load(); n < 2 {
+		t.Fatalf("the caller's context was asked for Done %d time(s); want the SUBSCRIBE to ask after the select", n)
+	}
+	s.mu.Lock()
+	current, dead, users := s.sess, first.dead, first.users
+	s.mu.Unlock()
+	if current != first || dead {
+		t.Fatalf("after a caller gave up during SUBSCRIBE: the session new waiters join is the first %v, first ended %v; want the first, live", current == first, dead)
+	}
+	if users != 1 {
+		t.Errorf("the session's waiters after the caller gave up = %d; want 1", users)
+	}
+	if err := rdb.Publish(ctx, ch+"a", "o1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wake:
+	case <-time.After(10 * time.Second):
+		t.Error("the session's first waiter was not woken after another caller gave up")
 	}
 }
