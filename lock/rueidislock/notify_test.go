@@ -241,3 +241,56 @@ func TestCallerGivingUpKeepsTheSession(t *testing.T) {
 		t.Error("the session's first waiter was not woken after another caller gave up")
 	}
 }
+
+// The last waiter of a session whose connection went silent gives up the
+// send slot before it closes the connection: rueidis's Close waits for a
+// PING's reply, up to a second on a silent peer, and the next waiter's
+// SUBSCRIBE on a session of its own must not wait behind it.
+func TestClosingASilentSessionLeavesSendFree(t *testing.T) {
+	rdb := redistest.Shared(t)
+	p, err := faultproxy.Start(rdb.Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableRetry: true, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := New(c, nil).subs
+	ctx := context.Background()
+	ch := redistest.Prefix(t, rdb, "og-silentclose")
+	_, stop1, err := s.wait(ctx, ch+"a", "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	first := s.sess
+	s.mu.Unlock()
+	p.Stall()
+	left := make(chan struct{})
+	go func() {
+		defer close(left)
+		stop1() // the last waiter: ends the session, then closes its silent connection
+	}()
+	for ended := false; !ended; {
+		s.mu.Lock()
+		ended = first.dead
+		s.mu.Unlock()
+		if !ended {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	_, stop2, err := s.wait(ctx, ch+"b", "o2")
+	if err != nil {
+		t.Fatalf("the next waiter's wait = %v; want a new session's confirmed SUBSCRIBE", err)
+	}
+	select {
+	case <-left:
+		t.Error("the next waiter's SUBSCRIBE was confirmed only after the silent session's close: it waited for the send slot behind it")
+	default:
+	}
+	stop2()
+	<-left
+}
