@@ -30,8 +30,8 @@ type scenario struct {
 	goroutines int
 	sameKey    bool // all goroutines on one key (else one key each)
 	blocking   bool // blocking acquire (else one try per attempt)
-	// paired: one goroutine runs every library of the group in turn, a
-	// block of pairBlock cycles each, in the same cell (see runPaired).
+	// paired: the cell runs every library of the group in turn, a block
+	// each, in the same cell (see runPaired).
 	paired bool
 }
 
@@ -40,6 +40,8 @@ var scenarios = []scenario{
 	{name: "paired-1", group: groupRedis, goroutines: 1, paired: true},
 	{name: "distinct-16", group: groupRedis, goroutines: 16},
 	{name: "distinct-64", group: groupRedis, goroutines: 64},
+	{name: "paired-16", group: groupRedis, goroutines: 16, paired: true},
+	{name: "paired-64", group: groupRedis, goroutines: 64, paired: true},
 	{name: "onekey-64-try", group: groupRedis, goroutines: 64, sameKey: true},
 	{name: "onekey-16-block", group: groupRedis, goroutines: 16, sameKey: true, blocking: true},
 	{name: "backends-1", group: groupBackends, goroutines: 1},
@@ -229,72 +231,123 @@ func runCell(lib *library, sc scenario, keyBase string, warmup, duration time.Du
 	return res
 }
 
-// pairBlock is how many cycles a paired cell runs on one library before it
-// moves to the next.
+// pairBlock is how many cycles a paired cell with one goroutine runs on
+// one library before it moves to the next; a block's time is reported as
+// the time of pairBlock cycles whatever the goroutines.
 const pairBlock = 50
 
-// runPaired runs a paired scenario: one goroutine, each library on a key
-// of its own, cycling through the libraries a block of pairBlock lock
-// cycles at a time, for warmup unmeasured and then until every library has
-// had duration of measured time. A one-goroutine cycle is two round trips,
-// so its rate follows the machine's wake-up latency, which drifts over
-// seconds; separate cells catch different stretches of that drift (their
-// ratios move ±15% from round to round on a shared VM), blocks a few
+// pairTime is how long every goroutine of a paired cell with several runs
+// one library before the cell moves to the next: long enough for
+// thousands of cycles, short enough that the machine's drift is the same
+// for the blocks of one pass.
+const pairTime = 100 * time.Millisecond
+
+// runPaired runs a paired scenario: each library on keys of its own, the
+// cell cycling through the libraries a block at a time, for warmup
+// unmeasured and then until every library has had duration of measured
+// time. With one goroutine a block is pairBlock lock cycles; with several,
+// every goroutine cycles for pairTime and the block ends when the last
+// one's cycle does. A cycle's rate follows the machine's wake-up latency
+// and whatever else runs on it, which drift over seconds; separate cells
+// catch different stretches of that drift (their ratios move ±15% from
+// round to round on a shared VM, and by half on a noisy one), blocks a few
 // milliseconds apart catch the same. The libraries' order is shuffled
 // every pass, so that each follows every other equally often. Each
-// library's result counts its own
-// blocks: window is the time they took. CPU is not sampled (the process
-// runs them all).
-func runPaired(libs []*library, keyBase func(*library) string, warmup, duration time.Duration) []*result {
+// library's result counts its own blocks: window is the time they took,
+// and blocks holds each pass's as the time of pairBlock cycles. CPU is
+// not sampled (the process runs them all).
+func runPaired(libs []*library, goroutines int, keyBase func(*library) string, warmup, duration time.Duration) []*result {
 	ctx, cancel := context.WithTimeout(context.Background(), warmup+time.Duration(len(libs))*duration+time.Minute)
 	defer cancel()
 	res := make([]*result, len(libs))
-	ws := make([]worker, len(libs))
+	ws := make([][]worker, len(libs))
 	for i, l := range libs {
-		res[i] = &result{perG: make([]int64, 1), serverCPU: -1, benchCPU: -1, cmds: -1}
-		ws[i] = l.newWorker(keyBase(l))
+		res[i] = &result{perG: make([]int64, goroutines), serverCPU: -1, benchCPU: -1, cmds: -1}
+		for g := range goroutines {
+			key := keyBase(l)
+			if goroutines > 1 {
+				key = fmt.Sprintf("%s/g%d", key, g)
+			}
+			ws[i] = append(ws[i], l.newWorker(key))
+		}
 	}
 	block := func(i int, measured bool) {
 		r := res[i]
-		var took time.Duration
-		failed := false
+		var m0 uint64
 		if measured {
-			m0 := mallocs()
-			defer func() { r.allocs += int64(mallocs() - m0) }()
+			m0 = mallocs()
 		}
-		for range pairBlock {
-			begin := time.Now()
-			ok, err := ws[i].try(ctx)
-			if err == nil && !ok {
-				err = errors.New("try: not acquired on a key of its own")
-			}
-			if err == nil {
-				if err = ws[i].unlock(ctx); err != nil {
-					err = fmt.Errorf("unlock: %w", err)
+		var (
+			wg     sync.WaitGroup
+			mu     sync.Mutex // guards r's counters below
+			cycles int64
+			failed bool
+		)
+		begin := time.Now()
+		until := begin.Add(pairTime)
+		for g, w := range ws[i] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var lat []time.Duration
+				var n int64
+				var errs int64
+				var first error
+				for c := 0; ; c++ {
+					if goroutines == 1 && c == pairBlock || goroutines > 1 && !time.Now().Before(until) || ctx.Err() != nil {
+						break
+					}
+					start := time.Now()
+					ok, err := w.try(ctx)
+					if err == nil && !ok {
+						err = errors.New("try: not acquired on a key of its own")
+					}
+					if err == nil {
+						if err = w.unlock(ctx); err != nil {
+							err = fmt.Errorf("unlock: %w", err)
+						}
+					}
+					if err != nil {
+						errs++
+						if first == nil {
+							first = err
+						}
+						time.Sleep(time.Millisecond) // no hot loop on a broken server
+						continue
+					}
+					n++
+					if measured {
+						lat = append(lat, time.Since(start))
+					}
 				}
-			}
-			end := time.Now()
-			if !measured {
-				continue
-			}
-			r.window += end.Sub(begin)
-			took += end.Sub(begin)
-			if err != nil {
-				failed = true
-				r.errs++
-				if r.firstErr == nil {
-					r.firstErr = err
+				mu.Lock()
+				defer mu.Unlock()
+				cycles += n
+				if !measured {
+					return
 				}
-				time.Sleep(time.Millisecond) // no hot loop on a broken server
-				continue
-			}
-			r.cycles++
-			r.attempts++
-			r.perG[0]++
-			r.lat = append(r.lat, end.Sub(begin))
+				r.perG[g] += n
+				r.lat = append(r.lat, lat...)
+				r.errs += errs
+				if errs > 0 {
+					failed = true
+					if r.firstErr == nil {
+						r.firstErr = first
+					}
+				}
+			}()
 		}
-		if measured && !failed {
-			r.blocks[len(r.blocks)-1] = took
+		wg.Wait()
+		took := time.Since(begin)
+		if !measured {
+			return
+		}
+		r.allocs += int64(mallocs() - m0)
+		r.window += took
+		r.cycles += cycles
+		r.attempts += cycles
+		if !failed && cycles > 0 {
+			r.blocks[len(r.blocks)-1] = time.Duration(float64(took) * pairBlock / float64(cycles))
 		}
 	}
 	for t0 := time.Now(); time.Since(t0) < warmup && ctx.Err() == nil; {

@@ -309,7 +309,7 @@ func run(cfg config, out, progress io.Writer) error {
 				cell++
 				prefix := fmt.Sprintf("%s/c%d/", runID, cell)
 				before := runtime.NumGoroutine()
-				rs := runPaired(sel, func(l *library) string { return prefix + l.name + "/" + sc.name }, cfg.warmup, duration)
+				rs := runPaired(sel, sc.goroutines, func(l *library) string { return prefix + l.name + "/" + sc.name }, cfg.warmup, duration)
 				for i, lib := range sel {
 					r := rs[i]
 					r.leftover = cleanupCell(lib, prefix, progress)
