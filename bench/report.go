@@ -372,11 +372,15 @@ func printTargets(w io.Writer, rep *report) {
 			paired(og, m)
 		}
 	}
-	// At 16 and 64 goroutines the same target from paired blocks of every
-	// goroutine (paired-16, paired-64), which the machine's drift between
-	// separate cells cannot move; each pair of libraries with its interval.
-	for _, sc := range []string{"paired-16", "paired-64"} {
+	// The same target from the paired blocks, at 1, 16 and 64 goroutines
+	// (paired-1, paired-16, paired-64), which the machine's drift between
+	// separate cells cannot move; at 16 and 64 each pair of libraries with
+	// its interval.
+	for _, sc := range []string{"paired-1", "paired-16", "paired-64"} {
 		pairedBest(w, rep, sc+" cycles/s: fastest onceguard Redis backend / best minimal design, by paired blocks", sc, ogRedis, minimalLibs, 1)
+		if sc == "paired-1" {
+			continue // its pairs are printed above
+		}
 		for _, og := range ogRedis {
 			for _, m := range append(slices.Clone(minimalLibs), libMinGoRedisFenced, libMinFenced) {
 				pairedIn(sc, og, m)
