@@ -12,6 +12,37 @@ import (
 	"github.com/onceguard/onceguard/internal/redistest"
 )
 
+// newSubscriber returns the subscriber of a Backend on a client of its own
+// with opt (InitAddress addr, no client-side cache), closed at the end of
+// the test.
+func newSubscriber(t *testing.T, addr string, opt rueidis.ClientOption) *subscriber {
+	t.Helper()
+	opt.InitAddress, opt.DisableCache = []string{addr}, true
+	c, err := rueidis.NewClient(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return New(c, nil).subs
+}
+
+// current returns the session new waiters join.
+func (s *subscriber) current() *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sess
+}
+
+// awaitWake fails the test unless wake is signalled within 10 s.
+func awaitWake(t *testing.T, wake <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-wake:
+	case <-time.After(10 * time.Second):
+		t.Error(what)
+	}
+}
+
 // A pub/sub session whose SUBSCRIBE Redis did not confirm (its connection
 // went silent: here a proxy that stalls the connections open at the time)
 // is retired: that waiter's wait fails (it polls), the next waiter gets a
@@ -25,49 +56,35 @@ func TestUnconfirmedSessionRetired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableRetry: true, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s := New(c, nil).subs
+	t.Cleanup(func() { _ = p.Close() }) // after the client's Close: cleanups run last first
+	s := newSubscriber(t, p.Addr(), rueidis.ClientOption{DisableRetry: true})
 	ctx := context.Background()
 	ch := redistest.Prefix(t, rdb, "og-retire")
-	current := func() *session {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.sess
-	}
 
 	_, stop1, err := s.wait(ctx, ch+"a", "o1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := current()
+	first := s.current()
 	p.Stall()
 	if _, _, err := s.wait(ctx, ch+"b", "o2"); err == nil {
 		t.Fatal("a SUBSCRIBE was confirmed through the stalled connection")
 	}
-	if current() == first {
+	if s.current() == first {
 		t.Error("new waiters still join the session whose SUBSCRIBE went unconfirmed")
 	}
 	wake3, stop3, err := s.wait(ctx, ch+"c", "o3")
 	if err != nil {
 		t.Fatalf("the next waiter's wait = %v; want a new session's confirmed SUBSCRIBE", err)
 	}
-	second := current()
+	second := s.current()
 	if second == first || second == nil {
 		t.Fatalf("the next waiter's session: the retired one %v; want a new one", second == first)
 	}
 	if err := rdb.Publish(ctx, ch+"c", "o3").Err(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-wake3:
-	case <-time.After(10 * time.Second):
-		t.Error("the new session's waiter was not woken by a publish")
-	}
+	awaitWake(t, wake3, "the new session's waiter was not woken by a publish")
 	stop1()
 	s.mu.Lock()
 	users, dead := first.users, first.dead
@@ -75,11 +92,11 @@ func TestUnconfirmedSessionRetired(t *testing.T) {
 	if users != 0 || !dead {
 		t.Errorf("the retired session after its waiters left: %d users, closed %v; want 0, closed", users, dead)
 	}
-	if current() != second {
+	if s.current() != second {
 		t.Error("the retired session's last waiter leaving changed the current session")
 	}
 	stop3()
-	if current() != nil {
+	if s.current() != nil {
 		t.Error("a session is left after every waiter left")
 	}
 }
@@ -99,39 +116,25 @@ func TestRefusedSubscribeKeepsTheSession(t *testing.T) {
 	if err := admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER", "limited", "on", ">pw", "~*", "+@all", "resetchannels", "&og-ok*").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, Username: "limited", Password: "pw", DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s := New(c, nil).subs
-	current := func() *session {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.sess
-	}
+	s := newSubscriber(t, srv.Addr(), rueidis.ClientOption{Username: "limited", Password: "pw"})
 	wake, stop, err := s.wait(ctx, "og-ok-a", "o1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
-	first := current()
+	first := s.current()
 	if _, _, err := s.wait(ctx, "og-no-b", "o2"); err == nil {
 		t.Fatal("a SUBSCRIBE outside the user's channels was accepted")
 	} else if _, refused := rueidis.IsRedisErr(err); !refused {
 		t.Fatalf("the refused SUBSCRIBE's error = %v; want Redis's refusal", err)
 	}
-	if current() != first {
+	if s.current() != first {
 		t.Error("a SUBSCRIBE Redis refused retired the session")
 	}
 	if err := admin.Do(ctx, admin.B().Publish().Channel("og-ok-a").Message("o1").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-wake:
-	case <-time.After(10 * time.Second):
-		t.Error("the session's first waiter was not woken after the refusal")
-	}
+	awaitWake(t, wake, "the session's first waiter was not woken after the refusal")
 }
 
 // The last waiter of a session to leave ends it at once, in leaveLocked,
@@ -139,19 +142,12 @@ func TestRefusedSubscribeKeepsTheSession(t *testing.T) {
 // own, not the one whose connection is about to be closed.
 func TestLastLeaverEndsTheSession(t *testing.T) {
 	rdb := redistest.Shared(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{rdb.Options().Addr}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s := New(c, nil).subs
+	s := newSubscriber(t, rdb.Options().Addr, rueidis.ClientOption{})
 	ch := redistest.Prefix(t, rdb, "og-last")
 	if _, _, err := s.wait(context.Background(), ch, "o1"); err != nil {
 		t.Fatal(err)
 	}
-	s.mu.Lock()
-	sess := s.sess
-	s.mu.Unlock()
+	sess := s.current()
 	s.send <- struct{}{} // as its stop does
 	last := s.leaveLocked(sess, ch, "o1")
 	s.mu.Lock()
@@ -199,12 +195,7 @@ func (c *endsAfterSelect) Err() error {
 // gives up.
 func TestCallerGivingUpKeepsTheSession(t *testing.T) {
 	rdb := redistest.Shared(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{rdb.Options().Addr}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s := New(c, nil).subs
+	s := newSubscriber(t, rdb.Options().Addr, rueidis.ClientOption{})
 	ctx := context.Background()
 	ch := redistest.Prefix(t, rdb, "og-giveup")
 	wake, stop, err := s.wait(ctx, ch+"a", "o1")
@@ -212,9 +203,7 @@ func TestCallerGivingUpKeepsTheSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	s.mu.Lock()
-	first := s.sess
-	s.mu.Unlock()
+	first := s.current()
 
 	gives := newEndsAfterSelect()
 	if _, _, err := s.wait(gives, ch+"b", "o2"); err == nil {
@@ -235,11 +224,7 @@ func TestCallerGivingUpKeepsTheSession(t *testing.T) {
 	if err := rdb.Publish(ctx, ch+"a", "o1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-wake:
-	case <-time.After(10 * time.Second):
-		t.Error("the session's first waiter was not woken after another caller gave up")
-	}
+	awaitWake(t, wake, "the session's first waiter was not woken after another caller gave up")
 }
 
 // The last waiter of a session whose connection went silent gives up the
@@ -252,22 +237,15 @@ func TestClosingASilentSessionLeavesSendFree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableRetry: true, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s := New(c, nil).subs
+	t.Cleanup(func() { _ = p.Close() }) // after the client's Close: cleanups run last first
+	s := newSubscriber(t, p.Addr(), rueidis.ClientOption{DisableRetry: true})
 	ctx := context.Background()
 	ch := redistest.Prefix(t, rdb, "og-silentclose")
 	_, stop1, err := s.wait(ctx, ch+"a", "o1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.mu.Lock()
-	first := s.sess
-	s.mu.Unlock()
+	first := s.current()
 	p.Stall()
 	left := make(chan struct{})
 	go func() {
