@@ -261,14 +261,54 @@ func runPaired(libs []*library, goroutines int, keyBase func(*library) string, w
 	defer cancel()
 	res := make([]*result, len(libs))
 	ws := make([][]worker, len(libs))
+	// lats holds each goroutine's latencies across its blocks, merged into
+	// its library's result at the end: appending to a buffer of its own
+	// grows it rarely, so the harness allocates next to nothing per cycle
+	// inside the blocks whose allocations are counted.
+	lats := make([][][]time.Duration, len(libs))
 	for i, l := range libs {
 		res[i] = &result{perG: make([]int64, goroutines), serverCPU: -1, benchCPU: -1, cmds: -1}
+		lats[i] = make([][]time.Duration, goroutines)
 		for g := range goroutines {
 			key := keyBase(l)
 			if goroutines > 1 {
 				key = fmt.Sprintf("%s/g%d", key, g)
 			}
 			ws[i] = append(ws[i], l.newWorker(key))
+			lats[i][g] = make([]time.Duration, 0, 1024)
+		}
+	}
+	// run is one goroutine's part of a block of library i: pairBlock
+	// cycles alone, else cycles until the block's end; it returns the
+	// cycles that succeeded, the errors and the first of them.
+	run := func(i, g int, until time.Time, measured bool) (n, errs int64, first error) {
+		w := ws[i][g]
+		for c := 0; ; c++ {
+			if goroutines == 1 && c == pairBlock || goroutines > 1 && !time.Now().Before(until) || ctx.Err() != nil {
+				return n, errs, first
+			}
+			start := time.Now()
+			ok, err := w.try(ctx)
+			if err == nil && !ok {
+				err = errors.New("try: not acquired on a key of its own")
+			}
+			if err == nil {
+				if err = w.unlock(ctx); err != nil {
+					err = fmt.Errorf("unlock: %w", err)
+				}
+			}
+			if err != nil {
+				errs++
+				if first == nil {
+					first = err
+				}
+				time.Sleep(time.Millisecond) // no hot loop on a broken server
+				continue
+			}
+			n++
+			if measured {
+				lats[i][g] = append(lats[i][g], time.Since(start))
+			}
 		}
 	}
 	block := func(i int, measured bool) {
@@ -278,66 +318,40 @@ func runPaired(libs []*library, goroutines int, keyBase func(*library) string, w
 			m0 = mallocs()
 		}
 		var (
-			wg     sync.WaitGroup
-			mu     sync.Mutex // guards r's counters below
+			mu     sync.Mutex // guards what the goroutines add up below
 			cycles int64
-			failed bool
+			errs   int64
+			first  error
 		)
-		begin := time.Now()
-		until := begin.Add(pairTime)
-		for g, w := range ws[i] {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var lat []time.Duration
-				var n int64
-				var errs int64
-				var first error
-				for c := 0; ; c++ {
-					if goroutines == 1 && c == pairBlock || goroutines > 1 && !time.Now().Before(until) || ctx.Err() != nil {
-						break
-					}
-					start := time.Now()
-					ok, err := w.try(ctx)
-					if err == nil && !ok {
-						err = errors.New("try: not acquired on a key of its own")
-					}
-					if err == nil {
-						if err = w.unlock(ctx); err != nil {
-							err = fmt.Errorf("unlock: %w", err)
-						}
-					}
-					if err != nil {
-						errs++
-						if first == nil {
-							first = err
-						}
-						time.Sleep(time.Millisecond) // no hot loop on a broken server
-						continue
-					}
-					n++
-					if measured {
-						lat = append(lat, time.Since(start))
-					}
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				cycles += n
-				if !measured {
-					return
-				}
+		add := func(g int, n, e int64, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			cycles += n
+			errs += e
+			if first == nil {
+				first = err
+			}
+			if measured {
 				r.perG[g] += n
-				r.lat = append(r.lat, lat...)
-				r.errs += errs
-				if errs > 0 {
-					failed = true
-					if r.firstErr == nil {
-						r.firstErr = first
-					}
-				}
-			}()
+			}
 		}
-		wg.Wait()
+		begin := time.Now()
+		if goroutines == 1 { // inline: no goroutine's start in the block's time
+			n, e, err := run(i, 0, time.Time{}, measured)
+			add(0, n, e, err)
+		} else {
+			until := begin.Add(pairTime)
+			var wg sync.WaitGroup
+			for g := range goroutines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					n, e, err := run(i, g, until, measured)
+					add(g, n, e, err)
+				}()
+			}
+			wg.Wait()
+		}
 		took := time.Since(begin)
 		if !measured {
 			return
@@ -346,7 +360,11 @@ func runPaired(libs []*library, goroutines int, keyBase func(*library) string, w
 		r.window += took
 		r.cycles += cycles
 		r.attempts += cycles
-		if !failed && cycles > 0 {
+		r.errs += errs
+		if r.firstErr == nil {
+			r.firstErr = first
+		}
+		if errs == 0 && cycles > 0 {
 			r.blocks[len(r.blocks)-1] = time.Duration(float64(took) * pairBlock / float64(cycles))
 		}
 	}
@@ -375,7 +393,10 @@ func runPaired(libs []*library, goroutines int, keyBase func(*library) string, w
 			break
 		}
 	}
-	for _, r := range res {
+	for i, r := range res {
+		for _, l := range lats[i] {
+			r.lat = append(r.lat, l...)
+		}
 		sort.Slice(r.lat, func(i, j int) bool { return r.lat[i] < r.lat[j] })
 	}
 	return res
