@@ -250,8 +250,9 @@ const pairTime = 100 * time.Millisecond
 // one's cycle does. A cycle's rate follows the machine's wake-up latency
 // and whatever else runs on it, which drift over seconds; separate cells
 // catch different stretches of that drift (their ratios move ±15% from
-// round to round on a shared VM, and by half on a noisy one), blocks a few
-// milliseconds apart catch the same. The libraries' order is shuffled
+// round to round on a shared VM, and by half on a noisy one), the blocks
+// of one pass (milliseconds apart at one goroutine, under a second at 16
+// and 64) catch the same. The libraries' order is shuffled
 // every pass, so that each follows every other equally often. Each
 // library's result counts its own blocks: window is the time they took,
 // and blocks holds each pass's as the time of pairBlock cycles. CPU is

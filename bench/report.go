@@ -514,20 +514,19 @@ func pairedBest(w io.Writer, rep *report, label, sc string, as, bs []string, wan
 	pass, fails, judged := false, 0, 0
 	for _, a := range as {
 		var worst pair
-		allAbove, someBelow, any := true, false, false
+		allAbove, someBelow := true, false
 		for _, b := range bs {
 			geo, lo, hi, n := pairedRatio(rep.cells[a+"/"+sc], rep.cells[b+"/"+sc])
 			if n < 2 {
 				continue
 			}
-			any = true
 			allAbove = allAbove && lo >= want
 			someBelow = someBelow || hi < want
 			if !worst.ok || geo < worst.geo {
 				worst = pair{a, b, geo, lo, hi, true}
 			}
 		}
-		if !any {
+		if !worst.ok { // no pair of a's was run
 			continue
 		}
 		judged++
