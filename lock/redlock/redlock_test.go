@@ -48,10 +48,19 @@ func nodes(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalClient) {
 	return srvs, clients
 }
 
+// The conformance suite checks the backend's semantics on three healthy
+// nodes, not its treatment of slow ones (TestNodeLoss and the tests after
+// it do that), so its nodes get 2 s to answer instead of the default
+// 250 ms. CI runs it beside the whole suite with -race on two cores, and
+// once (2026-12-06) FencesIncrease's TryAcquire failed "granted by 1 of 3
+// nodes": the reading that fits is a node starved past 250 ms, counted as
+// down, while another still held the previous lease, whose release goes
+// on in the background once a majority released. It did not recur in 8
+// runs beside four busy loops.
 func TestConformance(t *testing.T) {
 	_, clients := nodes(t, 3)
 	locktest.Run(t, func(t *testing.T) lock.Backend {
-		b, err := redlock.New(clients, nil)
+		b, err := redlock.New(clients, &redlock.Options{NodeTimeout: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
