@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 
 	"github.com/onceguard/onceguard/internal/faultproxy"
@@ -24,6 +25,21 @@ func newSubscriber(t *testing.T, addr string, opt rueidis.ClientOption) *subscri
 	}
 	t.Cleanup(c.Close)
 	return New(c, nil).subs
+}
+
+// proxiedSubscriber returns a subscriber whose client reaches the shared
+// Redis through a fault proxy (closed after the client), the proxy, a
+// client of that Redis direct, and a channel prefix of the test's own
+// under name.
+func proxiedSubscriber(t *testing.T, name string) (*subscriber, *faultproxy.Proxy, *redis.Client, string) {
+	t.Helper()
+	rdb := redistest.Shared(t)
+	p, err := faultproxy.Start(rdb.Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() }) // after the client's Close: cleanups run last first
+	return newSubscriber(t, p.Addr(), rueidis.ClientOption{DisableRetry: true}), p, rdb, redistest.Prefix(t, rdb, name)
 }
 
 // current returns the session new waiters join.
@@ -51,15 +67,8 @@ func awaitWake(t *testing.T, wake <-chan struct{}, what string) {
 // leaves. Before, every later waiter joined the silent session and waited
 // out the confirmation's timeout, one after another.
 func TestUnconfirmedSessionRetired(t *testing.T) {
-	rdb := redistest.Shared(t)
-	p, err := faultproxy.Start(rdb.Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() }) // after the client's Close: cleanups run last first
-	s := newSubscriber(t, p.Addr(), rueidis.ClientOption{DisableRetry: true})
+	s, p, rdb, ch := proxiedSubscriber(t, "og-retire")
 	ctx := context.Background()
-	ch := redistest.Prefix(t, rdb, "og-retire")
 
 	_, stop1, err := s.wait(ctx, ch+"a", "o1")
 	if err != nil {
@@ -232,15 +241,8 @@ func TestCallerGivingUpKeepsTheSession(t *testing.T) {
 // PING's reply, up to a second on a silent peer, and the next waiter's
 // SUBSCRIBE on a session of its own must not wait behind it.
 func TestClosingASilentSessionLeavesSendFree(t *testing.T) {
-	rdb := redistest.Shared(t)
-	p, err := faultproxy.Start(rdb.Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() }) // after the client's Close: cleanups run last first
-	s := newSubscriber(t, p.Addr(), rueidis.ClientOption{DisableRetry: true})
+	s, p, _, ch := proxiedSubscriber(t, "og-silentclose")
 	ctx := context.Background()
-	ch := redistest.Prefix(t, rdb, "og-silentclose")
 	_, stop1, err := s.wait(ctx, ch+"a", "o1")
 	if err != nil {
 		t.Fatal(err)
