@@ -42,6 +42,20 @@ func proxiedSubscriber(t *testing.T, name string) (*subscriber, *faultproxy.Prox
 	return newSubscriber(t, p.Addr(), rueidis.ClientOption{DisableRetry: true}), p, rdb, redistest.Prefix(t, rdb, name)
 }
 
+// stalledSession starts a waiter on ch+"a" (owner o1) through p, then
+// stalls p's connections: it returns that waiter's stop and the session it
+// joined, whose connection is silent from now on.
+func stalledSession(t *testing.T, s *subscriber, p *faultproxy.Proxy, ch string) (stop func(), sess *session) {
+	t.Helper()
+	_, stop, err := s.wait(context.Background(), ch+"a", "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess = s.current()
+	p.Stall()
+	return stop, sess
+}
+
 // current returns the session new waiters join.
 func (s *subscriber) current() *session {
 	s.mu.Lock()
@@ -69,13 +83,7 @@ func awaitWake(t *testing.T, wake <-chan struct{}, what string) {
 func TestUnconfirmedSessionRetired(t *testing.T) {
 	s, p, rdb, ch := proxiedSubscriber(t, "og-retire")
 	ctx := context.Background()
-
-	_, stop1, err := s.wait(ctx, ch+"a", "o1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := s.current()
-	p.Stall()
+	stop1, first := stalledSession(t, s, p, ch)
 	if _, _, err := s.wait(ctx, ch+"b", "o2"); err == nil {
 		t.Fatal("a SUBSCRIBE was confirmed through the stalled connection")
 	}
@@ -243,12 +251,7 @@ func TestCallerGivingUpKeepsTheSession(t *testing.T) {
 func TestClosingASilentSessionLeavesSendFree(t *testing.T) {
 	s, p, _, ch := proxiedSubscriber(t, "og-silentclose")
 	ctx := context.Background()
-	_, stop1, err := s.wait(ctx, ch+"a", "o1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := s.current()
-	p.Stall()
+	stop1, first := stalledSession(t, s, p, ch)
 	left := make(chan struct{})
 	go func() {
 		defer close(left)
