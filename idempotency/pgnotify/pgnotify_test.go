@@ -438,3 +438,52 @@ func TestWokenWaiterListensOnce(t *testing.T) {
 		t.Errorf("%d LISTEN connections opened for one waited request; want 1", n)
 	}
 }
+
+// A record completed by a caller's statement that composes CompleteManyCTE wakes its
+// watchers, as Complete does: the NOTIFY is in the statement, sent at its commit.
+func TestCompleteManyNotifies(t *testing.T) {
+	db := open(t)
+	s, err := sqlstore.New(db, sqldialect.Postgres, &sqlstore.Options{Prefix: "pgnotify_", Listener: pgnotify.Listener(db)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id := fmt.Sprint("many-", time.Now().UnixNano())
+	res, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: time.Now()})
+	if err != nil || res.Outcome != idemstore.Started {
+		t.Fatalf("Begin = %+v, %v", res, err)
+	}
+	changed, stop, err := s.Watch(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	status, header, body, err := sqlstore.ResponseColumns(idemstore.Response{Status: 201, Body: []byte("paid")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cte, err := s.CompleteManyCTE("mine", 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cte.Args) != 1 {
+		t.Fatalf("CompleteManyCTE with a Listener has %d arguments; want its channel", len(cte.Args))
+	}
+	q := `WITH mine AS (SELECT $1::text AS id, $2::text AS lease, $3::int4 AS status, $4::text AS header, $5::bytea AS body), ` + cte.With + `
+SELECT count(*) FROM ` + cte.Result
+	var n int
+	if err := db.QueryRowContext(ctx, q, id, res.Lease, int32(status), header, body, cte.Args[0]).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the composed statement completed %d, %v; want 1", n, err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watcher was not woken within 10 s of the completion")
+	}
+	if got, err := s.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Now: time.Now()}); err != nil || got.Outcome != idemstore.Replay || string(got.Record.Response.Body) != "paid" {
+		t.Errorf("Begin after = %+v, %v; want the replay", got, err)
+	}
+}

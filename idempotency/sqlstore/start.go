@@ -314,6 +314,42 @@ func (s *Store) CompleteCTE(id, lease string, resp idemstore.Response, first int
 	return CTE{With: with, Result: result, Args: args}, nil
 }
 
+// CompleteManyCTE composes Complete of many records into the caller's
+// PostgreSQL statement (a batch of settlements, say), so that they all
+// commit in one round trip. from names a relation of the caller's
+// statement (one of its CTEs) with the columns id, lease, status, header
+// and body: each row completes record id if lease still holds it, with
+// the answer ResponseColumns encodes. The statement must read every row
+// of CTE.Result, a relation (a CTE's name) of the ids it completed, in
+// column id: that is how it learns which records it completed (a row not
+// there lost its lease, as Completed's ErrLeaseLost), and, with a
+// Listener, what sends their NOTIFY. Args holds the placeholders' values,
+// numbered from first (none without a Listener); Started is unused.
+func (s *Store) CompleteManyCTE(from string, first int) (CTE, error) {
+	if s.dialect != sqldialect.Postgres {
+		return CTE{}, errors.New("sqlstore: CompleteManyCTE needs PostgreSQL")
+	}
+	c := CTE{With: fmt.Sprintf(`og_done_many AS (
+  UPDATE %sidempotency r SET state = 2, lease = NULL, status = f.status, header = f.header, body = f.body
+  FROM %s f WHERE r.id = f.id AND r.state = 1 AND r.lease = f.lease RETURNING r.id
+)`, s.opts.Prefix, from), Result: "og_done_many"}
+	if s.opts.Listener != nil {
+		c.With += fmt.Sprintf(`, og_note_many AS (SELECT id, pg_notify($%d, id) AS note FROM og_done_many)`, first)
+		c.Result, c.Args = "og_note_many", []any{s.channel()}
+	}
+	return c, nil
+}
+
+// ResponseColumns encodes resp as the status, header and body columns of
+// CompleteManyCTE's relation, as Complete stores it.
+func ResponseColumns(resp idemstore.Response) (status int, header string, body []byte, err error) {
+	args, err := completeArgs("", "", resp)
+	if err != nil {
+		return 0, "", nil, err
+	}
+	return args[0].(int), args[1].(string), args[2].([]byte), nil
+}
+
 // Completed reads a composed statement's completion (CompleteCTE): nil
 // when the record was completed, ErrLeaseLost when lease no longer held
 // it, or err.
