@@ -46,6 +46,13 @@ func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 		driver, dsn, dialect = "pgx", boundTx(u, map[string]string{
 			"lock_timeout":                        strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
 			"idle_in_transaction_session_timeout": strconv.FormatInt(c.lockTTL.Milliseconds(), 10),
+			// Each statement is prepared once per connection and planned once
+			// (a generic plan): the batched settlement's arrays would have
+			// PostgreSQL plan it again at each execution, which costs more than
+			// it runs (sqlstore.Store.BatchSettle; bench/README.md, issue 22).
+			// Every other statement finds its rows by key, where the generic
+			// plan is the custom one.
+			"plan_cache_mode": "force_generic_plan",
 		}), sqldialect.Postgres
 	case strings.HasPrefix(u, "mysql://"):
 		secs := strconv.FormatInt(int64((c.lockTTL+time.Second-1)/time.Second), 10) // whole seconds, rounded up

@@ -215,3 +215,37 @@ func TestBoundTx(t *testing.T) {
 		}
 	}
 }
+
+// The service's PostgreSQL sessions carry its settings: transactions bounded by the lock TTL,
+// and generic plans for its prepared statements (sqlstore.Store.BatchSettle); a setting the
+// URL names is the operator's.
+func TestPostgresSessionSettings(t *testing.T) {
+	u := os.Getenv("ONCEGUARD_TEST_POSTGRES")
+	if u == "" {
+		t.Skip("ONCEGUARD_TEST_POSTGRES is not set")
+	}
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	for _, tc := range []struct {
+		url, planCache string
+	}{
+		{u, "force_generic_plan"},
+		{u + sep + "plan_cache_mode=auto", "auto"},
+	} {
+		db, _, _, err := openDB(serveConfig{db: tc.url, lockTTL: 3 * time.Second, dbConns: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var planCache, lockTimeout string
+		err = db.QueryRowContext(t.Context(), `SELECT current_setting('plan_cache_mode'), current_setting('lock_timeout')`).Scan(&planCache, &lockTimeout)
+		_ = db.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if planCache != tc.planCache || lockTimeout != "3s" {
+			t.Errorf("%s: plan_cache_mode %q, lock_timeout %q; want %q, 3s", redactURL(tc.url), planCache, lockTimeout, tc.planCache)
+		}
+	}
+}

@@ -195,88 +195,93 @@ func TestStaleFenceRefused(t *testing.T) {
 // marks a row of a table of its own, once, as completing a record does.
 func TestSettleRecord(t *testing.T) {
 	for _, d := range databases {
-		t.Run(d.name, func(t *testing.T) {
-			s, db, now := withFunds(t, d)
-			ctx := context.Background()
-			q := d.rebind
-			if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
-			for _, id := range []string{"w1", "w2"} {
-				if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0), ('a2', 0), ('a3', 0)`); err != nil {
-				t.Fatal(err)
-			}
-			s.Records = markOnce{stmt: q(`UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`)}
-			settle := func(id, rec string) (bool, error) {
-				moved, _, err := s.Settle(ctx, app.Withdrawal, id, app.Succeeded, time.UnixMicro(now), &app.Record{ID: rec, Lease: "l"}, "")
-				return moved, err
-			}
-			state := func(mov, a string) (status string, done int) {
-				t.Helper()
-				if err := db.QueryRowContext(ctx, q(`SELECT status FROM withdrawals WHERE id = ?`), mov).Scan(&status); err != nil {
-					t.Fatal(err)
-				}
-				if err := db.QueryRowContext(ctx, q(`SELECT done FROM also_t WHERE id = ?`), a).Scan(&done); err != nil {
-					t.Fatal(err)
-				}
-				return status, done
-			}
+		for _, batched := range batchModes(d) {
+			t.Run(d.name+modeName(batched), func(t *testing.T) { testSettleRecord(t, d, batched) })
+		}
+	}
+}
 
-			// Both commit.
-			if moved, err := settle("w1", "a1"); err != nil || !moved {
-				t.Fatalf("SettleWithdrawal = %v, %v; want moved", moved, err)
-			}
-			if st, done := state("w1", "a1"); st != "succeeded" || done != 1 {
-				t.Errorf("after a settlement: %s, done %d; want succeeded, 1", st, done)
-			}
-			if d.dialect == sqldialect.Postgres {
-				// The record is refused (a lost lease): the settlement commits, the loss is told.
-				if moved, err := settle("w2", "a1"); !errors.Is(err, app.ErrRecordLost) || !errors.Is(err, errRefused) || !moved {
-					t.Errorf("Settle with a refused record = %v, %v; want moved, ErrRecordLost", moved, err)
-				}
-				if st, _ := state("w2", "a2"); st != "succeeded" {
-					t.Errorf("after a refused record: %s; want succeeded", st)
-				}
-			} else {
-				// The record is refused (a lost lease): nothing commits.
-				if moved, err := settle("w2", "a1"); !errors.Is(err, errRefused) || moved {
-					t.Errorf("Settle with a refused record = %v, %v; want the refusal", moved, err)
-				}
-				if st, _ := state("w2", "a2"); st != "pending" {
-					t.Errorf("after a refused record: %s; want pending", st)
-				}
-			}
-			// Settled before: not moved, the record still commits.
-			if moved, err := settle("w1", "a2"); err != nil || moved {
-				t.Errorf("SettleWithdrawal of a settled one = %v, %v; want not moved", moved, err)
-			}
-			if st, done := state("w1", "a2"); st != "succeeded" || done != 1 {
-				t.Errorf("after settling again: %s, done %d; want succeeded, 1", st, done)
-			}
-			// No such movement: ErrNotFound, and the record does not commit.
-			if _, err := settle("w9", "a3"); !errors.Is(err, app.ErrNotFound) {
-				t.Errorf("SettleWithdrawal of no movement = %v; want ErrNotFound", err)
-			}
-			if _, done := state("w2", "a3"); done != 0 {
-				t.Errorf("the record of a missing movement committed")
-			}
-			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 8000 || sum != bal {
-				t.Errorf("balance %v, ledger %v; want 80.00", bal, sum)
-			}
-			// The backlog: w2 is still pending where its refused record rolled it back.
-			want := 1
-			if d.dialect == sqldialect.Postgres {
-				want = 0
-			}
-			if n, err := s.PendingCount(ctx); err != nil || n != want {
-				t.Errorf("PendingCount = %d, %v; want %d", n, err, want)
-			}
-		})
+func testSettleRecord(t *testing.T, d database, batched bool) {
+	s, db, now := withFunds(t, d)
+	s.BatchSettle = batched
+	ctx := context.Background()
+	q := d.rebind
+	if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+	for _, id := range []string{"w1", "w2"} {
+		if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0), ('a2', 0), ('a3', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	s.Records = markOnce{stmt: q(`UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`)}
+	settle := func(id, rec string) (bool, error) {
+		moved, _, err := s.Settle(ctx, app.Withdrawal, id, app.Succeeded, time.UnixMicro(now), &app.Record{ID: rec, Lease: "l"}, "")
+		return moved, err
+	}
+	state := func(mov, a string) (status string, done int) {
+		t.Helper()
+		if err := db.QueryRowContext(ctx, q(`SELECT status FROM withdrawals WHERE id = ?`), mov).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.QueryRowContext(ctx, q(`SELECT done FROM also_t WHERE id = ?`), a).Scan(&done); err != nil {
+			t.Fatal(err)
+		}
+		return status, done
+	}
+
+	// Both commit.
+	if moved, err := settle("w1", "a1"); err != nil || !moved {
+		t.Fatalf("SettleWithdrawal = %v, %v; want moved", moved, err)
+	}
+	if st, done := state("w1", "a1"); st != "succeeded" || done != 1 {
+		t.Errorf("after a settlement: %s, done %d; want succeeded, 1", st, done)
+	}
+	if d.dialect == sqldialect.Postgres {
+		// The record is refused (a lost lease): the settlement commits, the loss is told.
+		if moved, err := settle("w2", "a1"); !errors.Is(err, app.ErrRecordLost) || !errors.Is(err, errRefused) || !moved {
+			t.Errorf("Settle with a refused record = %v, %v; want moved, ErrRecordLost", moved, err)
+		}
+		if st, _ := state("w2", "a2"); st != "succeeded" {
+			t.Errorf("after a refused record: %s; want succeeded", st)
+		}
+	} else {
+		// The record is refused (a lost lease): nothing commits.
+		if moved, err := settle("w2", "a1"); !errors.Is(err, errRefused) || moved {
+			t.Errorf("Settle with a refused record = %v, %v; want the refusal", moved, err)
+		}
+		if st, _ := state("w2", "a2"); st != "pending" {
+			t.Errorf("after a refused record: %s; want pending", st)
+		}
+	}
+	// Settled before: not moved, the record still commits.
+	if moved, err := settle("w1", "a2"); err != nil || moved {
+		t.Errorf("SettleWithdrawal of a settled one = %v, %v; want not moved", moved, err)
+	}
+	if st, done := state("w1", "a2"); st != "succeeded" || done != 1 {
+		t.Errorf("after settling again: %s, done %d; want succeeded, 1", st, done)
+	}
+	// No such movement: ErrNotFound, and the record does not commit.
+	if _, err := settle("w9", "a3"); !errors.Is(err, app.ErrNotFound) {
+		t.Errorf("SettleWithdrawal of no movement = %v; want ErrNotFound", err)
+	}
+	if _, done := state("w2", "a3"); done != 0 {
+		t.Errorf("the record of a missing movement committed")
+	}
+	if bal, sum, _ := s.Balance(ctx, "u1"); bal != 8000 || sum != bal {
+		t.Errorf("balance %v, ledger %v; want 80.00", bal, sum)
+	}
+	// The backlog: w2 is still pending where its refused record rolled it back.
+	want := 1
+	if d.dialect == sqldialect.Postgres {
+		want = 0
+	}
+	if n, err := s.PendingCount(ctx); err != nil || n != want {
+		t.Errorf("PendingCount = %d, %v; want %d", n, err, want)
 	}
 }
 
@@ -353,6 +358,24 @@ func TestBacklog(t *testing.T) {
 
 var errRefused = errors.New("record refused")
 
+// batchModes are the Store.BatchSettle values a settlement test runs with on d: false, and on
+// PostgreSQL true as well (where a settlement that meets no other runs alone too;
+// TestSettleBatch runs batches).
+func batchModes(d database) []bool {
+	if d.dialect == sqldialect.Postgres {
+		return []bool{false, true}
+	}
+	return []bool{false}
+}
+
+// modeName is a subtest's suffix for a BatchSettle value.
+func modeName(batched bool) string {
+	if batched {
+		return "-batched"
+	}
+	return ""
+}
+
 // markOnce completes a "record" by marking its row of also_t, once.
 type markOnce struct {
 	sqlstore.RecordCompleter // only CompleteTx is used
@@ -365,6 +388,24 @@ func (m markOnce) CompleteCTE(id, _ string, _ idemstore.Response, first int) (id
 		With:   fmt.Sprintf(`mark AS (UPDATE also_t SET done = 1 WHERE id = $%d AND done = 0 RETURNING 1)`, first),
 		Result: `(SELECT count(*) FROM mark)`,
 		Args:   []any{id},
+	}, nil
+}
+
+// CompleteManyCTE is CompleteTx composed into a batch's one statement (sqlstore.ManyCompleter).
+func (m markOnce) CompleteManyCTE(from string, _ int) (idemsql.CTE, error) {
+	return idemsql.CTE{
+		With:   `mark_many AS (UPDATE also_t a SET done = 1 FROM ` + from + ` f WHERE a.id = f.id AND a.done = 0 RETURNING a.id)`,
+		Result: "mark_many",
+	}, nil
+}
+
+// failMany is markOnce whose batch statement fails when it runs.
+type failMany struct{ markOnce }
+
+func (failMany) CompleteManyCTE(from string, _ int) (idemsql.CTE, error) {
+	return idemsql.CTE{
+		With:   `mark_many AS (SELECT f.id FROM ` + from + ` f WHERE CAST(f.id || 'x' AS int) = 0)`,
+		Result: "mark_many",
 	}, nil
 }
 
@@ -396,135 +437,140 @@ func (m markOnce) CompleteTx(ctx context.Context, tx *sql.Tx, id, _ string, _ id
 // out of the backlog, is refused.
 func TestSettleConcurrent(t *testing.T) {
 	for _, d := range databases {
-		t.Run(d.name, func(t *testing.T) {
-			s, db, now := withFunds(t, d)
-			ctx := context.Background()
-			q := d.rebind
-			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "kw1", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
-				t.Fatal(err)
-			}
-			if moved, _, err := s.Settle(ctx, app.Withdrawal, "w1", app.Pending, time.UnixMicro(now), nil, ""); err == nil || moved {
-				t.Errorf("Settle to pending = %v, %v; want refused", moved, err)
-			}
-			if n, err := s.PendingCount(ctx); err != nil || n != 1 {
-				t.Errorf("PendingCount after a refused settlement to pending = %d, %v; want 1", n, err)
-			}
-			if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
-			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0), ('a2', 0)`); err != nil {
-				t.Fatal(err)
-			}
-			s.Records = markOnce{stmt: q(`UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`)}
-			recDone := func(id string) (done int) {
-				t.Helper()
-				if err := db.QueryRowContext(ctx, q(`SELECT done FROM also_t WHERE id = ?`), id).Scan(&done); err != nil {
-					t.Fatal(err)
-				}
-				return done
-			}
+		for _, batched := range batchModes(d) {
+			t.Run(d.name+modeName(batched), func(t *testing.T) { testSettleConcurrent(t, d, batched) })
+		}
+	}
+}
 
-			// Settled otherwise before.
-			if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w2", UserID: "u1", Key: "kw2", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := s.SettleWithdrawal(ctx, "w2", false, time.UnixMicro(now)); err != nil {
-				t.Fatal(err)
-			}
-			if moved, status, err := s.Settle(ctx, app.Withdrawal, "w2", app.Succeeded, time.UnixMicro(now), &app.Record{ID: "a2", Lease: "l"}, ""); err != nil || moved || status != app.Failed {
-				t.Errorf("Settle contradicting a settlement before = %v, %s, %v; want not moved, failed", moved, status, err)
-			}
-			if recDone("a2") != 0 {
-				t.Error("a contradicting settlement completed the key's record")
-			}
-			if moved, status, err := s.Settle(ctx, app.Withdrawal, "w2", app.Failed, time.UnixMicro(now), &app.Record{ID: "a2", Lease: "l"}, ""); err != nil || moved || status != app.Failed || recDone("a2") != 1 {
-				t.Errorf("Settle to the committed status = %v, %s, %v, record done %d; want not moved, failed, 1", moved, status, err, recDone("a2"))
-			}
-			if bal, sum, _ := s.Balance(ctx, "u1"); bal != 9000 || sum != bal {
-				t.Errorf("balance %v, ledger %v; want 90.00 (w1 debited, w2 refunded once)", bal, sum)
-			}
-			if d.dialect == sqldialect.SQLite {
-				return // one writer: a settlement never waits for another's row
-			}
+func testSettleConcurrent(t *testing.T, d database, batched bool) {
+	s, db, now := withFunds(t, d)
+	s.BatchSettle = batched
+	ctx := context.Background()
+	q := d.rebind
+	if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "kw1", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if moved, _, err := s.Settle(ctx, app.Withdrawal, "w1", app.Pending, time.UnixMicro(now), nil, ""); err == nil || moved {
+		t.Errorf("Settle to pending = %v, %v; want refused", moved, err)
+	}
+	if n, err := s.PendingCount(ctx); err != nil || n != 1 {
+		t.Errorf("PendingCount after a refused settlement to pending = %d, %v; want 1", n, err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+	if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0), ('a2', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	s.Records = markOnce{stmt: q(`UPDATE also_t SET done = 1 WHERE id = ? AND done = 0`)}
+	recDone := func(id string) (done int) {
+		t.Helper()
+		if err := db.QueryRowContext(ctx, q(`SELECT done FROM also_t WHERE id = ?`), id).Scan(&done); err != nil {
+			t.Fatal(err)
+		}
+		return done
+	}
 
-			type result struct {
-				moved  bool
-				status app.Status
-				err    error
-			}
-			// race settles id succeeded, with its record rec, while another
-			// settlement holds the row, uncommitted, having set it to
-			// otherStatus, and commits that other once this one waits.
-			race := func(id, rec, otherStatus string) result {
-				t.Helper()
-				if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
-					t.Fatal(err)
-				}
-				other, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer other.Rollback()
-				if _, err := other.ExecContext(ctx, q(`UPDATE withdrawals SET status = ? WHERE id = ? AND status = 'pending'`), otherStatus, id); err != nil {
-					t.Fatal(err)
-				}
-				var otherPID int64
-				if d.dialect == sqldialect.Postgres {
-					if err := other.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID); err != nil {
-						t.Fatal(err)
-					}
-				}
-				res := make(chan result, 1)
-				go func() {
-					moved, status, err := s.Settle(ctx, app.Withdrawal, id, app.Succeeded, time.UnixMicro(now), &app.Record{ID: rec, Lease: "l"}, "")
-					res <- result{moved, status, err}
-				}()
-				// Only a session of this database blocked by the other settlement.
-				waiting, args := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))`, []any{otherPID}
-				if d.dialect == sqldialect.MySQL {
-					// MariaDB waits for a row it reads by its key while planning
-					// ("Statistics"), before innodb_trx shows the wait.
-					waiting, args = `SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND info LIKE 'SELECT user_id, amount, status FROM withdrawals%FOR UPDATE'`, nil
-				}
-				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-					var n int
-					if err := db.QueryRowContext(ctx, waiting, args...).Scan(&n); err != nil {
-						t.Fatal(err)
-					}
-					if n > 0 {
-						break
-					}
-					select {
-					case r := <-res:
-						t.Fatalf("the settlement did not wait for the other's row: %v, %s, %v", r.moved, r.status, r.err)
-					default:
-					}
-					if time.Now().After(deadline) {
-						t.Fatal("the settlement never waited for the other's row")
-					}
-				}
-				if err := other.Commit(); err != nil {
-					t.Fatal(err)
-				}
-				return <-res
-			}
-			if r := race("w4", "a1", "failed"); r.err != nil || r.moved || r.status != app.Failed {
-				t.Errorf("Settle after another failed it = %v, %s, %v; want not moved, failed", r.moved, r.status, r.err)
-			}
-			if recDone("a1") != 0 {
-				t.Error("a settlement contradicting the one it waited for completed the key's record")
-			}
-			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a3', 0)`); err != nil {
+	// Settled otherwise before.
+	if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w2", UserID: "u1", Key: "kw2", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SettleWithdrawal(ctx, "w2", false, time.UnixMicro(now)); err != nil {
+		t.Fatal(err)
+	}
+	if moved, status, err := s.Settle(ctx, app.Withdrawal, "w2", app.Succeeded, time.UnixMicro(now), &app.Record{ID: "a2", Lease: "l"}, ""); err != nil || moved || status != app.Failed {
+		t.Errorf("Settle contradicting a settlement before = %v, %s, %v; want not moved, failed", moved, status, err)
+	}
+	if recDone("a2") != 0 {
+		t.Error("a contradicting settlement completed the key's record")
+	}
+	if moved, status, err := s.Settle(ctx, app.Withdrawal, "w2", app.Failed, time.UnixMicro(now), &app.Record{ID: "a2", Lease: "l"}, ""); err != nil || moved || status != app.Failed || recDone("a2") != 1 {
+		t.Errorf("Settle to the committed status = %v, %s, %v, record done %d; want not moved, failed, 1", moved, status, err, recDone("a2"))
+	}
+	if bal, sum, _ := s.Balance(ctx, "u1"); bal != 9000 || sum != bal {
+		t.Errorf("balance %v, ledger %v; want 90.00 (w1 debited, w2 refunded once)", bal, sum)
+	}
+	if d.dialect == sqldialect.SQLite {
+		return // one writer: a settlement never waits for another's row
+	}
+
+	type result struct {
+		moved  bool
+		status app.Status
+		err    error
+	}
+	// race settles id succeeded, with its record rec, while another
+	// settlement holds the row, uncommitted, having set it to
+	// otherStatus, and commits that other once this one waits.
+	race := func(id, rec, otherStatus string) result {
+		t.Helper()
+		if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		other, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Rollback()
+		if _, err := other.ExecContext(ctx, q(`UPDATE withdrawals SET status = ? WHERE id = ? AND status = 'pending'`), otherStatus, id); err != nil {
+			t.Fatal(err)
+		}
+		var otherPID int64
+		if d.dialect == sqldialect.Postgres {
+			if err := other.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID); err != nil {
 				t.Fatal(err)
 			}
-			if r := race("w3", "a3", "succeeded"); r.err != nil || r.moved || r.status != app.Succeeded {
-				t.Errorf("Settle after another settled it the same = %v, %s, %v; want not moved, succeeded", r.moved, r.status, r.err)
+		}
+		res := make(chan result, 1)
+		go func() {
+			moved, status, err := s.Settle(ctx, app.Withdrawal, id, app.Succeeded, time.UnixMicro(now), &app.Record{ID: rec, Lease: "l"}, "")
+			res <- result{moved, status, err}
+		}()
+		// Only a session of this database blocked by the other settlement.
+		waiting, args := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))`, []any{otherPID}
+		if d.dialect == sqldialect.MySQL {
+			// MariaDB waits for a row it reads by its key while planning
+			// ("Statistics"), before innodb_trx shows the wait.
+			waiting, args = `SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND info LIKE 'SELECT user_id, amount, status FROM withdrawals%FOR UPDATE'`, nil
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			var n int
+			if err := db.QueryRowContext(ctx, waiting, args...).Scan(&n); err != nil {
+				t.Fatal(err)
 			}
-			if recDone("a3") != 1 {
-				t.Error("a settlement agreeing with the one it waited for did not complete the key's record")
+			if n > 0 {
+				break
 			}
-		})
+			select {
+			case r := <-res:
+				t.Fatalf("the settlement did not wait for the other's row: %v, %s, %v", r.moved, r.status, r.err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the settlement never waited for the other's row")
+			}
+		}
+		if err := other.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		return <-res
+	}
+	if r := race("w4", "a1", "failed"); r.err != nil || r.moved || r.status != app.Failed {
+		t.Errorf("Settle after another failed it = %v, %s, %v; want not moved, failed", r.moved, r.status, r.err)
+	}
+	if recDone("a1") != 0 {
+		t.Error("a settlement contradicting the one it waited for completed the key's record")
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a3', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if r := race("w3", "a3", "succeeded"); r.err != nil || r.moved || r.status != app.Succeeded {
+		t.Errorf("Settle after another settled it the same = %v, %s, %v; want not moved, succeeded", r.moved, r.status, r.err)
+	}
+	if recDone("a3") != 1 {
+		t.Error("a settlement agreeing with the one it waited for did not complete the key's record")
 	}
 }
 
@@ -794,5 +840,223 @@ func TestWithdrawRetryRecordsItsKey(t *testing.T) {
 				t.Errorf("balance %v, ledger %v; want 90.00: one withdrawal", bal, sum)
 			}
 		})
+	}
+}
+
+// On PostgreSQL with BatchSettle, the settlements of withdrawals that concurrent requests make
+// at once run in one statement, each answered as alone: a pending withdrawal moved and its
+// record completed; one settled the same way before, its record completed; one settled
+// otherwise, its status and its record untouched; one missing, ErrNotFound; one whose record
+// is gone, moved and ErrRecordLost. A batch whose statement fails commits nothing, and each
+// of its settlements runs alone: each pending one is moved once, by its own statement. One
+// that another settlement holds, uncommitted, is settled alone after it, as that one left it.
+func TestSettleBatch(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		t.Run(fmt.Sprint("async=", async), func(t *testing.T) {
+			s, db, now := withFunds(t, databases[0])
+			s.AsyncSettle, s.BatchSettle = async, true
+			ctx := context.Background()
+			if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) SELECT 'a' || g, 0 FROM generate_series(1, 9) g`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.ExecContext(ctx, `UPDATE also_t SET done = 1 WHERE id = 'a5'`); err != nil {
+				t.Fatal(err)
+			}
+			mark := markOnce{stmt: `UPDATE also_t SET done = 1 WHERE id = $1 AND done = 0`}
+			s.Records = mark
+			for _, id := range []string{"w1", "w2", "w3", "w5", "w6", "w7", "w8", "w9"} {
+				if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := s.SettleWithdrawal(ctx, "w2", true, time.UnixMicro(now)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.SettleWithdrawal(ctx, "w3", false, time.UnixMicro(now)); err != nil {
+				t.Fatal(err)
+			}
+			recs := func(ids ...string) []*app.Record {
+				rs := make([]*app.Record, len(ids))
+				for i, id := range ids {
+					rs[i] = &app.Record{ID: "a" + id[1:], Lease: "l", Answer: app.Answer{Status: 201, Body: []byte("{}")}}
+				}
+				return rs
+			}
+			type want struct {
+				moved  bool
+				status app.Status
+				err    error
+			}
+			check := func(ids []string, got []sqlstore.SettleResult, wants []want) {
+				t.Helper()
+				for i, w := range wants {
+					g := got[i]
+					if g.Moved != w.moved || g.Status != w.status || !errors.Is(g.Err, w.err) || (w.err == nil) != (g.Err == nil) {
+						t.Errorf("%s: %+v; want moved %v, %q, %v", ids[i], g, w.moved, w.status, w.err)
+					}
+				}
+			}
+
+			ids := []string{"w1", "w2", "w3", "w4", "w5"}
+			got, committed := s.SettleBatch(ctx, ids, recs(ids...))
+			if !committed {
+				t.Error("the batch did not commit")
+			}
+			check(ids, got, []want{{true, app.Succeeded, nil}, {false, app.Succeeded, nil}, {false, app.Failed, nil},
+				{false, "", app.ErrNotFound}, {true, app.Succeeded, app.ErrRecordLost}})
+
+			// The statement fails: each alone.
+			s.Records = failMany{mark}
+			ids = []string{"w6", "w7"}
+			got, committed = s.SettleBatch(ctx, ids, recs(ids...))
+			if committed {
+				t.Error("a batch whose statement failed committed")
+			}
+			check(ids, got, []want{{true, app.Succeeded, nil}, {true, app.Succeeded, nil}})
+			s.Records = mark
+
+			// w8 held by another settlement, which fails it and commits once the batch waits.
+			other, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Rollback()
+			if _, err := other.ExecContext(ctx, `UPDATE withdrawals SET status = 'failed' WHERE id = 'w8' AND status = 'pending'`); err != nil {
+				t.Fatal(err)
+			}
+			var otherPID int64
+			if err := other.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID); err != nil {
+				t.Fatal(err)
+			}
+			type batchResult struct {
+				got       []sqlstore.SettleResult
+				committed bool
+			}
+			res := make(chan batchResult, 1)
+			ids = []string{"w8", "w9"}
+			go func() {
+				got, committed := s.SettleBatch(ctx, ids, recs(ids...))
+				res <- batchResult{got, committed}
+			}()
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				var n int
+				if err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))`, otherPID).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the batch never waited for the other settlement's row")
+				}
+			}
+			if err := other.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			r := <-res
+			if !r.committed {
+				t.Error("the batch that waited did not commit")
+			}
+			check(ids, r.got, []want{{false, app.Failed, nil}, {true, app.Succeeded, nil}})
+
+			for a, want := range map[string]int{"a1": 1, "a2": 1, "a3": 0, "a4": 0, "a5": 1, "a6": 1, "a7": 1, "a8": 0, "a9": 1} {
+				var done int
+				if err := db.QueryRowContext(ctx, `SELECT done FROM also_t WHERE id = $1`, a).Scan(&done); err != nil || done != want {
+					t.Errorf("record %s: done %d, %v; want %d", a, done, err, want)
+				}
+			}
+			for id, want := range map[string]string{"w1": "succeeded", "w2": "succeeded", "w3": "failed", "w5": "succeeded",
+				"w6": "succeeded", "w7": "succeeded", "w8": "failed", "w9": "succeeded"} {
+				var st string
+				if err := db.QueryRowContext(ctx, `SELECT status FROM withdrawals WHERE id = $1`, id).Scan(&st); err != nil || st != want {
+					t.Errorf("%s: %q, %v; want %s", id, st, err, want)
+				}
+			}
+			// w8's backlog entry: the other settlement here is a bare UPDATE that left it; the
+			// batch's statement took it out with its own.
+			if n, err := s.PendingCount(ctx); err != nil || n != 0 {
+				t.Errorf("PendingCount = %d, %v; want 0", n, err)
+			}
+		})
+	}
+}
+
+// Concurrent settlements gather into batches: while the batches running are held, every
+// other settlement queues, and the one batch after them carries all of it. Of 20 settlements
+// at most 2 run outside a committed batch (the two held batches may hold one each), in at
+// most 3 batches, and each is settled and its record completed once.
+func TestSettleBatchesGather(t *testing.T) {
+	const n = 20
+	s, db, now := withUserDB(t, databases[0])
+	ctx := context.Background()
+	fund(t, s, "d1", 100000, now)
+	if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+	s.Records = markOnce{stmt: `UPDATE also_t SET done = 1 WHERE id = $1 AND done = 0`}
+	s.AsyncSettle, s.BatchSettle = true, true
+	release := make(chan struct{})
+	var held atomic.Int32
+	s.HoldSettleBatches(func() {
+		held.Add(1)
+		<-release
+	})
+	for i := range n {
+		id := fmt.Sprint("w", i)
+		if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 100, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ($1, 0)`, fmt.Sprint("a", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			rec := &app.Record{ID: fmt.Sprint("a", i), Lease: "l", Answer: app.Answer{Status: 201, Body: []byte("{}")}}
+			moved, status, err := s.Settle(ctx, app.Withdrawal, fmt.Sprint("w", i), app.Succeeded, time.UnixMicro(now), rec, "")
+			if err == nil && (!moved || status != app.Succeeded) {
+				err = fmt.Errorf("w%d: moved %v, %s", i, moved, status)
+			}
+			errs <- err
+		}()
+	}
+	// Every settlement queued or in a held batch, and every runner held.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		queued, inBatch, runners := s.SettleBatchState()
+		if queued+inBatch == n && int(held.Load()) == runners {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("settlements never all queued: %d queued, %d in batches, %d runners, %d held", queued, inBatch, runners, held.Load())
+		}
+	}
+	close(release)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	batches, settlements := s.SettleBatches()
+	if settlements < n-2 || batches > 3 {
+		t.Errorf("%d settlements in %d committed batches; want at least %d in at most 3", settlements, batches, n-2)
+	}
+	var done, pending int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM also_t WHERE done = 1`).Scan(&done); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM withdrawals WHERE status = 'pending'`).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	if done != n || pending != 0 {
+		t.Errorf("%d records done, %d withdrawals pending; want %d, 0", done, pending, n)
+	}
+	if c, err := s.PendingCount(ctx); err != nil || c != 0 {
+		t.Errorf("PendingCount = %d, %v; want 0", c, err)
 	}
 }

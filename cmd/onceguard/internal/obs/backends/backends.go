@@ -48,6 +48,7 @@ type KeyStore interface {
 	StartCTE(st *idemstore.Start, first int, after string) (idemsql.CTE, error)
 	Started(ctx context.Context, st *idemstore.Start, created int64, err error) error
 	CompleteCTE(id, lease string, resp idemstore.Response, first int) (idemsql.CTE, error)
+	CompleteManyCTE(from string, first int) (idemsql.CTE, error)
 	Completed(n int64, err error) error
 	BindsSignedTokens() // signed submit tokens bound by the record (idemstore.SignedTokenStore)
 }
@@ -97,6 +98,10 @@ func (t timedKeys) Started(ctx context.Context, st *idemstore.Start, created int
 
 func (t timedKeys) CompleteCTE(id, lease string, resp idemstore.Response, first int) (idemsql.CTE, error) {
 	return t.s.CompleteCTE(id, lease, resp, first)
+}
+
+func (t timedKeys) CompleteManyCTE(from string, first int) (idemsql.CTE, error) {
+	return t.s.CompleteManyCTE(from, first)
 }
 
 func (t timedKeys) Completed(n int64, err error) error { return t.s.Completed(n, err) }
