@@ -193,23 +193,12 @@ func TestStaleFenceRefused(t *testing.T) {
 // one statement (Records.CompleteCTE): a record refused there leaves the
 // settlement committed and says so (app.ErrRecordLost). The completer here
 // marks a row of a table of its own, once, as completing a record does.
-func TestSettleRecord(t *testing.T) {
-	for _, d := range databases {
-		for _, batched := range batchModes(d) {
-			t.Run(d.name+modeName(batched), func(t *testing.T) { testSettleRecord(t, d, batched) })
-		}
-	}
-}
+func TestSettleRecord(t *testing.T) { inEachSettleMode(t, testSettleRecord) }
 
-func testSettleRecord(t *testing.T, d database, batched bool) {
-	s, db, now := withFunds(t, d)
-	s.BatchSettle = batched
+func testSettleRecord(t *testing.T, d database, s *sqlstore.Store, db *sql.DB, now int64) {
 	ctx := context.Background()
 	q := d.rebind
-	if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+	markTable(t, db)
 	for _, id := range []string{"w1", "w2"} {
 		if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
 			t.Fatal(err)
@@ -358,22 +347,32 @@ func TestBacklog(t *testing.T) {
 
 var errRefused = errors.New("record refused")
 
-// batchModes are the Store.BatchSettle values a settlement test runs with on d: false, and on
-// PostgreSQL true as well (where a settlement that meets no other runs alone too;
-// TestSettleBatch runs batches).
-func batchModes(d database) []bool {
-	if d.dialect == sqldialect.Postgres {
-		return []bool{false, true}
+// inEachSettleMode runs a settlement test on every database (withFunds) with
+// Store.BatchSettle off, and on PostgreSQL with it on too (subtest "postgres-batched": each
+// settlement there a batch of its own; TestSettleBatch runs batches of several).
+func inEachSettleMode(t *testing.T, test func(t *testing.T, d database, s *sqlstore.Store, db *sql.DB, now int64)) {
+	run := func(d database, batched bool) func(t *testing.T) {
+		return func(t *testing.T) {
+			s, db, now := withFunds(t, d)
+			s.BatchSettle = batched
+			test(t, d, s, db, now)
+		}
 	}
-	return []bool{false}
+	for _, d := range databases {
+		t.Run(d.name, run(d, false))
+		if d.dialect == sqldialect.Postgres {
+			t.Run(d.name+"-batched", run(d, true))
+		}
+	}
 }
 
-// modeName is a subtest's suffix for a BatchSettle value.
-func modeName(batched bool) string {
-	if batched {
-		return "-batched"
+// markTable creates also_t, markOnce's table, for the test.
+func markTable(t *testing.T, db *sql.DB) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
 	}
-	return ""
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
 }
 
 // markOnce completes a "record" by marking its row of also_t, once.
@@ -435,17 +434,9 @@ func (m markOnce) CompleteTx(ctx context.Context, tx *sql.Tx, id, _ string, _ id
 // with the status that other committed, not the pending one its statement
 // began with. A settlement to Pending, which would take a pending movement
 // out of the backlog, is refused.
-func TestSettleConcurrent(t *testing.T) {
-	for _, d := range databases {
-		for _, batched := range batchModes(d) {
-			t.Run(d.name+modeName(batched), func(t *testing.T) { testSettleConcurrent(t, d, batched) })
-		}
-	}
-}
+func TestSettleConcurrent(t *testing.T) { inEachSettleMode(t, testSettleConcurrent) }
 
-func testSettleConcurrent(t *testing.T, d database, batched bool) {
-	s, db, now := withFunds(t, d)
-	s.BatchSettle = batched
+func testSettleConcurrent(t *testing.T, d database, s *sqlstore.Store, db *sql.DB, now int64) {
 	ctx := context.Background()
 	q := d.rebind
 	if _, _, err := s.Withdraw(ctx, app.Movement{ID: "w1", UserID: "u1", Key: "kw1", Amount: 1000, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
@@ -457,10 +448,7 @@ func testSettleConcurrent(t *testing.T, d database, batched bool) {
 	if n, err := s.PendingCount(ctx); err != nil || n != 1 {
 		t.Errorf("PendingCount after a refused settlement to pending = %d, %v; want 1", n, err)
 	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+	markTable(t, db)
 	if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) VALUES ('a1', 0), ('a2', 0)`); err != nil {
 		t.Fatal(err)
 	}
@@ -856,10 +844,7 @@ func TestSettleBatch(t *testing.T) {
 			s, db, now := withFunds(t, databases[0])
 			s.AsyncSettle, s.BatchSettle = async, true
 			ctx := context.Background()
-			if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+			markTable(t, db)
 			if _, err := db.ExecContext(ctx, `INSERT INTO also_t (id, done) SELECT 'a' || g, 0 FROM generate_series(1, 9) g`); err != nil {
 				t.Fatal(err)
 			}
@@ -994,10 +979,7 @@ func TestSettleBatchesGather(t *testing.T) {
 	s, db, now := withUserDB(t, databases[0])
 	ctx := context.Background()
 	fund(t, s, "d1", 100000, now)
-	if _, err := db.ExecContext(ctx, `CREATE TABLE also_t (id VARCHAR(20) PRIMARY KEY, done INTEGER NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE also_t`) })
+	markTable(t, db)
 	s.Records = markOnce{stmt: `UPDATE also_t SET done = 1 WHERE id = $1 AND done = 0`}
 	s.AsyncSettle, s.BatchSettle = true, true
 	release := make(chan struct{})
