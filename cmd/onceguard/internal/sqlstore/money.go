@@ -464,41 +464,10 @@ const (
 // settlement committed: app.ErrRecordLost. A movement settled otherwise commits nothing and
 // returns its status, as Settle says.
 func (s *Store) settleOne(ctx context.Context, table, id string, outcome app.Status, rec *app.Record, async bool) (bool, app.Status, error) {
-	q, args, err := s.settleOneStatement(table, id, outcome, rec, async)
-	if err != nil {
-		return false, "", err
-	}
-	for try := 1; ; try++ {
-		var r settleRow
-		err = s.db.QueryRowContext(ctx, q, args...).Scan(r.dest(async)...)
-		msg := ""
-		if err != nil {
-			msg = err.Error()
-		}
-		if strings.Contains(msg, noMovement) {
-			return false, "", app.ErrNotFound
-		} else if _, other, ok := strings.Cut(msg, settledAs); ok {
-			other, _, _ = strings.Cut(other, `"`)
-			if other != string(app.Pending) {
-				return false, app.Status(other), nil
-			}
-			if try < 3 {
-				continue // settled meanwhile: read again
-			}
-			return false, "", fmt.Errorf("sqlstore: settle %s: still pending after its row was settled", id)
-		} else if err != nil {
-			return false, "", s.Records.Completed(0, err)
-		}
-		return s.settleRowResult(r, outcome)
-	}
-}
-
-// settleOneStatement is settleOne's statement and its arguments.
-func (s *Store) settleOneStatement(table, id string, outcome app.Status, rec *app.Record, async bool) (string, []any, error) {
 	resp := idemstore.Response{Status: rec.Answer.Status, Header: rec.Answer.Header, Body: rec.Answer.Body}
 	cte, err := s.Records.CompleteCTE(rec.ID, rec.Lease, resp, 3)
 	if err != nil {
-		return "", nil, err
+		return false, "", err
 	}
 	asyncCol := ""
 	if async {
@@ -521,28 +490,40 @@ func (s *Store) settleOneStatement(table, id string, outcome app.Status, rec *ap
   FROM ` + table + ` WHERE id = $2
 ), ` + cte.With + `
 SELECT (SELECT count(*) FROM mv), (SELECT status FROM og_found), ` + cte.Result + asyncCol
-	return q, append([]any{string(outcome), id}, cte.Args...), nil
-}
-
-// settleRow is the row settleOne's statement answers when it commits.
-type settleRow struct {
-	moved, done int64
-	status, off string
-}
-
-func (r *settleRow) dest(async bool) []any {
-	if async {
-		return []any{&r.moved, &r.status, &r.done, &r.off}
+	args := append([]any{string(outcome), id}, cte.Args...)
+	for try := 1; ; try++ {
+		var (
+			moved, done int64
+			status, off string
+		)
+		dest := []any{&moved, &status, &done}
+		if async {
+			dest = append(dest, &off)
+		}
+		err = s.db.QueryRowContext(ctx, q, args...).Scan(dest...)
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		if strings.Contains(msg, noMovement) {
+			return false, "", app.ErrNotFound
+		} else if _, other, ok := strings.Cut(msg, settledAs); ok {
+			other, _, _ = strings.Cut(other, `"`)
+			if other != string(app.Pending) {
+				return false, app.Status(other), nil
+			}
+			if try < 3 {
+				continue // settled meanwhile: read again
+			}
+			return false, "", fmt.Errorf("sqlstore: settle %s: still pending after its row was settled", id)
+		} else if err != nil {
+			return false, "", s.Records.Completed(0, err)
+		}
+		if err := s.Records.Completed(done, nil); err != nil {
+			return moved == 1, outcome, fmt.Errorf("%w: %w", app.ErrRecordLost, err)
+		}
+		return moved == 1, outcome, nil
 	}
-	return []any{&r.moved, &r.status, &r.done}
-}
-
-// settleRowResult is settleOne's result from the row of its statement that committed.
-func (s *Store) settleRowResult(r settleRow, outcome app.Status) (bool, app.Status, error) {
-	if err := s.Records.Completed(r.done, nil); err != nil {
-		return r.moved == 1, outcome, fmt.Errorf("%w: %w", app.ErrRecordLost, err)
-	}
-	return r.moved == 1, outcome, nil
 }
 
 // SettleDeposit is Settle of a deposit, succeeded or failed, with no record or event.

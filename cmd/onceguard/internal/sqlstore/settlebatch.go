@@ -25,7 +25,7 @@ type ManyCompleter interface {
 }
 
 const (
-	// maxSettleBatch bounds the settlements one transaction carries.
+	// maxSettleBatch bounds the settlements one statement carries.
 	maxSettleBatch = 64
 	// settleRunners is how many batches run at once: one runs while the next gathers, and a
 	// lone settlement does not wait behind a whole batch.
@@ -168,8 +168,8 @@ func (s *Store) settleMany(batch []*settleItem, async bool) {
 	if len(live) == 0 {
 		return
 	}
-	// In the movements' order, so that two transactions that met the same rows would lock
-	// them in one order.
+	// In the movements' order, so that two statements that met the same rows would lock them
+	// in one order.
 	slices.SortFunc(live, func(a, b *settleItem) int { return strings.Compare(a.id, b.id) })
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
@@ -203,7 +203,8 @@ func (s *Store) settleMany(batch []*settleItem, async bool) {
 // tables are small (a new database) scans them whole, and PostgreSQL makes it again only when
 // it analyzes them (autovacuum: a minute or more later). So the statement's text names a
 // generation that changes each time the batches run here double: each connection prepares it
-// anew, for the tables as they are then, and the tables at most double under one plan.
+// anew, for the tables as they are then, so a plan made on small tables lasts only until the
+// batches have doubled.
 func (s *Store) settleManyStatement(ctx context.Context, batch []*settleItem, async bool) (map[string]settleResult, error) {
 	mc, ok := s.Records.(ManyCompleter)
 	if !ok {

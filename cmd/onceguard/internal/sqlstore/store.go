@@ -60,10 +60,10 @@ type Store struct {
 	// settles the withdrawals that succeeded which concurrent requests
 	// settle at once in one statement: one round trip and one commit for
 	// all that wait when it starts (at most 64; two such statements run at
-	// a time). One settlement that meets no other takes the same statement,
-	// which costs less than settleOne's. Each answers as alone; when the
-	// statement fails, nothing of it commits and each settlement runs alone.
-	// Set it before use.
+	// a time). One settlement that meets no other takes the same statement:
+	// a runner busy with it is what lets the next ones gather. Each answers
+	// as alone; when the statement fails, nothing of it commits and each
+	// settlement runs alone. Set it before use.
 	BatchSettle bool
 
 	batch settleBatcher
