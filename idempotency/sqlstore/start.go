@@ -340,6 +340,49 @@ func (s *Store) CompleteManyCTE(from string, first int) (CTE, error) {
 	return c, nil
 }
 
+// StartManyCTE composes the creation of many Deferred calls' records (as
+// StartCTE creates one) into the caller's PostgreSQL statement, so that a
+// batch of requests' records and effects commit in one round trip. from
+// names a relation of the caller's statement (one of its CTEs) with the
+// columns of idemstore.Start: id, fingerprint, lease, lease_until and
+// expires_at (µs since the epoch, bigint), token_hash (a signed token's,
+// or NULL; a token to bind in submit_tokens cannot be started here), and
+// win_id, win_owner and win_until (NULL without a window). Each row's
+// record is created unless its key has one, and its window entry claimed
+// unless a live one exists at $first (the earliest of the rows' Now, µs):
+// a row is started when both were. CTE.Result names the relation (column
+// id) of the started records; make every write of the effect require its
+// row there.
+//
+// It is all or nothing: a record created while its window was refused
+// stays in the statement, so the caller must make the statement fail (and
+// commit nothing) unless every row started and made its effect, and then
+// run each request alone (StartCTE), which tells a refusal's reason. A
+// live window entry of the same record, which StartCTE passes to the
+// retry, refuses the row here. Args holds $first's value to set; Started
+// is unused.
+func (s *Store) StartManyCTE(from string, first int, now time.Time) (CTE, error) {
+	if s.dialect != sqldialect.Postgres {
+		return CTE{}, errors.New("sqlstore: StartManyCTE needs PostgreSQL")
+	}
+	p := s.opts.Prefix
+	with := fmt.Sprintf(`og_rec_many AS (
+  INSERT INTO %[1]sidempotency (id, fingerprint, state, lease, lease_until, expires_at, token_hash)
+  SELECT f.id, f.fingerprint, 1, f.lease, f.lease_until, f.expires_at, f.token_hash FROM %[2]s f
+  ON CONFLICT (id) DO NOTHING RETURNING id
+), og_win_many AS (
+  INSERT INTO %[1]srepeat_window AS w (id, owner, expires_at)
+  SELECT f.win_id, f.win_owner, f.win_until FROM %[2]s f JOIN og_rec_many r ON r.id = f.id WHERE f.win_id IS NOT NULL
+  ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+  WHERE w.expires_at <= $%[3]d::bigint
+  RETURNING id
+), og_started_many AS (
+  SELECT f.id FROM %[2]s f JOIN og_rec_many r ON r.id = f.id
+  WHERE f.win_id IS NULL OR f.win_id IN (SELECT id FROM og_win_many)
+)`, p, from, first)
+	return CTE{With: with, Result: "og_started_many", Args: []any{us(now)}}, nil
+}
+
 // ResponseColumns encodes resp as the status, header and body columns of
 // CompleteManyCTE's relation, as Complete stores it.
 func ResponseColumns(resp idemstore.Response) (status int, header string, body []byte, err error) {
