@@ -47,7 +47,7 @@ func (s *Store) HoldSettleBatches(hold func()) { s.batch.hold = hold }
 
 // SettleBatches returns how many batches committed and how many settlements they carried.
 func (s *Store) SettleBatches() (batches, settlements int64) {
-	return s.batch.batches.Load(), s.batch.settlements.Load()
+	return s.batch.batches.Load(), s.batch.items.Load()
 }
 
 // SettleBatchState returns how many settlements wait for a batch, how many are in one, and
@@ -84,4 +84,76 @@ func (s *Store) SettleBatch(ctx context.Context, ids []string, recs []*app.Recor
 		results[i] = SettleResult{Moved: r.moved, Status: r.status, Err: r.err}
 	}
 	return results, s.batch.batches.Load() > before
+}
+
+// HoldDebitBatches makes each batch of debits call hold before it runs. Set it before the first
+// withdrawal.
+func (s *Store) HoldDebitBatches(hold func()) { s.debits.hold = hold }
+
+// DebitBatches returns how many batches of debits committed and how many debits they carried.
+func (s *Store) DebitBatches() (batches, debits int64) {
+	return s.debits.batches.Load(), s.debits.items.Load()
+}
+
+// DebitBatchState returns how many debits wait for a batch, how many are in one, and how many
+// runners run.
+func (s *Store) DebitBatchState() (queued, inBatch, runners int) {
+	s.debits.mu.Lock()
+	defer s.debits.mu.Unlock()
+	return len(s.debits.queue), len(s.debits.inflight), s.debits.running
+}
+
+// WithdrawResult is a withdrawal's result.
+type WithdrawResult struct {
+	Movement app.Movement
+	Created  bool
+	Err      error
+}
+
+// DebitBatch withdraws ms (each with its fence and checks) as one batch of debits, then those the
+// batch left alone on their own, as Withdraw does; committed says whether the batch committed.
+func (s *Store) DebitBatch(ctx context.Context, ms []app.Movement, fences []int64, chks []*app.TxChecks) (results []WithdrawResult, committed bool) {
+	items := s.debitItems(ctx, ms, fences, chks)
+	before := s.debits.batches.Load()
+	s.debitMany(items)
+	results = make([]WithdrawResult, len(ms))
+	for i, it := range items {
+		r := <-it.done
+		var res WithdrawResult
+		switch {
+		case r.alone:
+			res.Movement, res.Created, res.Err = s.withdrawOne(ctx, it.m, it.fence, it.chk)
+			res.Err = refusal(res.Err)
+		case r.err != nil:
+			res.Err = r.err
+		default:
+			res.Err = s.Records.Started(ctx, it.chk.start, 1, nil)
+			res.Movement, res.Created = it.m, res.Err == nil
+		}
+		results[i] = res
+	}
+	return results, s.debits.batches.Load() > before
+}
+
+// DebitBatchQuery returns the statement that debits ms as one batch (see DebitBatch), and its
+// arguments.
+func (s *Store) DebitBatchQuery(ms []app.Movement, fences []int64, chks []*app.TxChecks) (string, []any) {
+	q, args, err := s.debitManyQuery(s.debitItems(context.Background(), ms, fences, chks))
+	if err != nil {
+		panic(err)
+	}
+	return q, args
+}
+
+func (s *Store) debitItems(ctx context.Context, ms []app.Movement, fences []int64, chks []*app.TxChecks) []*debitItem {
+	items := make([]*debitItem, len(ms))
+	for i, m := range ms {
+		c, err := s.checks(chks[i])
+		if err != nil {
+			panic(err)
+		}
+		m.Kind, m.Status = app.Withdrawal, app.Pending
+		items[i] = &debitItem{ctx: ctx, m: m, fence: fences[i], chk: c, done: make(chan debitResult, 1)}
+	}
+	return items
 }

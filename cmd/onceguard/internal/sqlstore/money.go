@@ -33,21 +33,13 @@ import (
 func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64, chk *app.TxChecks) (got app.Movement, created bool, err error) {
 	defer s.timed("withdraw", time.Now(), &err)
 	m.Kind, m.Status = app.Withdrawal, app.Pending
-	var c checks
-	if chk != nil {
-		c.session = chk.SessionHash
-		if chk.Start != nil {
-			st, ok := chk.Start.(*idemstore.Start)
-			if !ok {
-				return m, false, fmt.Errorf("sqlstore: withdraw: a key's record to start is an *idemstore.Start, not %T", chk.Start)
-			}
-			c.start = st
-		}
+	c, err := s.checks(chk)
+	if err != nil {
+		return m, false, err
 	}
-	if c.start != nil && s.Records == nil {
-		return m, false, errors.New("sqlstore: withdraw: no Records to create the key's record")
-	}
-	if s.d == sqldialect.Postgres {
+	if s.d == sqldialect.Postgres && s.BatchDebit && batchable(c) {
+		m, created, err = s.withdrawBatched(ctx, m, fence, c)
+	} else if s.d == sqldialect.Postgres {
 		m, created, err = s.withdrawOne(ctx, m, fence, c)
 	} else {
 		m, created, err = s.withdrawTx(ctx, m, fence, c)
@@ -65,6 +57,26 @@ func (s *Store) Withdraw(ctx context.Context, m app.Movement, fence int64, chk *
 type checks struct {
 	session string
 	start   *idemstore.Start
+}
+
+// checks returns chk (nil: none) as the store uses it.
+func (s *Store) checks(chk *app.TxChecks) (checks, error) {
+	var c checks
+	if chk == nil {
+		return c, nil
+	}
+	c.session = chk.SessionHash
+	if chk.Start != nil {
+		st, ok := chk.Start.(*idemstore.Start)
+		if !ok {
+			return c, fmt.Errorf("sqlstore: withdraw: a key's record to start is an *idemstore.Start, not %T", chk.Start)
+		}
+		if s.Records == nil {
+			return c, errors.New("sqlstore: withdraw: no Records to create the key's record")
+		}
+		c.start = st
+	}
+	return c, nil
 }
 
 // refusal marks the key store's refusals to create a record as app.StartRefusedError.

@@ -9,8 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
@@ -23,16 +21,6 @@ import (
 type ManyCompleter interface {
 	CompleteManyCTE(from string, first int) (idemsql.CTE, error)
 }
-
-const (
-	// maxSettleBatch bounds the settlements one statement carries.
-	maxSettleBatch = 64
-	// settleRunners is how many batches run at once: one runs while the next gathers, and a
-	// lone settlement does not wait behind a whole batch.
-	settleRunners = 2
-	// settleBatchTimeout bounds a batch none of whose requests has a deadline.
-	settleBatchTimeout = 10 * time.Second
-)
 
 // errNoManyCompleter is a batch whose Records cannot complete many records at once: its
 // settlements run alone.
@@ -58,35 +46,12 @@ type settleResult struct {
 	alone  bool
 }
 
-// settleBatcher gathers concurrent settlements into batches; its zero value is ready. No
-// goroutine outlives the queue: runners start with a settlement and end once it is empty.
-type settleBatcher struct {
-	mu       sync.Mutex
-	queue    []*settleItem
-	inflight map[string]bool // the movements and records of the running batches
-	running  int
-
-	hold func() // tests: called before each batch runs
-
-	batches, settlements atomic.Int64 // batches committed, settlements they carried
-}
-
 // settleBatched is settleOne of a withdrawal, in one statement with the settlements of
 // concurrent requests. Settle calls it for withdrawals that succeeded, so a batch's
 // settlements share one outcome.
 func (s *Store) settleBatched(ctx context.Context, id string, outcome app.Status, rec *app.Record, async bool) (bool, app.Status, error) {
 	it := &settleItem{ctx: ctx, id: id, outcome: outcome, rec: rec, done: make(chan settleResult, 1)}
-	b := &s.batch
-	b.mu.Lock()
-	b.queue = append(b.queue, it)
-	start := b.running < settleRunners
-	if start {
-		b.running++
-	}
-	b.mu.Unlock()
-	if start {
-		go b.run(s, async)
-	}
+	s.batch.add(it, settleKeys, func(batch []*settleItem) { s.settleMany(batch, async) })
 	select {
 	case r := <-it.done:
 		if r.alone {
@@ -99,72 +64,13 @@ func (s *Store) settleBatched(ctx context.Context, id string, outcome app.Status
 	}
 }
 
-// run takes batches off the queue and settles them until it is empty.
-func (b *settleBatcher) run(s *Store, async bool) {
-	for {
-		batch := b.next()
-		if len(batch) == 0 {
-			return
-		}
-		if b.hold != nil {
-			b.hold()
-		}
-		s.settleMany(batch, async)
-		b.mu.Lock()
-		for _, it := range batch {
-			delete(b.inflight, "m:"+it.id)
-			delete(b.inflight, "r:"+it.rec.ID)
-		}
-		b.mu.Unlock()
-	}
-}
-
-// next takes the next batch off the queue: at most maxSettleBatch settlements, none of a
-// movement or a record already in a batch (one transaction would settle it twice; one in a
-// running batch waits for its end). An empty batch ends the runner.
-func (b *settleBatcher) next() []*settleItem {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.inflight == nil {
-		b.inflight = make(map[string]bool)
-	}
-	var batch []*settleItem
-	rest := b.queue[:0]
-	for _, it := range b.queue {
-		m, r := "m:"+it.id, "r:"+it.rec.ID
-		if len(batch) == maxSettleBatch || b.inflight[m] || b.inflight[r] {
-			rest = append(rest, it)
-			continue
-		}
-		b.inflight[m], b.inflight[r] = true, true
-		batch = append(batch, it)
-	}
-	clear(b.queue[len(rest):])
-	b.queue = rest
-	if len(batch) == 0 {
-		b.running--
-	}
-	return batch
-}
+// settleKeys are what a settlement changes: its movement and its record.
+func settleKeys(it *settleItem) batchKeys { return batchKeys{"m:" + it.id, "r:" + it.rec.ID} }
 
 // settleMany settles a batch and tells each settlement its result.
 func (s *Store) settleMany(batch []*settleItem, async bool) {
-	live := make([]*settleItem, 0, len(batch))
-	var deadline time.Time
-	for _, it := range batch {
-		if err := it.ctx.Err(); err != nil {
-			it.done <- settleResult{err: err} // never sent: nothing committed
-			continue
-		}
-		d, ok := it.ctx.Deadline()
-		if !ok {
-			d = time.Now().Add(settleBatchTimeout)
-		}
-		if d.After(deadline) {
-			deadline = d
-		}
-		live = append(live, it)
-	}
+	live, deadline := live(batch, func(it *settleItem) context.Context { return it.ctx },
+		func(it *settleItem, err error) { it.done <- settleResult{err: err} })
 	if len(live) == 0 {
 		return
 	}
@@ -180,7 +86,7 @@ func (s *Store) settleMany(batch []*settleItem, async bool) {
 	}
 	if err == nil {
 		s.batch.batches.Add(1)
-		s.batch.settlements.Add(int64(len(live)))
+		s.batch.items.Add(int64(len(live)))
 	}
 	for _, it := range live {
 		r, ok := results[it.id]

@@ -65,8 +65,20 @@ type Store struct {
 	// as alone; when the statement fails, nothing of it commits and each
 	// settlement runs alone. Set it before use.
 	BatchSettle bool
+	// BatchDebit, on PostgreSQL with a Records that is a ManyStarter,
+	// debits the withdrawals that concurrent requests make at once in one
+	// statement: their sessions' checks, their keys' records and windows,
+	// the debits and the rows, with one round trip and one commit for all
+	// that wait when it starts (at most 64, of distinct users; two such
+	// statements run at a time). It commits only when every one of them
+	// was debited; else nothing of it commits and each runs alone, as
+	// without it, which tells a refusal's reason. Withdrawals without a
+	// record to create, a session to check, or with an unsigned submit
+	// token run alone. Set it before use.
+	BatchDebit bool
 
-	batch settleBatcher
+	batch  batcher[*settleItem]
+	debits batcher[*debitItem]
 }
 
 // EventWriter writes the event of a state change on its transaction.

@@ -49,6 +49,7 @@ type KeyStore interface {
 	Started(ctx context.Context, st *idemstore.Start, created int64, err error) error
 	CompleteCTE(id, lease string, resp idemstore.Response, first int) (idemsql.CTE, error)
 	CompleteManyCTE(from string, first int) (idemsql.CTE, error)
+	StartManyCTE(from string, first int, now time.Time) (idemsql.CTE, error)
 	Completed(n int64, err error) error
 	BindsSignedTokens() // signed submit tokens bound by the record (idemstore.SignedTokenStore)
 }
@@ -102,6 +103,10 @@ func (t timedKeys) CompleteCTE(id, lease string, resp idemstore.Response, first 
 
 func (t timedKeys) CompleteManyCTE(from string, first int) (idemsql.CTE, error) {
 	return t.s.CompleteManyCTE(from, first)
+}
+
+func (t timedKeys) StartManyCTE(from string, first int, now time.Time) (idemsql.CTE, error) {
+	return t.s.StartManyCTE(from, first, now)
 }
 
 func (t timedKeys) Completed(n int64, err error) error { return t.s.Completed(n, err) }
