@@ -350,7 +350,7 @@ func TestEventsNATSRestartMidStorm(t *testing.T) {
 				t.Fatalf("seed deposit = %d %s", a.status, a.raw)
 			}
 			// The storm goes on while this goroutine kills NATS after 30
-			// answers and restarts it after 70.
+			// answers and restarts it after 70 (or later: see below).
 			marks := make(chan int, 2)
 			stormDone := make(chan struct{})
 			var statuses map[string]int
@@ -370,6 +370,17 @@ func TestEventsNATSRestartMidStorm(t *testing.T) {
 				}
 				if step == "kill" {
 					srv.Kill(t)
+					// NATS stays down until the relay has met the outage (a publish failed
+					// and is retried): the storm's events since the kill wait in the outbox,
+					// however fast the storm is.
+					for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+						if v, ok := metricValue(scrape(t, p.base), "onceguard_events_retried_total", nil); ok && v > 0 {
+							break
+						}
+						if time.Now().After(deadline) {
+							t.Fatal("the relay never retried a publish 20 s into the NATS outage")
+						}
+					}
 				} else {
 					srv.Restart(t)
 				}
