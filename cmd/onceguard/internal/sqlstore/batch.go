@@ -103,10 +103,10 @@ func (b *batcher[I]) next(keys func(I) batchKeys) []I {
 	return batch
 }
 
-// live returns the requests of batch whose context has not ended, telling the others why
+// liveItems returns the requests of batch whose context has not ended, telling the others why
 // (ended: they are never sent), and the latest of their deadlines (batchTimeout from now for
 // one without): the batch statement's.
-func live[I any](batch []I, ctx func(I) context.Context, ended func(I, error)) (out []I, deadline time.Time) {
+func liveItems[I any](batch []I, ctx func(I) context.Context, ended func(I, error)) (out []I, deadline time.Time) {
 	out = make([]I, 0, len(batch))
 	for _, it := range batch {
 		c := ctx(it)

@@ -76,7 +76,7 @@ func debitKeys(it *debitItem) batchKeys { return batchKeys{it.m.UserID} }
 
 // debitMany runs a batch of debits and tells each its result.
 func (s *Store) debitMany(batch []*debitItem) {
-	live, deadline := live(batch, func(it *debitItem) context.Context { return it.ctx },
+	live, deadline := liveItems(batch, func(it *debitItem) context.Context { return it.ctx },
 		func(it *debitItem, err error) { it.done <- debitResult{err: err} })
 	if len(live) == 0 {
 		return

@@ -191,36 +191,14 @@ func TestDebitBatchesGather(t *testing.T) {
 	const n = 20
 	s, _, _, at := debitSetup(t, n)
 	ctx := context.Background()
-	release := make(chan struct{})
-	var held atomic.Int32
-	s.HoldDebitBatches(func() {
-		held.Add(1)
-		<-release
-	})
-	errs := make(chan error, n)
-	for i := range n {
-		go func() {
-			_, created, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprint("w", i), UserID: fmt.Sprint("u", i), Key: "k", Amount: 100, CreatedAt: at}, 0, debitCheck(i, i, at))
-			if err == nil && !created {
-				err = fmt.Errorf("u%d: not created", i)
-			}
-			errs <- err
-		}()
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
-		queued, inBatch, runners := s.DebitBatchState()
-		if queued+inBatch == n && int(held.Load()) == runners {
-			break
+	for _, err := range gather(t, n, s.HoldDebitBatches, s.DebitBatchState, func(i int) error {
+		_, created, err := s.Withdraw(ctx, app.Movement{ID: fmt.Sprint("w", i), UserID: fmt.Sprint("u", i), Key: "k", Amount: 100, CreatedAt: at}, 0, debitCheck(i, i, at))
+		if err == nil && !created {
+			err = fmt.Errorf("u%d: not created", i)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("debits never all queued: %d queued, %d in batches, %d runners, %d held", queued, inBatch, runners, held.Load())
-		}
-	}
-	close(release)
-	for range n {
-		if err := <-errs; err != nil {
-			t.Error(err)
-		}
+		return err
+	}) {
+		t.Error(err)
 	}
 	batches, debits := s.DebitBatches()
 	if debits < n-2 || batches > 3 {
@@ -271,5 +249,61 @@ func TestDebitBatchPlan(t *testing.T) {
 	}
 	if strings.Contains(text, "Seq Scan") {
 		t.Errorf("the batch's statement scans a table:\n%s", text)
+	}
+}
+
+// gather runs n requests, do(0) to do(n-1), each in a goroutine, with every batch held (hold)
+// until all of them wait for a batch or are in a held one and every runner is held (state), and
+// returns their errors.
+func gather(t *testing.T, n int, hold func(func()), state func() (queued, inBatch, runners int), do func(i int) error) []error {
+	t.Helper()
+	release := make(chan struct{})
+	var held atomic.Int32
+	hold(func() {
+		held.Add(1)
+		<-release
+	})
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- do(i) }()
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		queued, inBatch, runners := state()
+		if queued+inBatch == n && int(held.Load()) == runners {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatalf("requests never all queued: %d queued, %d in batches, %d runners, %d held", queued, inBatch, runners, held.Load())
+		}
+	}
+	close(release)
+	var out []error
+	for range n {
+		if err := <-errs; err != nil {
+			out = append(out, err)
+		}
+	}
+	return out
+}
+
+// sqlState is a server error of a given SQLSTATE, as pgx's.
+type sqlState string
+
+func (e sqlState) Error() string    { return "ERROR (SQLSTATE " + string(e) + ")" }
+func (e sqlState) SQLState() string { return string(e) }
+
+// A batch of debits runs alone again only when PostgreSQL said its statement failed while it
+// ran: a refusal's cast, a constraint, a deadlock, an error in the statement. A server shutting
+// down (class 57), a connection lost (no SQLSTATE) may come after its commit: each request
+// answers it.
+func TestDebitBatchRolledBack(t *testing.T) {
+	for code, want := range map[string]bool{"22P02": true, "23505": true, "40P01": true, "42P01": true, "57P01": false, "08006": false, "": false} {
+		if got := sqlstore.RolledBack(fmt.Errorf("batch: %w", sqlState(code))); got != want {
+			t.Errorf("RolledBack(SQLSTATE %q) = %v; want %v", code, got, want)
+		}
+	}
+	if sqlstore.RolledBack(errors.New("read tcp: connection reset by peer")) {
+		t.Error("RolledBack(a connection's error) = true; want false")
 	}
 }

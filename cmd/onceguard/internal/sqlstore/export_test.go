@@ -157,3 +157,7 @@ func (s *Store) debitItems(ctx context.Context, ms []app.Movement, fences []int6
 	}
 	return items
 }
+
+// RolledBack is rolledBack, which tells a batch of debits that failed on the server from one
+// whose outcome is unknown.
+var RolledBack = rolledBack

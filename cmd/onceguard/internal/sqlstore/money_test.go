@@ -982,12 +982,6 @@ func TestSettleBatchesGather(t *testing.T) {
 	markTable(t, db)
 	s.Records = markOnce{stmt: `UPDATE also_t SET done = 1 WHERE id = $1 AND done = 0`}
 	s.AsyncSettle, s.BatchSettle = true, true
-	release := make(chan struct{})
-	var held atomic.Int32
-	s.HoldSettleBatches(func() {
-		held.Add(1)
-		<-release
-	})
 	for i := range n {
 		id := fmt.Sprint("w", i)
 		if _, _, err := s.Withdraw(ctx, app.Movement{ID: id, UserID: "u1", Key: "k" + id, Amount: 100, CreatedAt: time.UnixMicro(now)}, 0, nil); err != nil {
@@ -997,32 +991,15 @@ func TestSettleBatchesGather(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	errs := make(chan error, n)
-	for i := range n {
-		go func() {
-			rec := &app.Record{ID: fmt.Sprint("a", i), Lease: "l", Answer: app.Answer{Status: 201, Body: []byte("{}")}}
-			moved, status, err := s.Settle(ctx, app.Withdrawal, fmt.Sprint("w", i), app.Succeeded, time.UnixMicro(now), rec, "")
-			if err == nil && (!moved || status != app.Succeeded) {
-				err = fmt.Errorf("w%d: moved %v, %s", i, moved, status)
-			}
-			errs <- err
-		}()
-	}
-	// Every settlement queued or in a held batch, and every runner held.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
-		queued, inBatch, runners := s.SettleBatchState()
-		if queued+inBatch == n && int(held.Load()) == runners {
-			break
+	for _, err := range gather(t, n, s.HoldSettleBatches, s.SettleBatchState, func(i int) error {
+		rec := &app.Record{ID: fmt.Sprint("a", i), Lease: "l", Answer: app.Answer{Status: 201, Body: []byte("{}")}}
+		moved, status, err := s.Settle(ctx, app.Withdrawal, fmt.Sprint("w", i), app.Succeeded, time.UnixMicro(now), rec, "")
+		if err == nil && (!moved || status != app.Succeeded) {
+			err = fmt.Errorf("w%d: moved %v, %s", i, moved, status)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("settlements never all queued: %d queued, %d in batches, %d runners, %d held", queued, inBatch, runners, held.Load())
-		}
-	}
-	close(release)
-	for range n {
-		if err := <-errs; err != nil {
-			t.Error(err)
-		}
+		return err
+	}) {
+		t.Error(err)
 	}
 	batches, settlements := s.SettleBatches()
 	if settlements < n-2 || batches > 3 {

@@ -69,7 +69,7 @@ func settleKeys(it *settleItem) batchKeys { return batchKeys{"m:" + it.id, "r:" 
 
 // settleMany settles a batch and tells each settlement its result.
 func (s *Store) settleMany(batch []*settleItem, async bool) {
-	live, deadline := live(batch, func(it *settleItem) context.Context { return it.ctx },
+	live, deadline := liveItems(batch, func(it *settleItem) context.Context { return it.ctx },
 		func(it *settleItem, err error) { it.done <- settleResult{err: err} })
 	if len(live) == 0 {
 		return
