@@ -228,22 +228,7 @@ func TestDebitBatchPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows, err := tx.QueryContext(ctx, "EXPLAIN "+q, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var plan []string
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan = append(plan, line)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Join(plan, "\n")
+	text := strings.Join(textColumn(t, rows, err), "\n")
 	if !strings.Contains(text, "Update on accounts") {
 		t.Fatalf("no plan of the batch's statement:\n%s", text)
 	}
@@ -306,4 +291,25 @@ func TestDebitBatchRolledBack(t *testing.T) {
 	if sqlstore.RolledBack(errors.New("read tcp: connection reset by peer")) {
 		t.Error("RolledBack(a connection's error) = true; want false")
 	}
+}
+
+// textColumn returns the one text column of rows, a query's result with its error err.
+func textColumn(t *testing.T, rows *sql.Rows, err error) []string {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

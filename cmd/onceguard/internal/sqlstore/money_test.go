@@ -750,21 +750,8 @@ BEGIN INSERT INTO commit_mode (op, sync) VALUES (TG_TABLE_NAME || ' ' || TG_OP, 
 			if moved, _, err := s.Settle(ctx, app.Deposit, "d2", app.Failed, time.UnixMicro(now), &app.Record{ID: "a2", Lease: "l"}, ""); err != nil || !moved {
 				t.Fatalf("Settle(deposit failed) = %v, %v; want moved", moved, err)
 			}
-			var got []string
 			rows, err := db.QueryContext(ctx, `SELECT op || ' ' || sync FROM commit_mode ORDER BY n`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rows.Next() {
-				var s string
-				if err := rows.Scan(&s); err != nil {
-					t.Fatal(err)
-				}
-				got = append(got, s)
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
+			got := textColumn(t, rows, err)
 			settled := def
 			if async {
 				settled = "off"
