@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/http"
@@ -64,23 +65,7 @@ SELECT id FROM ` + cte.Result
 			completed := func() []string {
 				t.Helper()
 				rows, err := db.QueryContext(ctx, q, append([]any{ids, leases, statuses, headers, bodies}, cte.Args...)...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer rows.Close()
-				var got []string
-				for rows.Next() {
-					var id string
-					if err := rows.Scan(&id); err != nil {
-						t.Fatal(err)
-					}
-					got = append(got, id)
-				}
-				if err := rows.Err(); err != nil {
-					t.Fatal(err)
-				}
-				slices.Sort(got)
-				return got
+				return sortedIDs(t, rows, err)
 			}
 			if got, want := completed(), []string{ids[0], ids[1]}; !slices.Equal(got, want) {
 				t.Errorf("completed %v; want %v", got, want)
@@ -108,4 +93,26 @@ SELECT id FROM ` + cte.Result
 			}
 		})
 	}
+}
+
+// sortedIDs returns the one text column of rows, a query's result with its error err, sorted.
+func sortedIDs(t *testing.T, rows *sql.Rows, err error) []string {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
 }

@@ -67,22 +67,7 @@ func TestStartManyCTE(t *testing.T) {
 ), ` + cte.With + `
 SELECT id FROM ` + cte.Result
 			rows, err := db.QueryContext(ctx, q, append([]any{ids, leases, leaseUntil, expires, wins, owners, until, 1}, cte.Args...)...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var started []string
-			for rows.Next() {
-				var id string
-				if err := rows.Scan(&id); err != nil {
-					t.Fatal(err)
-				}
-				started = append(started, id)
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
-			rows.Close()
-			slices.Sort(started)
+			started := sortedIDs(t, rows, err)
 			if want := []string{ids[0], ids[3], ids[4]}; !slices.Equal(started, want) {
 				t.Errorf("started %v; want %v", started, want)
 			}
