@@ -50,6 +50,8 @@ func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 			// (a generic plan): the batched settlement's arrays would have
 			// PostgreSQL plan it again at each execution, which costs more than
 			// it runs (sqlstore.Store.BatchSettle; bench/README.md, issue 22).
+			// The batched debit's statement (BatchDebit) is built the same way
+			// and planned once too.
 			// Every other statement finds its rows by key, where the generic
 			// plan is the custom one.
 			"plan_cache_mode": "force_generic_plan",
