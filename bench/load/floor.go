@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	_ "modernc.org/sqlite" // database/sql driver "sqlite", the service's
 
 	"github.com/onceguard/onceguard/internal/sqldb"
+	"github.com/onceguard/onceguard/token"
 )
 
 // The floor is pgbench's transaction behind HTTP: a minimal withdrawal
@@ -191,9 +193,52 @@ INSERT INTO users (username, aid) SELECT $1, aid FROM a RETURNING aid`, c.Userna
 		}
 		floorAnswer(w, http.StatusOK, `{"balance":"`+fmtCents(balance)+`"}`)
 	})
-	mux.HandleFunc("POST /api/v1/deposits", floorMove(db, gate, 1))
-	mux.HandleFunc("POST /api/v1/withdrawals", floorMove(db, gate, -1))
+	tokens := floorTokens()
+	mux.HandleFunc("POST /api/v1/submit-tokens", floorMint(db, tokens))
+	mux.HandleFunc("POST /api/v1/deposits", floorMove(db, gate, nil, 1))
+	mux.HandleFunc("POST /api/v1/withdrawals", floorMove(db, gate, tokens, -1))
 	return mux
+}
+
+// floorTokens signs the floor's submit tokens as the service signs its
+// own (token.Options.Key: a signature, no write), with a key of this
+// process.
+func floorTokens() *token.Tokens {
+	var key [32]byte
+	_, _ = crand.Read(key[:])
+	return token.New(nil, &token.Options{Key: key[:]})
+}
+
+// floorSessionRead is the floor mint's session read: the contract's "the
+// token stops working at once" needs one per mint, and this is the least
+// one, a row by its unique key.
+const floorSessionRead = `SELECT username FROM users WHERE aid = $1`
+
+// floorMint is the least a submit token's mint costs: POST
+// /api/v1/submit-tokens {"purpose"}, the session read, a signed token
+// (tokens.Issue, as the service mints them) and its answer. The group
+// floor-minted mints one before each withdrawal, as the service's default
+// configuration does.
+func floorMint(db *sql.DB, tokens *token.Tokens) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		aid, ok := floorAccount(r)
+		var name string
+		if !ok || db.QueryRowContext(r.Context(), floorSessionRead, aid).Scan(&name) != nil {
+			floorAnswer(w, http.StatusUnauthorized, `{"code":"unauthenticated"}`)
+			return
+		}
+		var req struct{ Purpose string }
+		if json.NewDecoder(r.Body).Decode(&req) != nil || req.Purpose != "withdrawal" {
+			floorAnswer(w, http.StatusBadRequest, `{"code":"invalid_purpose"}`)
+			return
+		}
+		is, err := tokens.Issue(r.Context(), strconv.Itoa(aid), req.Purpose)
+		if err != nil {
+			floorAnswer(w, http.StatusInternalServerError, `{"code":"internal"}`)
+			return
+		}
+		floorAnswer(w, http.StatusCreated, `{"token":"`+is.Token+`","purpose":"`+is.Purpose+`","expires_at":"`+is.ExpiresAt.UTC().Format(time.RFC3339)+`"}`)
+	}
 }
 
 // The ceiling's transaction, as the floor runs it.
@@ -206,7 +251,11 @@ const (
 // ceiling's transaction, with the amount from the body. On SQLite its two
 // statements are prepared once, as the service prepares its own there
 // (internal/sqldb.Stmts); pgx caches them on PostgreSQL.
-func floorMove(db *sql.DB, gate *sqldb.WriteGate, sign int64) http.HandlerFunc {
+//
+// A withdrawal whose Idempotency-Key is a submit token needs a token that
+// tokens signed for its user (tokens.Verify, as the service checks one);
+// any other key is not looked at.
+func floorMove(db *sql.DB, gate *sqldb.WriteGate, tokens *token.Tokens, sign int64) http.HandlerFunc {
 	var stmts *sqldb.Stmts
 	if gate != nil {
 		stmts = sqldb.NewStmts(db)
@@ -216,6 +265,10 @@ func floorMove(db *sql.DB, gate *sqldb.WriteGate, sign int64) http.HandlerFunc {
 		aid, ok := floorAccount(r)
 		if !ok {
 			floorAnswer(w, http.StatusUnauthorized, `{"code":"unauthenticated"}`)
+			return
+		}
+		if key := r.Header.Get("Idempotency-Key"); tokens != nil && token.IsToken(key) && tokens.Verify(key, strconv.Itoa(aid), "withdrawal") != nil {
+			floorAnswer(w, http.StatusBadRequest, `{"code":"submit_token_invalid"}`)
 			return
 		}
 		var req struct{ Amount string }

@@ -9,7 +9,7 @@
 // contenders connect through a counting proxy (pgproxy.go) that reports
 // their round trips. See ../README.md, "Service load".
 //
-//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-pairs 10] [-clients 16,64] [-only sqlite,postgres,postgres-tokens,postgres-chain,pgbench,floor,floor-sqlite,floor-sqlite-grouped] [-markdown]
+//	cd bench && go run ./load [-duration 5s] [-rounds 2] [-pairs 10] [-clients 16,64] [-only sqlite,postgres,postgres-tokens,postgres-chain,pgbench,floor,floor-minted,floor-sqlite,floor-sqlite-grouped] [-markdown]
 package main
 
 import (
@@ -46,9 +46,14 @@ const (
 	// groupChain is groupTokens with each withdrawal's token the one the
 	// answer before offered (Next-Submit-Token), as the web page uses
 	// them: a mint only for the first.
-	groupChain       = "postgres-chain"
-	groupPgbench     = "pgbench"
-	groupFloor       = "floor"
+	groupChain   = "postgres-chain"
+	groupPgbench = "pgbench"
+	groupFloor   = "floor"
+	// groupFloorMinted is the PostgreSQL floor with a submit token minted
+	// before each withdrawal (floorMint: the session read, a signed token),
+	// as the service's default configuration mints: the least a minted
+	// withdrawal costs, the reference the default's target is read against.
+	groupFloorMinted = "floor-minted"
 	groupFloorSQLite = "floor-sqlite"
 	// groupFloorGrouped is the SQLite floor with its commits grouped as
 	// the service groups its own (sqldb.WriteGate's default): fewer
@@ -58,7 +63,7 @@ const (
 )
 
 // allGroups is every group, in the order of a first round.
-var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupChain, groupFloor, groupFloorSQLite, groupFloorGrouped}
+var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupChain, groupFloor, groupFloorMinted, groupFloorSQLite, groupFloorGrouped}
 
 var groupLabels = map[string]string{
 	groupSQLite:       "embedded (SQLite)",
@@ -68,6 +73,7 @@ var groupLabels = map[string]string{
 	groupChain:        "PostgreSQL + Redis, default, chained",
 	groupPgbench:      "ceiling: pgbench",
 	groupFloor:        "floor: pgbench tx over HTTP",
+	groupFloorMinted:  "floor, a token minted per withdrawal",
 	groupFloorSQLite:  "floor: SQLite tx over HTTP",
 	groupFloorGrouped: "floor: SQLite, grouped commits",
 }
@@ -78,7 +84,7 @@ func floorOf(g string) string {
 	switch g {
 	case groupSQLite:
 		return groupFloorSQLite
-	case groupPostgres, groupPostgresB, groupTokens, groupChain:
+	case groupPostgres, groupPostgresB, groupTokens, groupChain, groupFloorMinted:
 		return groupFloor
 	}
 	return ""
@@ -86,7 +92,7 @@ func floorOf(g string) string {
 
 // usesPG says whether a group talks to PostgreSQL (through a proxy).
 func usesPG(g string) bool {
-	return g == groupPostgres || g == groupPostgresB || g == groupTokens || g == groupChain || g == groupPgbench || g == groupFloor
+	return g == groupPostgres || g == groupPostgresB || g == groupTokens || g == groupChain || g == groupPgbench || g == groupFloor || g == groupFloorMinted
 }
 
 type config struct {
@@ -117,7 +123,7 @@ func main() {
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured warm-up per cell, same clients")
 	flag.IntVar(&cfg.rounds, "rounds", 2, "rounds; each runs every configuration at every client count, the table shows medians")
 	flag.StringVar(&clients, "clients", "16,64", "comma-separated numbers of concurrent clients (each its own user)")
-	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, postgres-tokens, postgres-chain, pgbench, floor, floor-sqlite, floor-sqlite-grouped (default: all)")
+	flag.StringVar(&only, "only", "", "comma-separated groups to run: sqlite, postgres, postgres-tokens, postgres-chain, pgbench, floor, floor-minted, floor-sqlite, floor-sqlite-grouped (default: all)")
 	flag.StringVar(&cfg.pgDSN, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL admin `DSN`; the run creates (and at exit drops) a fresh database for the service and one for pgbench through it")
 	flag.StringVar(&cfg.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis `URL` for the PostgreSQL configuration (shared: only the service's keys of this run's users are touched)")
 	flag.StringVar(&cfg.pgbench, "pgbench", "/usr/bin/pgbench", "pgbench `binary` for the ceiling (empty: no ceiling)")
@@ -367,8 +373,11 @@ func run(cfg config, out, progress io.Writer) error {
 		cl.add(func() { s.cleanupRedis(progress) })
 		services = append(services, s)
 	}
-	if has(groupFloor) {
-		name := "ogload_" + runID + "_floor"
+	for _, g := range []string{groupFloor, groupFloorMinted} {
+		if !has(g) {
+			continue
+		}
+		name := "ogload_" + runID + "_" + strings.ReplaceAll(g, "-", "_")
 		if err := pg.createDB(ctx, name); err != nil {
 			return err
 		}
@@ -381,8 +390,8 @@ func run(cfg config, out, progress io.Writer) error {
 		if err != nil {
 			return err
 		}
-		services = append(services, &serviceConfig{group: groupFloor, bin: self, runID: runID, args: []string{"-floor-serve", pgDSNFor(groupFloor, name)},
-			logPath: filepath.Join(tmp, "floor.log"), pg: pg, dbName: name, proxy: proxies[groupFloor]})
+		services = append(services, &serviceConfig{group: g, bin: self, runID: runID, args: []string{"-floor-serve", pgDSNFor(g, name)},
+			logPath: filepath.Join(tmp, g+".log"), pg: pg, dbName: name, tokens: tokensOf(g), proxy: proxies[g]})
 	}
 	for _, g := range []string{groupFloorSQLite, groupFloorGrouped} {
 		if !has(g) {

@@ -21,17 +21,29 @@ import (
 // pairing is a contender and the reference its ratios are taken against.
 type pairing struct{ group, ref string }
 
-// pairings are the contenders of groups with their reference among groups,
-// in groups' order.
+// pairings are the contenders of groups with their references among
+// groups, in groups' order: a service with its floor, and then with the
+// floor that does a part of its work too (the default with the minted
+// floor, SQLite with the grouped floor); build B with build A. The minted
+// floor's own ratio to the floor is the rounds'.
 func pairings(groups []string) []pairing {
 	var ps []pairing
 	for _, g := range groups {
-		ref := floorOf(g)
-		if g == groupPostgresB {
+		ref, also := floorOf(g), ""
+		switch g {
+		case groupPostgresB:
 			ref = groupPostgres
+		case groupFloorMinted:
+			ref = ""
+		case groupTokens:
+			also = groupFloorMinted
+		case groupSQLite:
+			also = groupFloorGrouped
 		}
-		if ref != "" && slices.Contains(groups, ref) {
-			ps = append(ps, pairing{g, ref})
+		for _, r := range []string{ref, also} {
+			if r != "" && slices.Contains(groups, r) {
+				ps = append(ps, pairing{g, r})
+			}
 		}
 	}
 	return ps
@@ -121,14 +133,22 @@ func shortLabel(g string) string {
 		return "SQLite floor"
 	case groupPostgres:
 		return "build A"
+	case groupFloorMinted:
+		return "minted floor"
+	case groupFloorGrouped:
+		return "grouped SQLite floor"
 	}
 	return g
 }
 
 // pairTarget is the issue 22 target of a pairing's withdrawals/s ratio;
-// false for one that has none (build B against build A).
-func pairTarget(g string) (rule, bool) {
-	switch g {
+// false for one that has none: build B against build A, and a service
+// against a floor other than its own (informational).
+func pairTarget(p pairing) (rule, bool) {
+	if p.ref != floorOf(p.group) {
+		return rule{}, false
+	}
+	switch p.group {
 	case groupPostgres:
 		return rule{want: targetPGFloor}, true
 	case groupTokens, groupChain:
@@ -169,12 +189,13 @@ func (r *report) pairLines() []string {
 			}
 			line := fmt.Sprintf("%-52s %3d clients  withdrawals/s %.3f× (95%% CI %.3f–%.3f, %d pairs)",
 				groupLabels[p.group]+" / "+groupLabels[p.ref], n, geo, lo, hi, k)
-			if t, ok := pairTarget(p.group); ok {
+			t, target := pairTarget(p)
+			if target {
 				line += fmt.Sprintf(" %s %.1f× %s", t, t.want, stats.Verdict(lo, hi, t.want, t.atMost))
 			}
 			if geo, lo, hi, k := stats.PairedRatio(cpus); k >= 2 {
 				line += fmt.Sprintf("; CPU per withdrawal %.2f× (95%% CI %.2f–%.2f)", geo, lo, hi)
-				if p.group != groupPostgresB {
+				if target {
 					t := rule{want: targetCPU, atMost: true}
 					line += fmt.Sprintf(" %s %.1f× %s", t, t.want, stats.Verdict(lo, hi, t.want, t.atMost))
 				}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -57,16 +58,41 @@ func TestPairLines(t *testing.T) {
 }
 
 // Each service contender is paired with the floor on its database, build
-// B with build A, and nothing is paired with a reference that did not run.
+// B with build A, the default and SQLite also with the floor that does a
+// part of their work (the minted floor, the grouped one), and nothing is
+// paired with a reference that did not run.
 func TestPairings(t *testing.T) {
-	got := pairings([]string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupChain, groupFloor})
-	want := []pairing{{groupPostgres, groupFloor}, {groupPostgresB, groupPostgres}, {groupTokens, groupFloor}, {groupChain, groupFloor}}
-	if len(got) != len(want) {
-		t.Fatalf("pairings = %v, want %v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("pairings = %v, want %v", got, want)
+	for _, c := range []struct {
+		groups []string
+		want   []pairing
+	}{
+		{[]string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupChain, groupFloor},
+			[]pairing{{groupPostgres, groupFloor}, {groupPostgresB, groupPostgres}, {groupTokens, groupFloor}, {groupChain, groupFloor}}},
+		{allGroups,
+			[]pairing{{groupSQLite, groupFloorSQLite}, {groupSQLite, groupFloorGrouped}, {groupPostgres, groupFloor}, {groupPostgresB, groupPostgres},
+				{groupTokens, groupFloor}, {groupTokens, groupFloorMinted}, {groupChain, groupFloor}}},
+	} {
+		if got := pairings(c.groups); !slices.Equal(got, c.want) {
+			t.Errorf("pairings(%v) = %v, want %v", c.groups, got, c.want)
 		}
+	}
+}
+
+// A service against a floor other than its own is informational: no
+// verdict on its rate or its CPU.
+func TestPairLinesInformational(t *testing.T) {
+	rep := newReport(config{clients: []int{16}, pairs: 3, groups: []string{groupTokens, groupFloor, groupFloorMinted}})
+	c := &pairCells{}
+	for range 3 {
+		c.group = append(c.group, &cellResult{ok: 400, window: time.Second, cpu: cpuUse{0.4, 0.4, 0.4, 0.4, cpuNA}})
+		c.ref = append(c.ref, &cellResult{ok: 600, window: time.Second, cpu: cpuUse{0.4, 0.4, 0.4, 0.4, cpuNA}})
+	}
+	rep.pairs[pairKey(pairing{groupTokens, groupFloorMinted}, 16)] = c
+	lines := rep.pairLines()
+	if len(lines) != 1 {
+		t.Fatalf("lines = %q, want one", lines)
+	}
+	if !strings.Contains(lines[0], "withdrawals/s 0.667×") || strings.Contains(lines[0], "PASS") || strings.Contains(lines[0], "FAIL") || strings.Contains(lines[0], "TIE") {
+		t.Errorf("line = %q, want the ratio 0.667× and no verdict", lines[0])
 	}
 }
