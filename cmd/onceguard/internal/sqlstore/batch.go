@@ -12,8 +12,12 @@ const (
 	// maxBatch bounds the requests one batch statement carries.
 	maxBatch = 64
 	// batchRunners is how many batches of a kind run at once: one runs while the next gathers,
-	// and a lone request does not wait behind a whole batch.
+	// and a deep queue does not wait behind a whole batch.
 	batchRunners = 2
+	// batchSpill is how many requests must be queued for another runner to start while one
+	// runs: fewer wait for the running batch and go in the next, in fewer and larger
+	// statements.
+	batchSpill = 8
 	// batchTimeout bounds a batch none of whose requests has a deadline.
 	batchTimeout = 10 * time.Second
 	// batchYields is how many times a runner yields its processor (runtime.Gosched) before it
@@ -41,12 +45,12 @@ type batcher[I any] struct {
 // running batches at once ("" is no key).
 type batchKeys [2]string
 
-// add queues it and starts a runner, which runs batches with runBatch, when fewer than
-// batchRunners run.
+// add queues it and starts a runner, which runs batches with runBatch, when none runs, or
+// when fewer than batchRunners run and batchSpill requests are queued.
 func (b *batcher[I]) add(it I, keys func(I) batchKeys, runBatch func([]I)) {
 	b.mu.Lock()
 	b.queue = append(b.queue, it)
-	start := b.running < batchRunners
+	start := b.running == 0 || (b.running < batchRunners && len(b.queue) >= batchSpill)
 	if start {
 		b.running++
 	}
