@@ -140,3 +140,25 @@ func processName(name string) string {
 	}
 	return name + suffix
 }
+
+// Strings returns the one text column of rows, a query's result with its
+// error err, in the rows' order; any error fails t.
+func Strings(t testing.TB, rows *sql.Rows, err error) []string {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/dbtest"
 )
 
 // CompleteManyCTE completes many records in one caller's statement: each row of the caller's
@@ -98,21 +99,7 @@ SELECT id FROM ` + cte.Result
 // sortedIDs returns the one text column of rows, a query's result with its error err, sorted.
 func sortedIDs(t *testing.T, rows *sql.Rows, err error) []string {
 	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, id)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	out := dbtest.Strings(t, rows, err)
 	slices.Sort(out)
 	return out
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/dbtest"
 )
 
 // debitSetup gives a test a PostgreSQL store with BatchDebit on and the real key store as its
@@ -228,7 +229,7 @@ func TestDebitBatchPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows, err := tx.QueryContext(ctx, "EXPLAIN "+q, args...)
-	text := strings.Join(textColumn(t, rows, err), "\n")
+	text := strings.Join(dbtest.Strings(t, rows, err), "\n")
 	if !strings.Contains(text, "Update on accounts") {
 		t.Fatalf("no plan of the batch's statement:\n%s", text)
 	}
@@ -291,25 +292,4 @@ func TestDebitBatchRolledBack(t *testing.T) {
 	if sqlstore.RolledBack(errors.New("read tcp: connection reset by peer")) {
 		t.Error("RolledBack(a connection's error) = true; want false")
 	}
-}
-
-// textColumn returns the one text column of rows, a query's result with its error err.
-func textColumn(t *testing.T, rows *sql.Rows, err error) []string {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var v string
-		if err := rows.Scan(&v); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
 }

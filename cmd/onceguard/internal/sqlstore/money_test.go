@@ -16,6 +16,7 @@ import (
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	idemsql "github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/memlock"
@@ -751,7 +752,7 @@ BEGIN INSERT INTO commit_mode (op, sync) VALUES (TG_TABLE_NAME || ' ' || TG_OP, 
 				t.Fatalf("Settle(deposit failed) = %v, %v; want moved", moved, err)
 			}
 			rows, err := db.QueryContext(ctx, `SELECT op || ' ' || sync FROM commit_mode ORDER BY n`)
-			got := textColumn(t, rows, err)
+			got := dbtest.Strings(t, rows, err)
 			settled := def
 			if async {
 				settled = "off"
