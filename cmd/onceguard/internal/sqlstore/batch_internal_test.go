@@ -29,9 +29,8 @@ func TestBatcherSpill(t *testing.T) {
 	}
 	keys := func(i int) batchKeys { return batchKeys{strconv.Itoa(i), ""} }
 	state := func() (queued, running int) {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.queue), b.running
+		queued, _, running = b.state()
+		return queued, running
 	}
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()

@@ -53,9 +53,8 @@ func (s *Store) SettleBatches() (batches, settlements int64) {
 // SettleBatchState returns how many settlements wait for a batch, how many are in one, and
 // how many runners run.
 func (s *Store) SettleBatchState() (queued, inBatch, runners int) {
-	s.batch.mu.Lock()
-	defer s.batch.mu.Unlock()
-	return len(s.batch.queue), len(s.batch.inflight) / 2, s.batch.running
+	queued, keys, runners := s.batch.state()
+	return queued, keys / 2, runners // two keys a settlement (settleKeys)
 }
 
 // SettleResult is a settlement's result.
@@ -98,9 +97,15 @@ func (s *Store) DebitBatches() (batches, debits int64) {
 // DebitBatchState returns how many debits wait for a batch, how many are in one, and how many
 // runners run.
 func (s *Store) DebitBatchState() (queued, inBatch, runners int) {
-	s.debits.mu.Lock()
-	defer s.debits.mu.Unlock()
-	return len(s.debits.queue), len(s.debits.inflight), s.debits.running
+	return s.debits.state()
+}
+
+// state returns how many requests wait for a batch, how many keys the running batches hold,
+// and how many runners run.
+func (b *batcher[I]) state() (queued, inflightKeys, runners int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue), len(b.inflight), b.running
 }
 
 // WithdrawResult is a withdrawal's result.
