@@ -151,7 +151,7 @@ const (
 // tokensOf is a group's tokenMode.
 func tokensOf(g string) tokenMode {
 	switch g {
-	case groupTokens, groupFloorMinted:
+	case groupTokens, groupTokensB, groupFloorMinted:
 		return mintEach
 	case groupChain:
 		return chainTokens

@@ -43,6 +43,9 @@ const (
 	// interleaved with it in every round: an A/B inside one run.
 	groupPostgresB = "postgres-b"
 	groupTokens    = "postgres-tokens"
+	// groupTokensB is groupTokens run with build B (-bin-b): an A/B of
+	// the default configuration, a token minted per withdrawal.
+	groupTokensB = "postgres-tokens-b"
 	// groupChain is groupTokens with each withdrawal's token the one the
 	// answer before offered (Next-Submit-Token), as the web page uses
 	// them: a mint only for the first.
@@ -63,13 +66,14 @@ const (
 )
 
 // allGroups is every group, in the order of a first round.
-var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupChain, groupFloor, groupFloorMinted, groupFloorSQLite, groupFloorGrouped}
+var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupTokensB, groupChain, groupFloor, groupFloorMinted, groupFloorSQLite, groupFloorGrouped}
 
 var groupLabels = map[string]string{
 	groupSQLite:       "embedded (SQLite)",
 	groupPostgres:     "PostgreSQL + Redis",
 	groupPostgresB:    "PostgreSQL + Redis, build B",
 	groupTokens:       "PostgreSQL + Redis, default",
+	groupTokensB:      "PostgreSQL + Redis, default, build B",
 	groupChain:        "PostgreSQL + Redis, default, chained",
 	groupPgbench:      "ceiling: pgbench",
 	groupFloor:        "floor: pgbench tx over HTTP",
@@ -84,15 +88,47 @@ func floorOf(g string) string {
 	switch g {
 	case groupSQLite:
 		return groupFloorSQLite
-	case groupPostgres, groupPostgresB, groupTokens, groupChain, groupFloorMinted:
+	case groupPostgres, groupPostgresB, groupTokens, groupTokensB, groupChain, groupFloorMinted:
 		return groupFloor
 	}
 	return ""
 }
 
+// buildA maps the groups of build B (-bin-b) to the groups of build A
+// they are compared with: the same configuration, a database each.
+var buildA = map[string]string{groupPostgresB: groupPostgres, groupTokensB: groupTokens}
+
+// checkBuildB says what is wrong with the groups to run (those -only
+// named, the build B groups with their build A's) given the names in
+// -only and whether -bin-b was given: a build B group named needs
+// -bin-b, one run needs its build A group, and -bin-b needs one run.
+func checkBuildB(only, groups []string, binB bool) error {
+	var named, run []string
+	for _, g := range only {
+		if _, isB := buildA[g]; isB {
+			named = append(named, g)
+		}
+	}
+	for _, g := range groups {
+		if a, isB := buildA[g]; isB {
+			run = append(run, g)
+			if binB && !slices.Contains(groups, a) {
+				return fmt.Errorf("-only %s runs beside the group %s: name it too", g, a)
+			}
+		}
+	}
+	switch {
+	case !binB && len(named) > 0:
+		return fmt.Errorf("-only %s needs -bin-b", strings.Join(named, ","))
+	case binB && len(run) == 0:
+		return fmt.Errorf("-bin-b runs beside the group %s or %s: name one in -only", groupPostgres, groupTokens)
+	}
+	return nil
+}
+
 // usesPG says whether a group talks to PostgreSQL (through a proxy).
 func usesPG(g string) bool {
-	return g == groupPostgres || g == groupPostgresB || g == groupTokens || g == groupChain || g == groupPgbench || g == groupFloor || g == groupFloorMinted
+	return g == groupPostgres || g == groupPostgresB || g == groupTokens || g == groupTokensB || g == groupChain || g == groupPgbench || g == groupFloor || g == groupFloorMinted
 }
 
 type config struct {
@@ -105,7 +141,7 @@ type config struct {
 	pgbench          string
 	pgbenchJobs      int
 	bin, repo        string
-	binB             string // a second build, run as groupPostgresB
+	binB             string // a second build, run as groupPostgresB and groupTokensB
 	dbConns          int
 	markdown, keep   bool
 	proxy            bool // put a round-trip-counting proxy between each PostgreSQL contender and the server
@@ -129,7 +165,7 @@ func main() {
 	flag.StringVar(&cfg.pgbench, "pgbench", "/usr/bin/pgbench", "pgbench `binary` for the ceiling (empty: no ceiling)")
 	flag.IntVar(&cfg.pgbenchJobs, "pgbench-jobs", runtime.NumCPU(), "pgbench -j (threads), at most the clients")
 	flag.StringVar(&cfg.bin, "bin", "", "onceguard `binary` to run (default: build ./cmd/onceguard of the repository into a temporary directory)")
-	flag.StringVar(&cfg.binB, "bin-b", "", "a second onceguard `binary`, run as the group postgres-b (PostgreSQL + Redis, tokens off, its own database) beside postgres in every round: an A/B in one run")
+	flag.StringVar(&cfg.binB, "bin-b", "", "a second onceguard `binary`, run as the group postgres-b (PostgreSQL + Redis, tokens off, its own database) beside postgres and as postgres-tokens-b (the default configuration) beside postgres-tokens, in every round: an A/B in one run")
 	flag.StringVar(&cfg.repo, "repo", "", "repository root (`dir`) to build from (default: found upwards from the working directory)")
 	flag.IntVar(&cfg.dbConns, "db-conns", 0, "pass --db-conns N to the PostgreSQL service (0: the service's default)")
 	flag.BoolVar(&cfg.markdown, "markdown", false, "print the table as Markdown")
@@ -176,20 +212,17 @@ func main() {
 	}
 	onlyList := strings.Split(strings.ReplaceAll(only, " ", ""), ",")
 	for _, g := range allGroups {
-		// postgres-b comes with postgres: an A/B needs both.
-		if only == "" || slices.Contains(onlyList, g) || g == groupPostgresB && slices.Contains(onlyList, groupPostgres) {
+		// A build B group comes with its build A group: an A/B needs both.
+		if a, isB := buildA[g]; only == "" || slices.Contains(onlyList, g) || isB && slices.Contains(onlyList, a) {
 			cfg.groups = append(cfg.groups, g)
 		}
 	}
-	if cfg.binB == "" {
-		if only != "" && slices.Contains(onlyList, groupPostgresB) {
-			fmt.Fprintln(os.Stderr, "load: -only postgres-b needs -bin-b")
-			os.Exit(2)
-		}
-		cfg.groups = slices.DeleteFunc(cfg.groups, func(g string) bool { return g == groupPostgresB })
-	} else if !slices.Contains(cfg.groups, groupPostgres) || !slices.Contains(cfg.groups, groupPostgresB) {
-		fmt.Fprintln(os.Stderr, "load: -bin-b runs beside the group postgres: name it in -only")
+	if err := checkBuildB(onlyList, cfg.groups, cfg.binB != ""); err != nil {
+		fmt.Fprintln(os.Stderr, "load:", err)
 		os.Exit(2)
+	}
+	if cfg.binB == "" {
+		cfg.groups = slices.DeleteFunc(cfg.groups, func(g string) bool { _, isB := buildA[g]; return isB })
 	}
 	if cfg.pgbench == "" {
 		cfg.groups = slices.DeleteFunc(cfg.groups, func(g string) bool { return g == groupPgbench })
@@ -246,7 +279,7 @@ func run(cfg config, out, progress io.Writer) error {
 	bin, binInfo := cfg.bin, ""
 	if has(groupSQLite) || has(groupPostgres) || has(groupTokens) || has(groupChain) {
 		if cfg.binB != "" {
-			binInfo = "; build B (postgres-b): " + cfg.binB
+			binInfo = "; build B (" + groupPostgresB + ", " + groupTokensB + "): " + cfg.binB
 		}
 		if bin == "" {
 			repo := cfg.repo
@@ -339,20 +372,21 @@ func run(cfg config, out, progress io.Writer) error {
 	// build B, with -bin-b), and in the default configuration
 	// (--require-submit-token withdrawal).
 	var rc *redisAdmin
-	for _, g := range []string{groupPostgres, groupPostgresB, groupTokens, groupChain} {
+	for _, g := range []string{groupPostgres, groupPostgresB, groupTokens, groupTokensB, groupChain} {
 		if !has(g) {
 			continue
 		}
 		name, svcArgs, id, gbin := "ogload_"+runID, slices.Clone(baseArgs), runID, bin
+		if _, isB := buildA[g]; isB {
+			name, id, gbin = name+"_b", runID+"b", cfg.binB
+		}
 		switch g {
-		case groupTokens, groupChain:
-			name, id = name+"_tokens", runID+"t"
+		case groupTokens, groupTokensB, groupChain:
+			name, id = name+"_tokens", id+"t"
 			if g == groupChain {
-				name, id = name+"_chain", runID+"c"
+				name, id = name+"_chain", id+"c"
 			}
 			svcArgs = slices.DeleteFunc(svcArgs, func(a string) bool { return a == "--require-submit-token" || a == "" })
-		case groupPostgresB:
-			name, id, gbin = name+"_b", runID+"b", cfg.binB
 		}
 		if err := pg.createDB(ctx, name); err != nil {
 			return err

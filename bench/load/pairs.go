@@ -24,15 +24,17 @@ type pairing struct{ group, ref string }
 // pairings are the contenders of groups with their references among
 // groups, in groups' order: a service with its floor, and then with the
 // floor that does a part of its work too (the default with the minted
-// floor, SQLite with the grouped floor); build B with build A. The minted
-// floor's own ratio to the floor is the rounds'.
+// floor, SQLite with the grouped floor); build B with build A in the
+// same configuration. The minted floor's own ratio to the floor is the
+// rounds'.
 func pairings(groups []string) []pairing {
 	var ps []pairing
 	for _, g := range groups {
 		ref, also := floorOf(g), ""
+		if a, isB := buildA[g]; isB {
+			ref = a
+		}
 		switch g {
-		case groupPostgresB:
-			ref = groupPostgres
 		case groupFloorMinted:
 			ref = ""
 		case groupTokens:
@@ -133,6 +135,8 @@ func shortLabel(g string) string {
 		return "SQLite floor"
 	case groupPostgres:
 		return "build A"
+	case groupTokens:
+		return "build A, default"
 	case groupFloorMinted:
 		return "minted floor"
 	case groupFloorGrouped:

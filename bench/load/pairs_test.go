@@ -58,7 +58,7 @@ func TestPairLines(t *testing.T) {
 }
 
 // Each service contender is paired with the floor on its database, build
-// B with build A, the default and SQLite also with the floor that does a
+// B with build A in the same configuration, the default and SQLite also with the floor that does a
 // part of their work (the minted floor, the grouped one), and nothing is
 // paired with a reference that did not run.
 func TestPairings(t *testing.T) {
@@ -70,7 +70,9 @@ func TestPairings(t *testing.T) {
 			[]pairing{{groupPostgres, groupFloor}, {groupPostgresB, groupPostgres}, {groupTokens, groupFloor}, {groupChain, groupFloor}}},
 		{allGroups,
 			[]pairing{{groupSQLite, groupFloorSQLite}, {groupSQLite, groupFloorGrouped}, {groupPostgres, groupFloor}, {groupPostgresB, groupPostgres},
-				{groupTokens, groupFloor}, {groupTokens, groupFloorMinted}, {groupChain, groupFloor}}},
+				{groupTokens, groupFloor}, {groupTokens, groupFloorMinted}, {groupTokensB, groupTokens}, {groupChain, groupFloor}}},
+		{[]string{groupTokens, groupTokensB, groupFloorMinted},
+			[]pairing{{groupTokens, groupFloorMinted}, {groupTokensB, groupTokens}}},
 	} {
 		if got := pairings(c.groups); !slices.Equal(got, c.want) {
 			t.Errorf("pairings(%v) = %v, want %v", c.groups, got, c.want)
@@ -94,5 +96,29 @@ func TestPairLinesInformational(t *testing.T) {
 	}
 	if !strings.Contains(lines[0], "withdrawals/s 0.667×") || strings.Contains(lines[0], "PASS") || strings.Contains(lines[0], "FAIL") || strings.Contains(lines[0], "TIE") {
 		t.Errorf("line = %q, want the ratio 0.667× and no verdict", lines[0])
+	}
+}
+
+// A build B group named in -only needs -bin-b, one run needs its build A
+// group, and -bin-b needs one run.
+func TestCheckBuildB(t *testing.T) {
+	for _, c := range []struct {
+		only, groups []string
+		binB         bool
+		want         string // "" for no error, else a part of it
+	}{
+		{[]string{groupPostgres}, []string{groupPostgres, groupPostgresB}, false, ""}, // main drops postgres-b
+		{[]string{groupPostgres}, []string{groupPostgres, groupPostgresB}, true, ""},
+		{[]string{groupTokens}, []string{groupTokens, groupTokensB}, true, ""},
+		{nil, allGroups, true, ""},
+		{[]string{groupFloor}, []string{groupFloor}, true, "-bin-b runs beside"},
+		{[]string{groupTokensB}, []string{groupTokensB}, true, "-only postgres-tokens-b runs beside the group postgres-tokens"},
+		{[]string{groupPostgresB}, []string{groupPostgresB}, false, "-only postgres-b needs -bin-b"},
+		{[]string{groupTokens, groupTokensB}, []string{groupTokens, groupTokensB}, false, "-only postgres-tokens-b needs -bin-b"},
+	} {
+		err := checkBuildB(c.only, c.groups, c.binB)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("checkBuildB(%v, %v, %v) = %v; want %q", c.only, c.groups, c.binB, err, c.want)
+		}
 	}
 }

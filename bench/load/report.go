@@ -250,7 +250,7 @@ func submitTokens(g string) string {
 	switch g {
 	case groupSQLite, groupPostgres, groupPostgresB:
 		return "off"
-	case groupTokens, groupFloorMinted:
+	case groupTokens, groupTokensB, groupFloorMinted:
 		return "1 minted per withdrawal"
 	case groupChain:
 		return "chained: the last answer's"
@@ -644,30 +644,42 @@ func noteCommits(note string) (float64, bool) {
 	return x, true
 }
 
-// abLines compare build B (postgres-b) with build A (postgres) at each
-// client count: withdrawals/s and CPU per withdrawal, B over A, paired by
-// round (the two ran in the same round, one after the other in the
-// rotated order); a side is said to be ahead only when it is in every
+// abLines compare build B with build A in each configuration both ran
+// (postgres-b with postgres, postgres-tokens-b with postgres-tokens) at
+// each client count: withdrawals/s and CPU per withdrawal, B over A,
+// paired by round (the two ran in the same round, one after the other in
+// the rotated order); a side is said to be ahead only when it is in every
 // round.
 func (r *report) abLines() []string {
 	var lines []string
-	for _, n := range r.sortedClients() {
-		a, ok1 := r.summarize(groupPostgres, n)
-		b, ok2 := r.summarize(groupPostgresB, n)
-		if !ok1 || !ok2 || a.rounds == 0 || b.rounds == 0 || a.rate <= 0 {
-			continue
-		}
-		per := r.perRound(groupPostgresB, groupPostgres, n, cellRate)
-		line := fmt.Sprintf("%3d clients  withdrawals/s B/A %.2f× (%.0f/s vs %.0f/s)  %s  per round: %s", n, b.rate/a.rate, b.rate, a.rate, abVerdict(per, true), fmtPer(per))
-		if x, okx := r.cpuPerWd(groupPostgresB, n); okx {
-			if y, oky := r.cpuPerWd(groupPostgres, n); oky && y > 0 {
-				cper := r.perRound(groupPostgresB, groupPostgres, n, cellCPUPerWd)
-				line += fmt.Sprintf("; CPU per withdrawal B/A %.2f× (%.2f ms vs %.2f ms)  %s  per round: %s", x/y, x, y, abVerdict(cper, false), fmtPer(cper))
+	for _, bg := range []string{groupPostgresB, groupTokensB} {
+		ag := buildA[bg]
+		for _, n := range r.sortedClients() {
+			a, ok1 := r.summarize(ag, n)
+			b, ok2 := r.summarize(bg, n)
+			if !ok1 || !ok2 || a.rounds == 0 || b.rounds == 0 || a.rate <= 0 {
+				continue
 			}
+			per := r.perRound(bg, ag, n, cellRate)
+			line := fmt.Sprintf("%-13s %3d clients  withdrawals/s B/A %.2f× (%.0f/s vs %.0f/s)  %s  per round: %s", abConfig(bg), n, b.rate/a.rate, b.rate, a.rate, abVerdict(per, true), fmtPer(per))
+			if x, okx := r.cpuPerWd(bg, n); okx {
+				if y, oky := r.cpuPerWd(ag, n); oky && y > 0 {
+					cper := r.perRound(bg, ag, n, cellCPUPerWd)
+					line += fmt.Sprintf("; CPU per withdrawal B/A %.2f× (%.2f ms vs %.2f ms)  %s  per round: %s", x/y, x, y, abVerdict(cper, false), fmtPer(cper))
+				}
+			}
+			lines = append(lines, line)
 		}
-		lines = append(lines, line)
 	}
 	return lines
+}
+
+// abConfig names the configuration of a build B group in abLines.
+func abConfig(bg string) string {
+	if bg == groupTokensB {
+		return "default:"
+	}
+	return "tokens off:"
 }
 
 // abVerdict says which build the per-round ratios (B over A) favour:
@@ -704,7 +716,8 @@ func (r *report) printAB(out io.Writer) {
 	if len(lines) == 0 {
 		return
 	}
-	fmt.Fprintln(out, "\nA/B: PostgreSQL + Redis, tokens off, build B (-bin-b) against build A (-bin or the repository's), each on its own database, in the same rounds:")
+	fmt.Fprintln(out, "\nA/B: PostgreSQL + Redis, build B (-bin-b) against build A (-bin or the repository's) in the same configuration (tokens off; default:")
+	fmt.Fprintln(out, "a token minted per withdrawal), each on its own database, in the same rounds:")
 	for _, l := range lines {
 		fmt.Fprintln(out, "  "+l)
 	}
