@@ -18,6 +18,9 @@ type Store interface {
 	CreateSession(ctx context.Context, tokenHash, userID string, expiresAt, now time.Time) error
 	// SessionUser returns the user of a live session; ErrNotFound.
 	SessionUser(ctx context.Context, tokenHash string, now time.Time) (User, error)
+	// SessionLive is SessionUser for a session whose user is known: nil when it is live,
+	// ErrNotFound when it is not.
+	SessionLive(ctx context.Context, tokenHash string, now time.Time) error
 	DeleteSession(ctx context.Context, tokenHash string) error
 
 	Account(ctx context.Context, userID string) (Account, error)

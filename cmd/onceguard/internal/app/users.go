@@ -132,11 +132,28 @@ func (s *Service) StartSession(ctx context.Context, u User) (Session, error) {
 }
 
 // SessionUser returns the user a session token signs in; ErrNotFound for none, expired or ended.
+// Every call reads the session, so an ended one is seen at once; its user, which never changes,
+// comes from memory after the session's first request (SessionPrincipal's), and the read is
+// then of the session's row alone.
 func (s *Service) SessionUser(ctx context.Context, token string) (User, error) {
 	if token == "" {
 		return User{}, ErrNotFound
 	}
-	return s.cfg.Store.SessionUser(ctx, auth.HashToken(token), time.Now())
+	hash := auth.HashToken(token)
+	if u, ok := s.sessions.get(hash); ok {
+		if err := s.cfg.Store.SessionLive(ctx, hash, time.Now()); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				s.sessions.drop(hash)
+			}
+			return User{}, err
+		}
+		return u, nil
+	}
+	u, err := s.cfg.Store.SessionUser(ctx, hash, time.Now())
+	if err == nil {
+		s.sessions.put(hash, u)
+	}
+	return u, err
 }
 
 // SessionPrincipal returns the user of a session token as SessionUser does the first time, and

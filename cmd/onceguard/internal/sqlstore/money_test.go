@@ -88,11 +88,25 @@ func TestMoney(t *testing.T) {
 			if _, err := s.SessionUser(ctx, "th", time.UnixMicro(now+1000)); !errors.Is(err, app.ErrNotFound) {
 				t.Errorf("SessionUser(expired) = %v; want ErrNotFound", err)
 			}
+			if err := s.SessionLive(ctx, "th", time.UnixMicro(now)); err != nil {
+				t.Errorf("SessionLive = %v", err)
+			}
+			for name, err := range map[string]error{
+				"expired": s.SessionLive(ctx, "th", time.UnixMicro(now+1000)),
+				"unknown": s.SessionLive(ctx, "other", time.UnixMicro(now)),
+			} {
+				if !errors.Is(err, app.ErrNotFound) {
+					t.Errorf("SessionLive(%s) = %v; want ErrNotFound", name, err)
+				}
+			}
 			if err := s.DeleteSession(ctx, "th"); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := s.SessionUser(ctx, "th", time.UnixMicro(now)); !errors.Is(err, app.ErrNotFound) {
 				t.Errorf("SessionUser(after logout) = %v; want ErrNotFound", err)
+			}
+			if err := s.SessionLive(ctx, "th", time.UnixMicro(now)); !errors.Is(err, app.ErrNotFound) {
+				t.Errorf("SessionLive(after logout) = %v; want ErrNotFound", err)
 			}
 			dep, created, err := s.CreateDeposit(ctx, app.Movement{ID: "d1", UserID: "u1", Key: "kd", Amount: 10000, CreatedAt: time.UnixMicro(now)})
 			if err != nil || !created {

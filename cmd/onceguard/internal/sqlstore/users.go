@@ -57,6 +57,18 @@ func (s *Store) SessionUser(ctx context.Context, tokenHash string, now time.Time
 	return u, err
 }
 
+// SessionLive returns nil for a live session, app.ErrNotFound for one unknown, expired or
+// deleted.
+func (s *Store) SessionLive(ctx context.Context, tokenHash string, now time.Time) (err error) {
+	defer s.timed("session_live", time.Now(), &err)
+	var one int
+	err = s.db.QueryRowContext(ctx, s.q(`SELECT 1 FROM sessions WHERE token_hash = ? AND expires_at > ?`), tokenHash, us(now)).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return app.ErrNotFound
+	}
+	return err
+}
+
 // DeleteSession ends a session at once.
 func (s *Store) DeleteSession(ctx context.Context, tokenHash string) (err error) {
 	defer s.timed("delete_session", time.Now(), &err)
