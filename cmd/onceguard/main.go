@@ -255,8 +255,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	store.ObserveCommit = metrics.SQLiteCommitObserver()
 	store.Records = timedKeys // the key's record completes in the settlement's transaction
 	store.AsyncSettle = !c.durableSettlements
-	store.BatchSettle = true // PostgreSQL: concurrent settlements share a commit
-	store.BatchDebit = true  // PostgreSQL: concurrent debits share a commit
+	store.BatchSettle = true   // PostgreSQL: concurrent settlements share a commit
+	store.BatchDebit = true    // PostgreSQL: concurrent debits share a commit
+	store.BatchSessions = true // PostgreSQL: concurrent session checks share a round trip
 	// Submit tokens are signed with a key every instance reads from the database: minting one
 	// writes nothing, and its first use is bound by the record it creates.
 	tokenKey, err := store.Secret(ctx, "submit_tokens")

@@ -166,3 +166,19 @@ func (s *Store) debitItems(ctx context.Context, ms []app.Movement, fences []int6
 // RolledBack is rolledBack, which tells a batch of debits that failed on the server from one
 // whose outcome is unknown.
 var RolledBack = rolledBack
+
+// HoldSessionBatches makes each batch of session checks call hold before it runs. Set it
+// before the first check.
+func (s *Store) HoldSessionBatches(hold func()) { s.lives.hold = hold }
+
+// SessionBatches returns how many statements checked more than one session and how many
+// checks they carried.
+func (s *Store) SessionBatches() (batches, checks int64) {
+	return s.lives.batches.Load(), s.lives.items.Load()
+}
+
+// SessionChecksQueued returns how many session checks wait for a batch.
+func (s *Store) SessionChecksQueued() int {
+	queued, _, _ := s.lives.state()
+	return queued
+}

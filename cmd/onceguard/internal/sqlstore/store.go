@@ -76,9 +76,16 @@ type Store struct {
 	// record to create, a session to check, or with an unsigned submit
 	// token run alone. Set it before use.
 	BatchDebit bool
+	// BatchSessions, on PostgreSQL, checks the sessions that concurrent requests check at once
+	// (SessionLive) in one statement: one round trip for all that wait when it starts (at most
+	// 64; two such statements run at a time); one alone takes its own statement. Each is checked
+	// at its request's time, after the request arrived, so a session ended before is refused.
+	// Set it before use.
+	BatchSessions bool
 
 	batch  batcher[*settleItem]
 	debits batcher[*debitItem]
+	lives  batcher[*liveItem]
 }
 
 // EventWriter writes the event of a state change on its transaction.

@@ -61,8 +61,16 @@ func (s *Store) SessionUser(ctx context.Context, tokenHash string, now time.Time
 // deleted.
 func (s *Store) SessionLive(ctx context.Context, tokenHash string, now time.Time) (err error) {
 	defer s.timed("session_live", time.Now(), &err)
+	if s.d == sqldialect.Postgres && s.BatchSessions {
+		return s.sessionLiveBatched(ctx, tokenHash, now)
+	}
+	return s.sessionLiveOne(ctx, tokenHash, now)
+}
+
+// sessionLiveOne is SessionLive in a statement of its own.
+func (s *Store) sessionLiveOne(ctx context.Context, tokenHash string, now time.Time) error {
 	var one int
-	err = s.db.QueryRowContext(ctx, s.q(`SELECT 1 FROM sessions WHERE token_hash = ? AND expires_at > ?`), tokenHash, us(now)).Scan(&one)
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT 1 FROM sessions WHERE token_hash = ? AND expires_at > ?`), tokenHash, us(now)).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return app.ErrNotFound
 	}
