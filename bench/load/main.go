@@ -37,7 +37,9 @@ import (
 // The groups of a round: the service configurations, the ceiling and the
 // floors.
 const (
-	groupSQLite   = "sqlite"
+	groupSQLite = "sqlite"
+	// groupSQLiteB is groupSQLite run with build B (-bin-b).
+	groupSQLiteB  = "sqlite-b"
 	groupPostgres = "postgres"
 	// groupPostgresB is groupPostgres run with a second build (-bin-b),
 	// interleaved with it in every round: an A/B inside one run.
@@ -66,10 +68,11 @@ const (
 )
 
 // allGroups is every group, in the order of a first round.
-var allGroups = []string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupTokensB, groupChain, groupFloor, groupFloorMinted, groupFloorSQLite, groupFloorGrouped}
+var allGroups = []string{groupPgbench, groupSQLite, groupSQLiteB, groupPostgres, groupPostgresB, groupTokens, groupTokensB, groupChain, groupFloor, groupFloorMinted, groupFloorSQLite, groupFloorGrouped}
 
 var groupLabels = map[string]string{
 	groupSQLite:       "embedded (SQLite)",
+	groupSQLiteB:      "embedded (SQLite), build B",
 	groupPostgres:     "PostgreSQL + Redis",
 	groupPostgresB:    "PostgreSQL + Redis, build B",
 	groupTokens:       "PostgreSQL + Redis, default",
@@ -86,7 +89,7 @@ var groupLabels = map[string]string{
 // floor on the same database; "" for the floors and the ceiling.
 func floorOf(g string) string {
 	switch g {
-	case groupSQLite:
+	case groupSQLite, groupSQLiteB:
 		return groupFloorSQLite
 	case groupPostgres, groupPostgresB, groupTokens, groupTokensB, groupChain, groupFloorMinted:
 		return groupFloor
@@ -96,7 +99,7 @@ func floorOf(g string) string {
 
 // buildA maps the groups of build B (-bin-b) to the groups of build A
 // they are compared with: the same configuration, a database each.
-var buildA = map[string]string{groupPostgresB: groupPostgres, groupTokensB: groupTokens}
+var buildA = map[string]string{groupSQLiteB: groupSQLite, groupPostgresB: groupPostgres, groupTokensB: groupTokens}
 
 // checkBuildB says what is wrong with the groups to run (those -only
 // named, the build B groups with their build A's) given the names in
@@ -121,7 +124,7 @@ func checkBuildB(only, groups []string, binB bool) error {
 	case !binB && len(named) > 0:
 		return fmt.Errorf("-only %s needs -bin-b", strings.Join(named, ","))
 	case binB && len(run) == 0:
-		return fmt.Errorf("-bin-b runs beside the group %s or %s: name one in -only", groupPostgres, groupTokens)
+		return fmt.Errorf("-bin-b runs beside the group %s, %s or %s: name one in -only", groupSQLite, groupPostgres, groupTokens)
 	}
 	return nil
 }
@@ -165,7 +168,7 @@ func main() {
 	flag.StringVar(&cfg.pgbench, "pgbench", "/usr/bin/pgbench", "pgbench `binary` for the ceiling (empty: no ceiling)")
 	flag.IntVar(&cfg.pgbenchJobs, "pgbench-jobs", runtime.NumCPU(), "pgbench -j (threads), at most the clients")
 	flag.StringVar(&cfg.bin, "bin", "", "onceguard `binary` to run (default: build ./cmd/onceguard of the repository into a temporary directory)")
-	flag.StringVar(&cfg.binB, "bin-b", "", "a second onceguard `binary`, run as the group postgres-b (PostgreSQL + Redis, tokens off, its own database) beside postgres and as postgres-tokens-b (the default configuration) beside postgres-tokens, in every round: an A/B in one run")
+	flag.StringVar(&cfg.binB, "bin-b", "", "a second onceguard `binary`, run as the group sqlite-b beside sqlite, postgres-b (PostgreSQL + Redis, tokens off, its own database) beside postgres and postgres-tokens-b (the default configuration) beside postgres-tokens, in every round: an A/B in one run")
 	flag.StringVar(&cfg.repo, "repo", "", "repository root (`dir`) to build from (default: found upwards from the working directory)")
 	flag.IntVar(&cfg.dbConns, "db-conns", 0, "pass --db-conns N to the PostgreSQL service (0: the service's default)")
 	flag.BoolVar(&cfg.markdown, "markdown", false, "print the table as Markdown")
@@ -279,7 +282,7 @@ func run(cfg config, out, progress io.Writer) error {
 	bin, binInfo := cfg.bin, ""
 	if has(groupSQLite) || has(groupPostgres) || has(groupTokens) || has(groupChain) {
 		if cfg.binB != "" {
-			binInfo = "; build B (" + groupPostgresB + ", " + groupTokensB + "): " + cfg.binB
+			binInfo = "; build B (" + groupSQLiteB + ", " + groupPostgresB + ", " + groupTokensB + "): " + cfg.binB
 		}
 		if bin == "" {
 			repo := cfg.repo
@@ -362,10 +365,16 @@ func run(cfg config, out, progress io.Writer) error {
 	// limit (2000/s) lets through; a real deployment's clients come from
 	// many addresses, and the floor has no limit.
 	baseArgs := []string{"serve", "--addr", "127.0.0.1:0", "--require-submit-token", "", "--signup-limit", "-1", "--rate-limit", "0"}
-	if has(groupSQLite) {
-		dir := filepath.Join(tmp, "sqlite-data")
-		services = append(services, &serviceConfig{group: groupSQLite, bin: bin, runID: runID,
-			args: append(slices.Clone(baseArgs), "--data-dir", dir), logPath: filepath.Join(tmp, "service-sqlite.log"),
+	for _, g := range []string{groupSQLite, groupSQLiteB} {
+		if !has(g) {
+			continue
+		}
+		dir, gbin, id := filepath.Join(tmp, g+"-data"), bin, runID
+		if g == groupSQLiteB {
+			gbin, id = cfg.binB, runID+"b"
+		}
+		services = append(services, &serviceConfig{group: g, bin: gbin, runID: id,
+			args: append(slices.Clone(baseArgs), "--data-dir", dir), logPath: filepath.Join(tmp, "service-"+g+".log"),
 			sqlitePath: filepath.Join(dir, "onceguard.db")})
 	}
 	// PostgreSQL + Redis: with submit tokens off like the others (and so

@@ -133,6 +133,8 @@ func shortLabel(g string) string {
 		return "PG floor"
 	case groupFloorSQLite:
 		return "SQLite floor"
+	case groupSQLite:
+		return "build A, SQLite"
 	case groupPostgres:
 		return "build A"
 	case groupTokens:

@@ -69,7 +69,7 @@ func TestPairings(t *testing.T) {
 		{[]string{groupPgbench, groupSQLite, groupPostgres, groupPostgresB, groupTokens, groupChain, groupFloor},
 			[]pairing{{groupPostgres, groupFloor}, {groupPostgresB, groupPostgres}, {groupTokens, groupFloor}, {groupChain, groupFloor}}},
 		{allGroups,
-			[]pairing{{groupSQLite, groupFloorSQLite}, {groupSQLite, groupFloorGrouped}, {groupPostgres, groupFloor}, {groupPostgresB, groupPostgres},
+			[]pairing{{groupSQLite, groupFloorSQLite}, {groupSQLite, groupFloorGrouped}, {groupSQLiteB, groupSQLite}, {groupPostgres, groupFloor}, {groupPostgresB, groupPostgres},
 				{groupTokens, groupFloor}, {groupTokens, groupFloorMinted}, {groupTokensB, groupTokens}, {groupChain, groupFloor}}},
 		{[]string{groupTokens, groupTokensB, groupFloorMinted},
 			[]pairing{{groupTokens, groupFloorMinted}, {groupTokensB, groupTokens}}},
@@ -110,6 +110,7 @@ func TestCheckBuildB(t *testing.T) {
 		{[]string{groupPostgres}, []string{groupPostgres, groupPostgresB}, false, ""}, // main drops postgres-b
 		{[]string{groupPostgres}, []string{groupPostgres, groupPostgresB}, true, ""},
 		{[]string{groupTokens}, []string{groupTokens, groupTokensB}, true, ""},
+		{[]string{groupSQLite}, []string{groupSQLite, groupSQLiteB}, true, ""},
 		{nil, allGroups, true, ""},
 		{[]string{groupFloor}, []string{groupFloor}, true, "-bin-b runs beside"},
 		{[]string{groupTokensB}, []string{groupTokensB}, true, "-only postgres-tokens-b runs beside the group postgres-tokens"},

@@ -248,7 +248,7 @@ func (r *report) print(out io.Writer, markdown bool) {
 // submitTokens says how a group's withdrawals get their keys.
 func submitTokens(g string) string {
 	switch g {
-	case groupSQLite, groupPostgres, groupPostgresB:
+	case groupSQLite, groupSQLiteB, groupPostgres, groupPostgresB:
 		return "off"
 	case groupTokens, groupTokensB, groupFloorMinted:
 		return "1 minted per withdrawal"
@@ -645,14 +645,14 @@ func noteCommits(note string) (float64, bool) {
 }
 
 // abLines compare build B with build A in each configuration both ran
-// (postgres-b with postgres, postgres-tokens-b with postgres-tokens) at
-// each client count: withdrawals/s and CPU per withdrawal, B over A,
-// paired by round (the two ran in the same round, one after the other in
-// the rotated order); a side is said to be ahead only when it is in every
-// round.
+// (sqlite-b with sqlite, postgres-b with postgres, postgres-tokens-b with
+// postgres-tokens) at each client count: withdrawals/s and CPU per
+// withdrawal, B over A, paired by round (the two ran in the same round,
+// one after the other in the rotated order); a side is said to be ahead
+// only when it is in every round.
 func (r *report) abLines() []string {
 	var lines []string
-	for _, bg := range []string{groupPostgresB, groupTokensB} {
+	for _, bg := range []string{groupSQLiteB, groupPostgresB, groupTokensB} {
 		ag := buildA[bg]
 		for _, n := range r.sortedClients() {
 			a, ok1 := r.summarize(ag, n)
@@ -676,7 +676,10 @@ func (r *report) abLines() []string {
 
 // abConfig names the configuration of a build B group in abLines.
 func abConfig(bg string) string {
-	if bg == groupTokensB {
+	switch bg {
+	case groupSQLiteB:
+		return "SQLite:"
+	case groupTokensB:
 		return "default:"
 	}
 	return "tokens off:"
@@ -716,8 +719,8 @@ func (r *report) printAB(out io.Writer) {
 	if len(lines) == 0 {
 		return
 	}
-	fmt.Fprintln(out, "\nA/B: PostgreSQL + Redis, build B (-bin-b) against build A (-bin or the repository's) in the same configuration (tokens off; default:")
-	fmt.Fprintln(out, "a token minted per withdrawal), each on its own database, in the same rounds:")
+	fmt.Fprintln(out, "\nA/B: build B (-bin-b) against build A (-bin or the repository's) in the same configuration (SQLite; PostgreSQL + Redis, tokens off;")
+	fmt.Fprintln(out, "default: PostgreSQL + Redis, a token minted per withdrawal), each on its own database, in the same rounds:")
 	for _, l := range lines {
 		fmt.Fprintln(out, "  "+l)
 	}

@@ -380,24 +380,27 @@ func TestReportAB(t *testing.T) {
 	}
 }
 
-// Build B in the default configuration is compared with build A in it,
-// on a line of its own, and its row says a token is minted per
-// withdrawal.
+// Build B in each configuration (SQLite, tokens off, the default) is
+// compared with build A in it, on a line of its own, and its default row
+// says a token is minted per withdrawal.
 func TestReportABDefault(t *testing.T) {
-	rep := newReport(config{clients: []int{16}, groups: []string{groupPostgres, groupPostgresB, groupTokens, groupTokensB}})
+	rep := newReport(config{clients: []int{16}, groups: []string{groupSQLite, groupSQLiteB, groupPostgres, groupPostgresB, groupTokens, groupTokensB}})
 	cell := func(ok int) *cellResult {
 		return &cellResult{ok: ok, window: time.Second, lat: []time.Duration{time.Millisecond}, cpu: cpuUse{-1, -1, -1, -1}}
 	}
 	for range 2 {
+		rep.add(groupSQLite, 16, cell(2000))
+		rep.add(groupSQLiteB, 16, cell(2200))
 		rep.add(groupPostgres, 16, cell(1000))
 		rep.add(groupPostgresB, 16, cell(900))
 		rep.add(groupTokens, 16, cell(500))
 		rep.add(groupTokensB, 16, cell(600))
 	}
 	lines := rep.abLines()
-	if len(lines) != 2 || !strings.HasPrefix(lines[0], "tokens off:") || !strings.Contains(lines[0], "B/A 0.90× (900/s vs 1000/s)  A ahead") ||
-		!strings.HasPrefix(lines[1], "default:") || !strings.Contains(lines[1], "B/A 1.20× (600/s vs 500/s)  B ahead") {
-		t.Errorf("lines %q; want tokens off 0.90× A ahead, then default 1.20× B ahead", lines)
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "SQLite:") || !strings.Contains(lines[0], "B/A 1.10× (2200/s vs 2000/s)  B ahead") ||
+		!strings.HasPrefix(lines[1], "tokens off:") || !strings.Contains(lines[1], "B/A 0.90× (900/s vs 1000/s)  A ahead") ||
+		!strings.HasPrefix(lines[2], "default:") || !strings.Contains(lines[2], "B/A 1.20× (600/s vs 500/s)  B ahead") {
+		t.Errorf("lines %q; want SQLite 1.10× B ahead, tokens off 0.90× A ahead, then default 1.20× B ahead", lines)
 	}
 	var b strings.Builder
 	rep.print(&b, true)
