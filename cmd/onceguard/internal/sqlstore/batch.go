@@ -116,6 +116,18 @@ func (b *batcher[I]) next(keys func(I) batchKeys) []I {
 	return batch
 }
 
+// ran records a batch's statement, of n requests, started at start: its time under op (when
+// observe is set), and, when it succeeded (err nil), the batch and its requests in b's counters.
+func (b *batcher[I]) ran(observe func(op string, d time.Duration), op string, start time.Time, n int, err error) {
+	if observe != nil {
+		observe(op, time.Since(start))
+	}
+	if err == nil {
+		b.batches.Add(1)
+		b.items.Add(int64(n))
+	}
+}
+
 // liveItems returns the requests of batch whose context has not ended, telling the others why
 // (ended: they are never sent), and the latest of their deadlines (batchTimeout from now for
 // one without): the batch statement's.

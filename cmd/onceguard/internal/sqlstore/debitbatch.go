@@ -88,13 +88,7 @@ func (s *Store) debitMany(batch []*debitItem) {
 	defer cancel()
 	start := time.Now()
 	err := s.debitManyStatement(ctx, live)
-	if s.Observe != nil {
-		s.Observe("withdraw_batch", time.Since(start))
-	}
-	if err == nil {
-		s.debits.batches.Add(1)
-		s.debits.items.Add(int64(len(live)))
-	}
+	s.debits.ran(s.Observe, "withdraw_batch", start, len(live), err)
 	// The statement failed on the server (a refusal, a constraint, a deadlock): nothing of it
 	// committed, and each runs alone. Another error (the connection lost, say) leaves whether it
 	// committed unknown, as it would a withdrawal's own statement: each answers it.

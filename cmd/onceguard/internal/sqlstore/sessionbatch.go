@@ -47,13 +47,7 @@ func (s *Store) liveMany(batch []*liveItem) {
 	}
 	start := time.Now()
 	found, err := s.liveManyStatement(ctx, live)
-	if s.Observe != nil {
-		s.Observe("session_live_batch", time.Since(start))
-	}
-	if err == nil {
-		s.lives.batches.Add(1)
-		s.lives.items.Add(int64(len(live)))
-	}
+	s.lives.ran(s.Observe, "session_live_batch", start, len(live), err)
 	for _, it := range live {
 		switch {
 		case err != nil:

@@ -81,13 +81,7 @@ func (s *Store) settleMany(batch []*settleItem, async bool) {
 	defer cancel()
 	start := time.Now()
 	results, err := s.settleManyStatement(ctx, live, async)
-	if s.Observe != nil {
-		s.Observe("settle_batch", time.Since(start))
-	}
-	if err == nil {
-		s.batch.batches.Add(1)
-		s.batch.items.Add(int64(len(live)))
-	}
+	s.batch.ran(s.Observe, "settle_batch", start, len(live), err)
 	for _, it := range live {
 		r, ok := results[it.id]
 		if err != nil || !ok {
