@@ -144,7 +144,7 @@ type config struct {
 	pgbench          string
 	pgbenchJobs      int
 	bin, repo        string
-	binB             string // a second build, run as groupPostgresB and groupTokensB
+	binB             string // a second build, run as the build B groups (buildA)
 	dbConns          int
 	markdown, keep   bool
 	proxy            bool // put a round-trip-counting proxy between each PostgreSQL contender and the server

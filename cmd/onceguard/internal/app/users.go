@@ -149,11 +149,7 @@ func (s *Service) SessionUser(ctx context.Context, token string) (User, error) {
 		}
 		return u, nil
 	}
-	u, err := s.cfg.Store.SessionUser(ctx, hash, time.Now())
-	if err == nil {
-		s.sessions.put(hash, u)
-	}
-	return u, err
+	return s.readSession(ctx, hash)
 }
 
 // SessionPrincipal returns the user of a session token as SessionUser does the first time, and
@@ -169,11 +165,17 @@ func (s *Service) SessionPrincipal(ctx context.Context, token string) (User, str
 	if u, ok := s.sessions.get(hash); ok {
 		return u, hash, nil
 	}
+	u, err := s.readSession(ctx, hash)
+	return u, hash, err
+}
+
+// readSession reads the user of the session with hash, and remembers it when it is live.
+func (s *Service) readSession(ctx context.Context, hash string) (User, error) {
 	u, err := s.cfg.Store.SessionUser(ctx, hash, time.Now())
 	if err == nil {
 		s.sessions.put(hash, u)
 	}
-	return u, hash, err
+	return u, err
 }
 
 // EndSession ends a session at once.
