@@ -652,8 +652,11 @@ func noteCommits(note string) (float64, bool) {
 // only when it is in every round.
 func (r *report) abLines() []string {
 	var lines []string
-	for _, bg := range []string{groupSQLiteB, groupPostgresB, groupTokensB} {
-		ag := buildA[bg]
+	for _, bg := range allGroups { // buildA's groups, in a round's order
+		ag, isB := buildA[bg]
+		if !isB {
+			continue
+		}
 		for _, n := range r.sortedClients() {
 			a, ok1 := r.summarize(ag, n)
 			b, ok2 := r.summarize(bg, n)
