@@ -123,7 +123,7 @@ func serveFloor(driver, dsn string, group int) error {
 		if _, err := db.ExecContext(ctx, floorSQLiteSchema); err != nil {
 			return fmt.Errorf("schema: %w", err)
 		}
-		gate = &sqldb.WriteGate{MaxGroup: group}
+		gate = &sqldb.WriteGate{MaxGroup: group, Watch: sqldb.SQLiteWatch} // as the service's
 		go sqldb.CheckpointWAL(ctx, db, sqldb.CheckpointEvery)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

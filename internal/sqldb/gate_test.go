@@ -23,6 +23,28 @@ type fakeDB struct {
 	log        []string
 	failCommit error
 	failBegin  error
+	hook       fakeHook // the connections' rollback hook (SQLiteWatch)
+}
+
+// fakeHook is the type of a fake connection's rollback hook: a named
+// func type, as modernc.org/sqlite's RollbackHookFn.
+type fakeHook func()
+
+// RegisterRollbackHook sets the hook, as modernc.org/sqlite's connections do (nil removes it).
+func (c fakeConn) RegisterRollbackHook(h fakeHook) {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	c.f.hook = h
+}
+
+// rolledBack calls the hook, if one is set.
+func (f *fakeDB) rolledBack() {
+	f.mu.Lock()
+	h := f.hook
+	f.mu.Unlock()
+	if h != nil {
+		h()
+	}
 }
 
 func (f *fakeDB) add(s string) {
@@ -46,7 +68,7 @@ func (fakeConn) Prepare(string) (driver.Stmt, error) {
 	return nil, errors.New("no prepared statements")
 }
 func (fakeConn) Close() error      { return nil }
-func (c fakeConn) Rollback() error { c.f.add("ROLLBACK"); return nil }
+func (c fakeConn) Rollback() error { c.f.add("ROLLBACK"); c.f.rolledBack(); return nil }
 
 func (c fakeConn) Begin() (driver.Tx, error) {
 	c.f.mu.Lock()
@@ -74,6 +96,10 @@ func (c fakeConn) Commit() error {
 
 func (c fakeConn) ExecContext(_ context.Context, query string, _ []driver.NamedValue) (driver.Result, error) {
 	c.f.add(query)
+	if query == "disk full" { // as SQLite on SQLITE_FULL: the whole transaction is rolled back
+		c.f.rolledBack()
+		return nil, errors.New("database or disk is full")
+	}
 	return driver.RowsAffected(1), nil
 }
 
@@ -602,5 +628,152 @@ func TestWriteGateWaitsForConnWithContext(t *testing.T) {
 	c.Close()
 	if err := g.Run(context.Background(), db, exec("after")); err != nil {
 		t.Errorf("Run once the connection is back = %v", err)
+	}
+}
+
+// With a watch (SQLiteWatch, here on the fake's named hook type), a group
+// runs its members without savepoints and removes its hook when done.
+func TestWriteGateBareGroup(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	g.Watch = SQLiteWatch
+	errs := grouped(t, g, f, db, exec("a"), exec("b"))
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	log := f.lines()
+	slices.Sort(log[len(log)-3:])
+	want := []string{"BEGIN", "first", "a", "b", "COMMIT", "returned 0", "returned 1", "returned 2"}
+	if !slices.Equal(log, want) {
+		t.Errorf("the driver was asked:\n\t%s\nwant:\n\t%s", strings.Join(log, "\n\t"), strings.Join(want, "\n\t"))
+	}
+	if f.hook != nil {
+		t.Error("the group left its rollback hook on the connection")
+	}
+}
+
+// A bare member that fails with others' work in the transaction rolls it
+// all back; the group runs again from its first member, each in a
+// savepoint, and commits what did not fail. The group after it starts
+// with savepoints, and the one after that bare again.
+func TestWriteGateBareFailedMember(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	g.Watch = SQLiteWatch
+	refused := errors.New("refused")
+	var calls atomic.Int32
+	errs := grouped(t, g, f, db, exec("a"), func(ctx context.Context, tx *sql.Tx) error {
+		calls.Add(1)
+		if err := exec("b")(ctx, tx); err != nil {
+			return err
+		}
+		return refused
+	}, exec("c"))
+	if errs[0] != nil || errs[1] != nil || errs[3] != nil || !errors.Is(errs[2], refused) {
+		t.Errorf("Runs = %v; want nil, nil, refused, nil", errs)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("the failed member's function ran %d times; want 2 (bare, then in its savepoint)", n)
+	}
+	sp, rel := "SAVEPOINT onceguard_member", "RELEASE onceguard_member"
+	want := []string{"BEGIN", "first", "a", "b", "ROLLBACK", "BEGIN",
+		sp, "first", rel, sp, "a", rel, sp, "b", "ROLLBACK TO onceguard_member", rel, sp, "c", rel, "COMMIT"}
+	if log := f.lines(); len(log) < len(want) || !slices.Equal(log[:len(want)], want) {
+		t.Errorf("the driver was asked:\n\t%s\nwant first:\n\t%s", strings.Join(log, "\n\t"), strings.Join(want, "\n\t"))
+	}
+	// The group after the failure: with savepoints; the one after it: bare.
+	for _, want := range [][]string{{"BEGIN", sp, "next", rel, "COMMIT"}, {"BEGIN", "then", "COMMIT"}} {
+		f.mu.Lock()
+		f.log = nil
+		f.mu.Unlock()
+		if err := g.Run(context.Background(), db, exec(want[len(want)/2])); err != nil {
+			t.Fatal(err)
+		}
+		wantLog(t, f, want...)
+	}
+}
+
+// The first member failing bare, with nothing before it, is rolled back
+// with the transaction and its failure stands: it does not run again, and
+// the members after it still run bare.
+func TestWriteGateBareFailedFirst(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	g.Watch = SQLiteWatch
+	refused := errors.New("refused")
+	release := make(chan struct{})
+	var first, second error
+	var calls atomic.Int32
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		first = g.Run(context.Background(), db, func(ctx context.Context, tx *sql.Tx) error {
+			calls.Add(1)
+			<-release
+			if err := exec("x")(ctx, tx); err != nil {
+				return err
+			}
+			return refused
+		})
+	})
+	waitHeld(t, g)
+	wg.Go(func() { second = g.Run(context.Background(), db, exec("a")) })
+	waitQueued(t, g, 1)
+	close(release)
+	wg.Wait()
+	if !errors.Is(first, refused) || second != nil || calls.Load() != 1 {
+		t.Errorf("Runs = %v, %v, the first's function ran %d times; want refused, nil, once", first, second, calls.Load())
+	}
+	wantLog(t, f, "BEGIN", "x", "ROLLBACK", "BEGIN", "a", "COMMIT")
+}
+
+// A bare member whose statement made SQLite roll the whole transaction
+// back, and which went on as if it had not, loses the group before any
+// other member's statements run outside a transaction: every Run of the
+// group returns ErrGroupLost, and the one queued behind it runs in a
+// transaction of its own.
+func TestWriteGateBareRolledBackWhole(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	g.Watch = SQLiteWatch
+	errs := grouped(t, g, f, db, exec("a"), func(ctx context.Context, tx *sql.Tx) error {
+		_, _ = tx.ExecContext(ctx, "disk full") // the error dropped: against Run's contract
+		return nil
+	}, exec("c"))
+	for i, err := range errs[:3] {
+		if !errors.Is(err, ErrGroupLost) {
+			t.Errorf("Run %d = %v; want ErrGroupLost", i, err)
+		}
+	}
+	if errs[3] != nil {
+		t.Errorf("Run 3 = %v; want nil, in a group of its own", errs[3])
+	}
+	var stmts []string
+	for _, l := range f.lines() {
+		if !strings.HasPrefix(l, "returned") {
+			stmts = append(stmts, l)
+		}
+	}
+	if want := []string{"BEGIN", "first", "a", "disk full", "ROLLBACK", "BEGIN", "c", "COMMIT"}; !slices.Equal(stmts, want) {
+		t.Errorf("the driver was asked:\n\t%s\nwant:\n\t%s", strings.Join(stmts, "\n\t"), strings.Join(want, "\n\t"))
+	}
+}
+
+// SQLiteWatch finds a connection's RegisterRollbackHook whatever its named
+// func type, and reports ok false for a connection without one.
+func TestSQLiteWatch(t *testing.T) {
+	f := &fakeDB{}
+	n := 0
+	stop, ok := SQLiteWatch(fakeConn{f}, func() { n++ })
+	if !ok {
+		t.Fatal("SQLiteWatch did not find the fake's RegisterRollbackHook")
+	}
+	f.rolledBack()
+	stop()
+	f.rolledBack()
+	if n != 1 || f.hook != nil {
+		t.Errorf("the hook ran %d times (want 1: once before stop), left set %v", n, f.hook != nil)
+	}
+	if _, ok := SQLiteWatch(struct{}{}, func() {}); ok {
+		t.Error("SQLiteWatch reported ok for a connection without a rollback hook")
 	}
 }

@@ -3,6 +3,7 @@ package sqldb
 import (
 	"context"
 	"database/sql"
+	"reflect"
 	"time"
 )
 
@@ -46,4 +47,28 @@ func CheckpointWAL(ctx context.Context, db *sql.DB, interval time.Duration) {
 			_, _ = db.ExecContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`)
 		}
 	}
+}
+
+// SQLiteWatch is a WriteGate.Watch for modernc.org/sqlite: it registers
+// rolledBack as the connection's rollback hook (sqlite3_rollback_hook,
+// which SQLite calls on every rollback of a whole transaction, not on
+// ROLLBACK TO a savepoint) and returns the function that removes it. It
+// finds the connection's RegisterRollbackHook by reflection, so that this
+// package imports no driver; a connection without one (another driver)
+// reports ok false.
+func SQLiteWatch(driverConn any, rolledBack func()) (stop func(), ok bool) {
+	m := reflect.ValueOf(driverConn).MethodByName("RegisterRollbackHook")
+	if !m.IsValid() {
+		return nil, false
+	}
+	t := m.Type()
+	if t.NumIn() != 1 || t.NumOut() != 0 {
+		return nil, false
+	}
+	hook := t.In(0) // modernc.org/sqlite.RollbackHookFn, a func()
+	if hook.Kind() != reflect.Func || hook.NumIn() != 0 || hook.NumOut() != 0 {
+		return nil, false
+	}
+	m.Call([]reflect.Value{reflect.ValueOf(rolledBack).Convert(hook)})
+	return func() { m.Call([]reflect.Value{reflect.Zero(hook)}) }, true
 }

@@ -58,6 +58,20 @@ func names(t *testing.T, db *sql.DB) map[string]bool {
 	return got
 }
 
+// gates runs test with each kind of gate: members in savepoints, and
+// bare (Watch: SQLiteWatch, the service's), with savepoints only once
+// one fails.
+func gates(t *testing.T, test func(t *testing.T, newGate func() *sqldb.WriteGate)) {
+	t.Run("savepoints", func(t *testing.T) { test(t, sqldb.NewWriteGate) })
+	t.Run("bare", func(t *testing.T) {
+		test(t, func() *sqldb.WriteGate {
+			g := sqldb.NewWriteGate()
+			g.Watch = sqldb.SQLiteWatch
+			return g
+		})
+	})
+}
+
 // group runs fns as one group: the first holds the gate until the others
 // are queued behind it, in fns' order. It returns each Run's error.
 func group(t *testing.T, g *sqldb.WriteGate, db *sql.DB, fns ...func(context.Context, *sql.Tx) error) []error {
@@ -76,9 +90,10 @@ func groupCtx(t *testing.T, g *sqldb.WriteGate, db *sql.DB, ctxs []context.Conte
 	errs := make([]error, len(fns))
 	held, release := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
+	var holding sync.Once // a group's functions may run twice (WriteGate.Watch)
 	wg.Go(func() {
 		errs[0] = g.Run(ctxs[0], db, func(ctx context.Context, tx *sql.Tx) error {
-			close(held)
+			holding.Do(func() { close(held) })
 			<-release
 			return fns[0](ctx, tx)
 		})
@@ -101,62 +116,66 @@ func groupCtx(t *testing.T, g *sqldb.WriteGate, db *sql.DB, ctxs []context.Conte
 // group commits, and a member sees the work of those before it, as if
 // they had committed one after another.
 func TestGroupFailedMember(t *testing.T) {
-	db := open(t)
-	g := sqldb.NewWriteGate()
-	refused := errors.New("refused")
-	var seen int
-	errs := group(t, g, db,
-		insert("a"),
-		func(ctx context.Context, tx *sql.Tx) error {
-			if err := insert("b")(ctx, tx); err != nil {
-				return err
-			}
-			return refused
-		},
-		insert("a"), // a duplicate of the first's, uncommitted yet
-		func(ctx context.Context, tx *sql.Tx) error {
-			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM rows`).Scan(&seen); err != nil {
-				return err
-			}
-			return insert("c")(ctx, tx)
-		})
-	if errs[0] != nil || !errors.Is(errs[1], refused) || errs[2] == nil || errs[3] != nil {
-		t.Errorf("Runs = %v; want nil, refused, a UNIQUE failure, nil", errs)
-	}
-	if got := names(t, db); len(got) != 2 || !got["a"] || !got["c"] {
-		t.Errorf("committed %v; want a and c", got)
-	}
-	if seen != 1 {
-		t.Errorf("the last member saw %d rows; want 1 (the first's, not the failed member's)", seen)
-	}
+	gates(t, func(t *testing.T, newGate func() *sqldb.WriteGate) {
+		db := open(t)
+		g := newGate()
+		refused := errors.New("refused")
+		var seen int
+		errs := group(t, g, db,
+			insert("a"),
+			func(ctx context.Context, tx *sql.Tx) error {
+				if err := insert("b")(ctx, tx); err != nil {
+					return err
+				}
+				return refused
+			},
+			insert("a"), // a duplicate of the first's, uncommitted yet
+			func(ctx context.Context, tx *sql.Tx) error {
+				if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM rows`).Scan(&seen); err != nil {
+					return err
+				}
+				return insert("c")(ctx, tx)
+			})
+		if errs[0] != nil || !errors.Is(errs[1], refused) || errs[2] == nil || errs[3] != nil {
+			t.Errorf("Runs = %v; want nil, refused, a UNIQUE failure, nil", errs)
+		}
+		if got := names(t, db); len(got) != 2 || !got["a"] || !got["c"] {
+			t.Errorf("committed %v; want a and c", got)
+		}
+		if seen != 1 {
+			t.Errorf("the last member saw %d rows; want 1 (the first's, not the failed member's)", seen)
+		}
+	})
 }
 
 // A COMMIT that fails (a deferred foreign key, checked at COMMIT) fails
 // every member and commits nothing; the database takes the next
 // transaction as before.
 func TestGroupFailedCommit(t *testing.T) {
-	db := open(t)
-	g := sqldb.NewWriteGate()
-	errs := group(t, g, db, insert("a"), func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO rows (name, parent) VALUES ('orphan', 7)`)
-		return err
-	}, insert("b"))
-	for i, err := range errs {
-		if !errors.Is(err, sqldb.ErrGroupLost) {
-			t.Errorf("Run %d = %v; want ErrGroupLost", i, err)
+	gates(t, func(t *testing.T, newGate func() *sqldb.WriteGate) {
+		db := open(t)
+		g := newGate()
+		errs := group(t, g, db, insert("a"), func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO rows (name, parent) VALUES ('orphan', 7)`)
+			return err
+		}, insert("b"))
+		for i, err := range errs {
+			if !errors.Is(err, sqldb.ErrGroupLost) {
+				t.Errorf("Run %d = %v; want ErrGroupLost", i, err)
+			}
 		}
-	}
-	if got := names(t, db); len(got) != 0 {
-		t.Errorf("committed %v after a failed COMMIT; want nothing", got)
-	}
-	for i := range 8 { // on every connection of the pool, in turn
-		if err := g.Run(context.Background(), db, insert(fmt.Sprint("after", i))); err != nil {
-			t.Fatalf("Run %d after a failed COMMIT = %v", i, err)
+		if got := names(t, db); len(got) != 0 {
+			t.Errorf("committed %v after a failed COMMIT; want nothing", got)
 		}
-	}
-	if got := names(t, db); len(got) != 8 {
-		t.Errorf("committed %v; want the eight after", got)
-	}
+		for i := range 8 { // on every connection of the pool, in turn
+			if err := g.Run(context.Background(), db, insert(fmt.Sprint("after", i))); err != nil {
+				t.Fatalf("Run %d after a failed COMMIT = %v", i, err)
+			}
+		}
+		if got := names(t, db); len(got) != 8 {
+			t.Errorf("committed %v; want the eight after", got)
+		}
+	})
 }
 
 // A caller that gives up while its statements run in a group does not
@@ -164,31 +183,33 @@ func TestGroupFailedCommit(t *testing.T) {
 // group commits, its own work with it, and its Run says so. The first's
 // caller giving up while the group runs changes nothing either.
 func TestGroupCancelledMember(t *testing.T) {
-	db := open(t)
-	g := sqldb.NewWriteGate()
-	firstCtx, cancelFirst := context.WithCancel(context.Background())
-	memberCtx, cancelMember := context.WithCancel(context.Background())
-	errs := groupCtx(t, g, db, []context.Context{firstCtx, memberCtx, nil},
-		insert("a"),
-		func(ctx context.Context, tx *sql.Tx) error {
-			cancelFirst()
-			cancelMember()
-			for i := range 50 { // statements after both callers left
-				if err := insert(fmt.Sprint("m", i))(ctx, tx); err != nil {
-					return err
+	gates(t, func(t *testing.T, newGate func() *sqldb.WriteGate) {
+		db := open(t)
+		g := newGate()
+		firstCtx, cancelFirst := context.WithCancel(context.Background())
+		memberCtx, cancelMember := context.WithCancel(context.Background())
+		errs := groupCtx(t, g, db, []context.Context{firstCtx, memberCtx, nil},
+			insert("a"),
+			func(ctx context.Context, tx *sql.Tx) error {
+				cancelFirst()
+				cancelMember()
+				for i := range 50 { // statements after both callers left
+					if err := insert(fmt.Sprint("m", i))(ctx, tx); err != nil {
+						return err
+					}
 				}
+				return nil
+			},
+			insert("c"))
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("Run %d = %v; want nil: it committed", i, err)
 			}
-			return nil
-		},
-		insert("c"))
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("Run %d = %v; want nil: it committed", i, err)
 		}
-	}
-	if got := names(t, db); len(got) != 52 {
-		t.Errorf("committed %d rows; want 52 (a, c and the member's 50)", len(got))
-	}
+		if got := names(t, db); len(got) != 52 {
+			t.Errorf("committed %d rows; want 52 (a, c and the member's 50)", len(got))
+		}
+	})
 }
 
 // Every connection SQLiteDSN opens has its settings: temporary files in
@@ -234,27 +255,29 @@ func TestSQLiteDSNPragmas(t *testing.T) {
 // RELEASE while its Run says ErrGroupLost: whatever each Run says is what
 // committed.
 func TestGroupRolledBackUnderAFunction(t *testing.T) {
-	db := open(t)
-	g := sqldb.NewWriteGate()
-	errs := group(t, g, db,
-		func(ctx context.Context, tx *sql.Tx) error {
-			if err := insert("a")(ctx, tx); err != nil {
-				return err
-			}
-			short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
-			defer cancel()
-			_, err := tx.ExecContext(short, `INSERT INTO rows (name) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 50000000) SELECT 'x' || i FROM n`)
-			if err == nil {
-				t.Error("a 50 million row insert finished within 5 ms")
-			}
-			return nil // ignored: the fault this test is about
-		},
-		insert("m"))
-	got := names(t, db)
-	if !errors.Is(errs[0], sqldb.ErrGroupLost) || got["a"] {
-		t.Errorf("the function's Run = %v, its row committed %v; want ErrGroupLost and not", errs[0], got["a"])
-	}
-	if lost := errors.Is(errs[1], sqldb.ErrGroupLost); lost == got["m"] || (!lost && errs[1] != nil) {
-		t.Errorf("the next Run = %v, its row committed %v; want nil and committed, or ErrGroupLost and not", errs[1], got["m"])
-	}
+	gates(t, func(t *testing.T, newGate func() *sqldb.WriteGate) {
+		db := open(t)
+		g := newGate()
+		errs := group(t, g, db,
+			func(ctx context.Context, tx *sql.Tx) error {
+				if err := insert("a")(ctx, tx); err != nil {
+					return err
+				}
+				short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+				defer cancel()
+				_, err := tx.ExecContext(short, `INSERT INTO rows (name) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 50000000) SELECT 'x' || i FROM n`)
+				if err == nil {
+					t.Error("a 50 million row insert finished within 5 ms")
+				}
+				return nil // ignored: the fault this test is about
+			},
+			insert("m"))
+		got := names(t, db)
+		if !errors.Is(errs[0], sqldb.ErrGroupLost) || got["a"] {
+			t.Errorf("the function's Run = %v, its row committed %v; want ErrGroupLost and not", errs[0], got["a"])
+		}
+		if lost := errors.Is(errs[1], sqldb.ErrGroupLost); lost == got["m"] || (!lost && errs[1] != nil) {
+			t.Errorf("the next Run = %v, its row committed %v; want nil and committed, or ErrGroupLost and not", errs[1], got["m"])
+		}
+	})
 }

@@ -629,8 +629,9 @@ func TestWithdrawGrouped(t *testing.T) {
 	g := s.Gate()
 	held, release := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
+	var holding sync.Once // the gate may run a group's functions twice (sqldb.WriteGate.Watch)
 	wg.Go(func() {
-		_ = g.Run(ctx, db, func(context.Context, *sql.Tx) error { close(held); <-release; return nil })
+		_ = g.Run(ctx, db, func(context.Context, *sql.Tx) error { holding.Do(func() { close(held) }); <-release; return nil })
 	})
 	<-held
 	queued := func(n int) {

@@ -120,6 +120,7 @@ func Open(db *sql.DB, d sqldialect.Dialect) *Store {
 	if d == sqldialect.SQLite {
 		s.st = sqldb.NewStmts(db)
 		s.gate = sqldb.NewWriteGate()
+		s.gate.Watch = sqldb.SQLiteWatch // members without savepoints until one fails
 		s.gate.OnCommit = func(members, waiting int) {
 			if s.ObserveCommit != nil {
 				s.ObserveCommit(members, waiting)
