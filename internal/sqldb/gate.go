@@ -107,6 +107,9 @@ type outcome struct {
 	panicked *PanicError
 }
 
+// failed reports whether the outcome is a function's failure: its error or its panic.
+func (o outcome) failed() bool { return o.err != nil || o.panicked != nil }
+
 // ErrGroupLost is wrapped by the error of every member of a group whose
 // transaction was lost: its COMMIT failed, or SQLite rolled it back whole
 // (SQLITE_FULL, an I/O error) under a member's statement. Nothing of the
@@ -302,6 +305,19 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 		answered = true
 	}
 	failed := map[*job]outcome{}
+	// inSavepoint runs m in tx in a savepoint, and reports false when the
+	// group is lost (answered).
+	inSavepoint := func(m *job) bool {
+		o, err := member(tx, m)
+		if err != nil {
+			lost(err)
+			return false
+		}
+		if o.failed() {
+			failed[m] = o
+		}
+		return true
+	}
 	kept := 0 // bare members whose work is in tx
 	limit, yields := max(g.MaxGroup, 1), 0
 	for j := first; ; j = g.next(false) {
@@ -315,13 +331,8 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 		}
 		group = append(group, j)
 		if !bare {
-			o, err := member(tx, j)
-			if err != nil {
-				lost(err)
+			if !inSavepoint(j) {
 				return
-			}
-			if o.err != nil || o.panicked != nil {
-				failed[j] = o
 			}
 		} else {
 			o := call(context.WithoutCancel(j.ctx), j, tx)
@@ -329,7 +340,7 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 				lost(errors.New("sqldb: the transaction was rolled back under a member's statements"))
 				return
 			}
-			if o.err == nil && o.panicked == nil {
+			if !o.failed() {
 				kept++
 			} else {
 				// j's work is in tx, with the kept members' before it: take
@@ -349,13 +360,8 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 					bare = false
 					clear(failed)
 					for _, m := range group {
-						o, err := member(tx, m)
-						if err != nil {
-							lost(err)
+						if !inSavepoint(m) {
 							return
-						}
-						if o.err != nil || o.panicked != nil {
-							failed[m] = o
 						}
 					}
 				}
@@ -399,7 +405,7 @@ func member(tx *sql.Tx, j *job) (o outcome, err error) {
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT onceguard_member`); err != nil {
 		return o, err
 	}
-	if o = call(ctx, j, tx); o.err != nil || o.panicked != nil {
+	if o = call(ctx, j, tx); o.failed() {
 		if _, err := tx.ExecContext(ctx, `ROLLBACK TO onceguard_member`); err != nil {
 			return o, err
 		}

@@ -118,6 +118,20 @@ func exec(s string) func(context.Context, *sql.Tx) error {
 	}
 }
 
+// execThen is a transaction function that runs statement s, then fails
+// with fail; it counts its calls in calls, if not nil.
+func execThen(s string, fail error, calls *atomic.Int32) func(context.Context, *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		if calls != nil {
+			calls.Add(1)
+		}
+		if err := exec(s)(ctx, tx); err != nil {
+			return err
+		}
+		return fail
+	}
+}
+
 // grouped holds g with a first transaction until n more Runs are queued
 // behind it, runs them (fns[i] for the i-th queued, in order), and
 // returns each Run's error, the first's at 0. Each Run's return is logged
@@ -295,12 +309,7 @@ func TestWriteGateFailedMember(t *testing.T) {
 	f, db := newFake(t)
 	g := NewWriteGate()
 	refused := errors.New("refused")
-	errs := grouped(t, g, f, db, exec("a"), func(ctx context.Context, tx *sql.Tx) error {
-		if err := exec("b")(ctx, tx); err != nil {
-			return err
-		}
-		return refused
-	}, exec("c"))
+	errs := grouped(t, g, f, db, exec("a"), execThen("b", refused, nil), exec("c"))
 	if errs[0] != nil || errs[1] != nil || errs[3] != nil || !errors.Is(errs[2], refused) {
 		t.Errorf("Runs = %v; want nil, nil, refused, nil", errs)
 	}
@@ -662,13 +671,7 @@ func TestWriteGateBareFailedMember(t *testing.T) {
 	g.Watch = SQLiteWatch
 	refused := errors.New("refused")
 	var calls atomic.Int32
-	errs := grouped(t, g, f, db, exec("a"), func(ctx context.Context, tx *sql.Tx) error {
-		calls.Add(1)
-		if err := exec("b")(ctx, tx); err != nil {
-			return err
-		}
-		return refused
-	}, exec("c"))
+	errs := grouped(t, g, f, db, exec("a"), execThen("b", refused, &calls), exec("c"))
 	if errs[0] != nil || errs[1] != nil || errs[3] != nil || !errors.Is(errs[2], refused) {
 		t.Errorf("Runs = %v; want nil, nil, refused, nil", errs)
 	}
