@@ -344,7 +344,7 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 				kept++
 			} else {
 				// j's work is in tx, with the kept members' before it: take
-				// it all back, and run the kept ones again in savepoints.
+				// it all back, and run the group again, each in a savepoint.
 				if err := tx.Rollback(); err != nil {
 					lost(err)
 					return
