@@ -11,11 +11,10 @@ type queries struct {
 	create                                                       []string
 	insertRecord, selectRecord, deleteRecord, takeOver, complete string
 	notify, completeNotify                                       string // PostgreSQL with a Listener
-	insertFresh                                                  string // "" where the dialect has no INSERT ... RETURNING
+	insertNew                                                    string // insertRecord ignoring only an id's conflict; "" on MySQL
 	selectLease, bindToken, bindFresh, unbind, unbindAny         string
 	tokenRecord                                                  string // the record holding a signed token
 	putToken, getToken, claimWindow, selectWindow, freeWindow    string
-	claimWindowReturning                                         string // claimWindow RETURNING owner (not MySQL)
 	prune                                                        []string
 	inspect, settle                                              string // the operator's (admin.go)
 }
@@ -55,7 +54,7 @@ WHERE hash = ? AND subject = ? AND purpose = ? AND scope IS NULL AND expires_at 
 	switch d {
 	case sqldialect.Postgres:
 		q.insertRecord = `INSERT INTO {p}idempotency ` + cols + ` ON CONFLICT (id) DO NOTHING`
-		q.insertFresh = q.insertRecord + ` RETURNING lease`
+		q.insertNew = q.insertRecord
 		q.claimWindow = `INSERT INTO {p}repeat_window AS w (id, owner, expires_at) VALUES (?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner,
   expires_at = CASE WHEN w.expires_at <= ? THEN EXCLUDED.expires_at ELSE w.expires_at END
@@ -95,7 +94,7 @@ ON DUPLICATE KEY UPDATE owner = IF(expires_at <= ? OR owner = ? OR SUBSTRING(own
 		}
 	case sqldialect.SQLite:
 		q.insertRecord = `INSERT OR IGNORE INTO {p}idempotency ` + cols
-		q.insertFresh = `INSERT INTO {p}idempotency ` + cols + ` ON CONFLICT (id) DO NOTHING RETURNING lease`
+		q.insertNew = `INSERT INTO {p}idempotency ` + cols + ` ON CONFLICT (id) DO NOTHING`
 		q.claimWindow = `INSERT INTO {p}repeat_window AS w (id, owner, expires_at) VALUES (?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET owner = excluded.owner,
   expires_at = CASE WHEN w.expires_at <= ? THEN excluded.expires_at ELSE w.expires_at END
@@ -112,9 +111,6 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 			`CREATE TABLE IF NOT EXISTS {p}repeat_window (id TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at INTEGER NOT NULL)`,
 		}
 	}
-	if d != sqldialect.MySQL {
-		q.claimWindowReturning = q.claimWindow + ` RETURNING owner`
-	}
 	// complete and its NOTIFY in one statement: both or neither, in one
 	// round trip (PostgreSQL sends it at commit).
 	q.completeNotify = `WITH c AS (` + q.complete + ` RETURNING id) SELECT pg_notify(?, c.id) FROM c`
@@ -125,9 +121,9 @@ WHERE w.expires_at <= ? OR w.owner = ? OR substr(w.owner, 1, ?) = ?`
 		}
 		return s
 	}
-	for _, sp := range []*string{&q.insertRecord, &q.insertFresh, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete, &q.notify, &q.completeNotify,
+	for _, sp := range []*string{&q.insertRecord, &q.insertNew, &q.selectRecord, &q.deleteRecord, &q.takeOver, &q.complete, &q.notify, &q.completeNotify,
 		&q.selectLease, &q.bindToken, &q.bindFresh, &q.unbind, &q.unbindAny, &q.putToken, &q.getToken,
-		&q.claimWindow, &q.claimWindowReturning, &q.selectWindow, &q.tokenRecord, &q.freeWindow, &q.inspect, &q.settle} {
+		&q.claimWindow, &q.selectWindow, &q.tokenRecord, &q.freeWindow, &q.inspect, &q.settle} {
 		*sp = fix(*sp)
 	}
 	for i := range q.create {

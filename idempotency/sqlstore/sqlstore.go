@@ -161,20 +161,22 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 	// One lease for every attempt: if an attempt's commit went through but
 	// its answer was lost, the next finds the record carrying it, ours.
 	lease := newLease()
-	if (r.Token == nil || (r.Token.Signed && !r.Token.Expired)) && s.q.insertFresh != "" {
+	if (r.Token == nil || (r.Token.Signed && !r.Token.Expired)) && s.q.insertNew != "" {
 		// A key not seen before, with no token to bind, is the common
-		// case: one autocommitted INSERT ... RETURNING, where the dialect
-		// has it. A row back means the insert happened, so the record is
-		// ours; anything else (a record exists, or an error) takes the
-		// general path, which finds out what to do in a transaction.
-		var got string
+		// case: one autocommitted INSERT that ignores only the id's
+		// conflict, where the dialect has it. A row inserted means the
+		// record is ours; anything else (a record exists, or an error)
+		// takes the general path, which finds out what to do in a
+		// transaction.
 		var tokenHash any
 		if r.Token != nil {
 			tokenHash = r.Token.Hash // a signed token: held by this record, or refused by its UNIQUE index
 		}
-		err := s.st.QueryRow(ctx, s.db, s.q.insertFresh, r.ID, r.Fingerprint, lease, us(r.Now.Add(r.Lease)), us(r.Now.Add(r.TTL)), tokenHash).Scan(&got)
-		if err == nil && got == lease {
-			return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease}, nil
+		out, err := s.st.Exec(ctx, s.db, s.q.insertNew, r.ID, r.Fingerprint, lease, us(r.Now.Add(r.Lease)), us(r.Now.Add(r.TTL)), tokenHash)
+		if err == nil {
+			if n, err := out.RowsAffected(); err == nil && n == 1 {
+				return idemstore.BeginResult{Outcome: idemstore.Started, Lease: lease}, nil
+			}
 		}
 	}
 	var last error

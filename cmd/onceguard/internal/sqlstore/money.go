@@ -413,7 +413,7 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 		}
 		var userID string
 		var amount int64
-		moved, userID, amount, status, err = s.settleRow(ctx, tx, t, id, outcome)
+		moved, userID, amount, status, err = s.settleRow(ctx, tx, t, id, outcome, credit)
 		if err != nil {
 			return err
 		}
@@ -565,9 +565,10 @@ func outcome(succeeded bool) app.Status {
 const unpend = `unpend AS (DELETE FROM pending_movements WHERE id = $2)`
 
 // settleRow moves the pending row id of table to status and reports
-// whether it did (false: settled before), with the row's user, amount and
-// status after; app.ErrNotFound if there is no such row.
-func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id string, status app.Status) (moved bool, userID string, amount int64, after app.Status, err error) {
+// whether it did (false: settled before), with the row's status after
+// and, if it was not moved or need is true, its user and amount;
+// app.ErrNotFound if there is no such row.
+func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id string, status app.Status, need bool) (moved bool, userID string, amount int64, after app.Status, err error) {
 	update := `UPDATE ` + table + ` SET status = ? WHERE id = ? AND status = 'pending'`
 	read := func() error {
 		var st string
@@ -577,6 +578,21 @@ func (s *Store) settleRow(ctx context.Context, tx *sql.Tx, table, id string, sta
 		}
 		after = app.Status(st)
 		return err
+	}
+	if s.d == sqldialect.SQLite && !need {
+		// An Exec, not a RETURNING: on SQLite that costs a fifth of the
+		// statement (an ephemeral table, a Rows).
+		res, err := s.st.Exec(ctx, tx, update, string(status), id)
+		if err != nil {
+			return false, "", 0, "", err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return false, "", 0, "", err
+		} else if n == 0 {
+			err = read() // settled before, or not there
+			return false, userID, amount, after, err
+		}
+		return true, "", 0, status, nil
 	}
 	if s.d != sqldialect.MySQL {
 		q := s.q(update + ` RETURNING user_id, amount`)
