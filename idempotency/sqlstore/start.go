@@ -36,37 +36,30 @@ func (s *Store) StartTx(ctx context.Context, tx *sql.Tx, st *idemstore.Start) er
 		tokenHash = st.Token.Hash
 	}
 	args := []any{st.ID, st.Fingerprint, st.Lease, us(st.LeaseUntil), us(st.ExpiresAt), tokenHash}
-	if s.q.insertNew != "" {
-		// An Exec and its rows affected, not a RETURNING: on SQLite that
-		// costs a fifth of the statement (an ephemeral table, a Rows).
-		out, err := s.st.Exec(ctx, tx, s.q.insertNew, args...)
-		if unique(err) && st.Token != nil {
-			return token.ErrUsed // another record took the token meanwhile
-		} else if err != nil {
-			return wrap("start", err)
-		}
-		if n, err := out.RowsAffected(); err != nil {
-			return wrap("start", err)
-		} else if n != 1 {
-			return idemstore.ErrKeyTaken
-		}
-	} else { // MySQL: 1 row affected for an insert, 0 for the no-op update of a duplicate
-		out, err := tx.ExecContext(ctx, s.q.insertRecord, args...)
-		if err != nil {
-			return wrap("start", err)
-		}
-		if n, err := out.RowsAffected(); err != nil {
-			return wrap("start", err)
-		} else if n != 1 {
-			// Either key's duplicate: this record's id, or the token's hash
-			// held by another record (used elsewhere).
-			if st.Token != nil {
-				if err := s.signedFree(ctx, tx, st.Token.Hash, st.ID); err != nil {
-					return wrap("start", err)
-				}
+	// One Exec, read by its rows affected (1: inserted; a RETURNING would
+	// cost SQLite a fifth of the statement). PostgreSQL and SQLite ignore
+	// only the id's conflict; MySQL's no-op update takes either key's.
+	query := s.q.insertNew
+	if query == "" {
+		query = s.q.insertRecord
+	}
+	out, err := s.st.Exec(ctx, tx, query, args...)
+	if unique(err) && st.Token != nil {
+		return token.ErrUsed // another record took the token meanwhile
+	} else if err != nil {
+		return wrap("start", err)
+	}
+	if n, err := out.RowsAffected(); err != nil {
+		return wrap("start", err)
+	} else if n != 1 {
+		// On MySQL either key's duplicate: this record's id, or the
+		// token's hash held by another record (used elsewhere).
+		if st.Token != nil && s.q.insertNew == "" {
+			if err := s.signedFree(ctx, tx, st.Token.Hash, st.ID); err != nil {
+				return wrap("start", err)
 			}
-			return idemstore.ErrKeyTaken
 		}
+		return idemstore.ErrKeyTaken
 	}
 	if t := st.Token; t != nil && !t.Signed {
 		out, err := s.st.Exec(ctx, tx, s.q.bindToken, t.Scope, us(st.ExpiresAt), t.Hash, t.Subject, t.Purpose, us(st.Now), t.Scope)
