@@ -60,6 +60,25 @@ func startPSPStop(t *testing.T, args ...string) (base string, stop func()) {
 	}
 }
 
+// The provider stops at once and cleanly though a client holds a
+// connection it never sent a request on (net/http's transport leaves
+// one when another connection served the request it dialed it for).
+func TestPSPStopsWithASilentConnection(t *testing.T) {
+	t.Parallel()
+	base, stop := startPSPStop(t)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	time.Sleep(50 * time.Millisecond) // the server has it: a new connection
+	start := time.Now()
+	stop() // fails the test when the shutdown returns an error
+	if took := time.Since(start); took > 9*time.Second {
+		t.Errorf("stop took %v", took)
+	}
+}
+
 // relay stands between the provider and the service instances: it
 // delivers every callback it gets copies times at once, spread over the
 // instances, and answers the provider 204 when one copy got a 2xx, else

@@ -232,7 +232,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	var provider psp.Provider = &psp.Sim{}
 	pspWhere := "simulated in process"
 	if c.pspURL != "" {
-		provider, pspWhere = psp.NewClient(c.pspURL, nil), c.pspURL
+		pc := psp.NewClient(c.pspURL, nil)
+		defer pc.Close() // deferred first, so it runs after the server and the reconciler stopped
+		provider, pspWhere = pc, c.pspURL
 	}
 	provider = obs.Provider{Provider: provider, Metrics: metrics}
 	var coord *coordination
@@ -405,7 +407,10 @@ func servePSP(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// Longer than the 5s net/http waits before it counts a connection that
+	// never sent a request as idle: such a connection, made just before the
+	// shutdown, is closed, not waited on until the deadline.
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return srv.Shutdown(sctx)
 }

@@ -103,13 +103,19 @@ type Client struct {
 var _ Provider = (*Client)(nil)
 
 // NewClient returns a Client for the provider at baseURL. hc nil means a
-// client with a 10s timeout.
+// client of its own with a 10s timeout, whose connections Close closes.
 func NewClient(baseURL string, hc *http.Client) *Client {
 	if hc == nil {
-		hc = &http.Client{Timeout: 10 * time.Second}
+		hc = &http.Client{Timeout: 10 * time.Second, Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	}
 	return &Client{base: strings.TrimRight(baseURL, "/"), hc: hc}
 }
+
+// Close closes the client's idle connections to the provider, those
+// its transport dialed for a request another connection then served
+// too: left open, the provider sees a connection that never sent a
+// request, which its graceful shutdown waits on (net/http's, 5s).
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
 
 // Do implements Provider.
 func (c *Client) Do(ctx context.Context, kind Kind, key string, amount money.Amount) (Operation, error) {

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -71,6 +74,48 @@ func TestHTTP(t *testing.T) {
 		}
 		if resp != nil {
 			resp.Body.Close()
+		}
+	}
+}
+
+// Close leaves the provider no connection from a client NewClient made:
+// not the idle ones, nor a spare its transport dialed.
+func TestClientCloseClosesConnections(t *testing.T) {
+	var mu sync.Mutex
+	open := 0
+	srv := httptest.NewUnstartedServer(psp.Handler(&psp.Sim{}))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch st {
+		case http.StateNew:
+			open++
+		case http.StateClosed, http.StateHijacked:
+			open--
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	c := psp.NewClient(srv.URL, nil)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.Do(context.Background(), psp.Charge, fmt.Sprint("k", i), 100); err != nil {
+				t.Errorf("Do = %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	count := func() int { mu.Lock(); defer mu.Unlock(); return open }
+	if count() == 0 {
+		t.Fatal("no connection open before Close: the test proves nothing")
+	}
+	c.Close()
+	for deadline := time.Now().Add(5 * time.Second); count() != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still open after Close", count())
 		}
 	}
 }
