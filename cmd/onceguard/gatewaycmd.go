@@ -187,8 +187,10 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	case <-ctx.Done():
 		log.Info("shutting down: finishing in-flight requests")
 		// In-flight guarded requests get their whole upstream exchange:
-		// one cut off would leave its key's outcome unknown.
-		sctx, cancel := context.WithTimeout(context.Background(), c.upstreamTimeout+5*time.Second)
+		// one cut off would leave its key's outcome unknown. At least 10s:
+		// net/http counts a connection that never sent a request idle (and
+		// closes it) only after 5s.
+		sctx, cancel := context.WithTimeout(context.Background(), max(c.upstreamTimeout+5*time.Second, 10*time.Second))
 		defer cancel()
 		return srv.Shutdown(sctx)
 	}

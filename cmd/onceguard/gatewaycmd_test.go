@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -78,22 +79,7 @@ func TestGatewayRunSQLite(t *testing.T) {
 	defer up.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stdout := &syncBuffer{}
-	errc := make(chan error, 1)
-	go func() {
-		errc <- run(ctx, []string{"gateway", "--addr", "127.0.0.1:0", "--upstream", up.URL, "--data-dir", t.TempDir(),
-			"--route", "POST /pay", "--route", "POST /slow", "--principal-header", "X-User-Id"}, func(string) string { return "" }, stdout, io.Discard)
-	}()
-	var base string
-	for deadline := time.Now().Add(10 * time.Second); base == ""; {
-		if i := strings.Index(stdout.String(), "listening on http://"); i >= 0 {
-			base = strings.TrimSuffix(strings.Fields(stdout.String()[i+len("listening on "):])[0], ";")
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no listening line: %q", stdout.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	base, errc := startGatewayInProc(ctx, t, "--upstream", up.URL, "--route", "POST /pay", "--route", "POST /slow")
 	post := func(path, key string) (*http.Response, string) {
 		req, _ := http.NewRequest("POST", base+path, bytes.NewReader([]byte(`{"a":1}`)))
 		req.Header.Set("Content-Type", "application/json")
@@ -124,6 +110,52 @@ func TestGatewayRunSQLite(t *testing.T) {
 	if st := <-slow; st != 201 {
 		t.Errorf("the request in flight at SIGTERM = %d; want its answer, 201", st)
 	}
+	if err := <-errc; err != nil {
+		t.Errorf("run = %v; want nil after a clean shutdown", err)
+	}
+}
+
+// startGatewayInProc runs `onceguard gateway` in process on SQLite in a
+// temporary directory, its principal in X-User-Id, until ctx ends; it
+// returns its URL and where run's error goes.
+func startGatewayInProc(ctx context.Context, t *testing.T, args ...string) (base string, errc chan error) {
+	t.Helper()
+	stdout := &syncBuffer{}
+	errc = make(chan error, 1)
+	args = append([]string{"gateway", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--principal-header", "X-User-Id"}, args...)
+	go func() { errc <- run(ctx, args, func(string) string { return "" }, stdout, io.Discard) }()
+	for deadline := time.Now().Add(10 * time.Second); base == ""; {
+		if i := strings.Index(stdout.String(), "listening on http://"); i >= 0 {
+			base = strings.TrimSuffix(strings.Fields(stdout.String()[i+len("listening on "):])[0], ";")
+		}
+		select {
+		case err := <-errc:
+			t.Fatalf("gateway ended: %v; output %q", err, stdout.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no listening line: %q", stdout.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return base, errc
+}
+
+// With a short upstream timeout the gateway still stops cleanly though a
+// client holds a connection it never sent a request on: its shutdown
+// outlasts the 5 s net/http waits before it counts one idle.
+func TestGatewayStopsWithASilentConnection(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	base, errc := startGatewayInProc(ctx, t, "--upstream", "http://127.0.0.1:1", "--route", "POST /pay", "--upstream-timeout", "100ms", "--key-lease", "1s")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	time.Sleep(50 * time.Millisecond) // the server has it: a new connection
+	cancel()
 	if err := <-errc; err != nil {
 		t.Errorf("run = %v; want nil after a clean shutdown", err)
 	}
