@@ -44,20 +44,7 @@ func startPSPStop(t *testing.T, args ...string) (base string, stop func()) {
 		}
 	})
 	t.Cleanup(stop)
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if i := strings.LastIndex(out.String(), "http://"); i >= 0 {
-			return strings.TrimSpace(out.String()[i:]), stop
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("psp ended: %v; output %q", err, out.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("psp did not say where it listens: %q", out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return listenURL(t, "psp", out, done, 10*time.Second), stop
 }
 
 // The provider stops at once and cleanly though a client holds a

@@ -124,21 +124,7 @@ func startGatewayInProc(ctx context.Context, t *testing.T, args ...string) (base
 	errc = make(chan error, 1)
 	args = append([]string{"gateway", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--principal-header", "X-User-Id"}, args...)
 	go func() { errc <- run(ctx, args, func(string) string { return "" }, stdout, io.Discard) }()
-	for deadline := time.Now().Add(10 * time.Second); base == ""; {
-		if i := strings.Index(stdout.String(), "listening on http://"); i >= 0 {
-			base = strings.TrimSuffix(strings.Fields(stdout.String()[i+len("listening on "):])[0], ";")
-		}
-		select {
-		case err := <-errc:
-			t.Fatalf("gateway ended: %v; output %q", err, stdout.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no listening line: %q", stdout.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return base, errc
+	return listenURL(t, "gateway", stdout, errc, 10*time.Second), errc
 }
 
 // With a short upstream timeout the gateway still stops cleanly though a

@@ -40,22 +40,8 @@ func startServeLogs(t *testing.T, logs io.Writer, extra ...string) (base string,
 		cancel()
 		return <-done
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if i := strings.Index(out.String(), "http://"); i >= 0 {
-			return strings.TrimSuffix(strings.Fields(out.String()[i:])[0], ";"), stop // "listening on http://A;"
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("serve ended: %v; output %q", err, out.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			stop()
-			t.Fatalf("serve did not say where it listens: %q", out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	t.Cleanup(func() { _ = stop() }) // should the wait below fail; stop runs once
+	return listenURL(t, "serve", out, done, 20*time.Second), stop
 }
 
 type client struct {
@@ -323,4 +309,28 @@ func testServeOrders(t *testing.T, base string) {
 	bob.expect(bob.do("GET", "/api/v1/orders/"+id, "", ""), 404, "not_found")
 	bob.expect(bob.do("POST", "/api/v1/orders/"+id+"/payment", "b1", `{"method":"wallet"}`), 404, "not_found")
 	bob.expect(bob.do("GET", "/api/v1/orders/x/y", "", ""), 404, "not_found")
+}
+
+// listenURL waits until out, a command's standard output, says where it
+// listens (its first "http://ADDR", up to a space or ';') and returns
+// that URL; the test fails if done (buffered), where the command's run
+// returns, delivers first (the error is put back for a stop that waits on
+// done) or timeout passes.
+func listenURL(t *testing.T, name string, out *syncBuffer, done chan error, timeout time.Duration) string {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; {
+		if i := strings.Index(out.String(), "http://"); i >= 0 {
+			return strings.TrimSuffix(strings.Fields(out.String()[i:])[0], ";")
+		}
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("%s ended: %v; output %q", name, err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not say where it listens: %q", name, out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
