@@ -3,7 +3,9 @@ package token_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,4 +69,54 @@ func TestSigned(t *testing.T) {
 	if err := tk.Verify(is.Token, "alice", "withdrawal"); !errors.Is(err, token.ErrExpired) {
 		t.Errorf("after its TTL: %v; want ErrExpired", err)
 	}
+}
+
+// A token minted by an earlier release (this one by the code before the
+// pooled HMACs, key "g"×32, at 1 800 000 000 with a minute's TTL) still
+// verifies: instances of two versions side by side, during a rolling
+// deploy, accept each other's tokens.
+func TestSignedFormatStable(t *testing.T) {
+	const minted = "st_a0nSPF3iLGMjBwCQyqxyfjUJaTP1LBe-6CjEEVHEJ9A"
+	at := time.Unix(1_800_000_030, 0)
+	tk := token.New(nothingStore{t}, &token.Options{Key: []byte(strings.Repeat("g", 32)), Now: func() time.Time { return at }})
+	if err := tk.Verify(minted, "u_gold", "withdrawal"); err != nil {
+		t.Fatalf("Verify(earlier token) = %v; want nil", err)
+	}
+	if err := tk.Verify(minted, "u_gold", "order"); !errors.Is(err, token.ErrUnknown) {
+		t.Errorf("for another purpose = %v; want ErrUnknown", err)
+	}
+	if err := tk.Verify(minted, "u_other", "withdrawal"); !errors.Is(err, token.ErrForeign) {
+		t.Errorf("for another subject = %v; want ErrForeign", err)
+	}
+}
+
+// Concurrent mints and checks for different subjects share the pooled
+// MACs without mixing their messages: each token verifies for its own
+// subject only (run with -race).
+func TestSignedConcurrent(t *testing.T) {
+	tk := token.New(nothingStore{t}, &token.Options{Key: []byte(strings.Repeat("k", 32))})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			me, other := fmt.Sprint("user-", g), fmt.Sprint("user-", g+1)
+			for range 200 {
+				is, err := tk.Issue(context.Background(), me, "withdrawal")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := tk.Verify(is.Token, me, "withdrawal"); err != nil {
+					t.Errorf("Verify(own) = %v", err)
+					return
+				}
+				if err := tk.Verify(is.Token, other, "withdrawal"); err == nil {
+					t.Errorf("Verify(%s's token as %s) = nil", me, other)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -33,7 +33,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -136,7 +138,8 @@ type Tokens struct {
 	store Store
 	ttl   time.Duration
 	now   func() time.Time
-	key   []byte // signed tokens; nil: stored ones
+	key   []byte    // signed tokens; nil: stored ones
+	macs  sync.Pool // of *keyedMAC
 }
 
 // New returns Tokens on store.
@@ -234,27 +237,52 @@ func (t *Tokens) sign(subject, purpose string, exp time.Time) string {
 	var b [32]byte
 	binary.BigEndian.PutUint32(b[:4], uint32(exp.Unix()))
 	_, _ = rand.Read(b[4:13])
-	copy(b[13:16], t.tag(subject))
-	copy(b[16:], t.mac(subject, purpose, b[:16]))
+	t.tag(b[13:16], subject)
+	t.mac(b[16:], subject, purpose, b[:16])
 	return Prefix + base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-func (t *Tokens) tag(subject string) []byte {
-	h := hmac.New(sha256.New, t.key)
-	h.Write([]byte("onceguard token subject\x00"))
-	h.Write([]byte(subject))
-	return h.Sum(nil)[:tagLen]
+// keyedMAC is a pooled HMAC-SHA-256 under the Tokens' key with its
+// buffers: a tag or MAC costs no allocation once the pool is warm.
+type keyedMAC struct {
+	h   hash.Hash // Reset restores its keyed state: the key is not hashed again
+	msg []byte
+	sum []byte
 }
 
-func (t *Tokens) mac(subject, purpose string, payload []byte) []byte {
-	h := hmac.New(sha256.New, t.key)
-	h.Write([]byte("onceguard token v1\x00"))
-	h.Write([]byte(subject))
-	h.Write([]byte{0})
-	h.Write([]byte(purpose))
-	h.Write([]byte{0})
-	h.Write(payload)
-	return h.Sum(nil)[:macLen]
+// sumOf writes the first len(out) bytes of the HMAC of m.msg to out and
+// gives m back to the pool.
+func (t *Tokens) sumOf(m *keyedMAC, out []byte) {
+	m.h.Reset()
+	m.h.Write(m.msg)
+	m.sum = m.h.Sum(m.sum[:0])
+	copy(out, m.sum)
+	if cap(m.msg) <= 1<<10 { // an odd long subject's buffer is not kept
+		t.macs.Put(m)
+	}
+}
+
+func (t *Tokens) keyed() *keyedMAC {
+	if m, ok := t.macs.Get().(*keyedMAC); ok {
+		return m
+	}
+	return &keyedMAC{h: hmac.New(sha256.New, t.key)}
+}
+
+// tag writes the subject's tag, tagLen bytes, to out.
+func (t *Tokens) tag(out []byte, subject string) {
+	m := t.keyed()
+	m.msg = append(append(m.msg[:0], "onceguard token subject\x00"...), subject...)
+	t.sumOf(m, out[:tagLen])
+}
+
+// mac writes the MAC of a token's payload, macLen bytes, to out.
+func (t *Tokens) mac(out []byte, subject, purpose string, payload []byte) {
+	m := t.keyed()
+	m.msg = append(append(m.msg[:0], "onceguard token v1\x00"...), subject...)
+	m.msg = append(append(append(m.msg, 0), purpose...), 0)
+	m.msg = append(m.msg, payload...)
+	t.sumOf(m, out[:macLen])
 }
 
 // Verify checks a signed token (Options.Key) for subject and purpose now,
@@ -269,10 +297,14 @@ func (t *Tokens) Verify(tok, subject, purpose string) error {
 	if n, err := base64.RawURLEncoding.Decode(b[:], []byte(tok[len(Prefix):])); err != nil || n != len(b) {
 		return ErrUnknown
 	}
-	if !hmac.Equal(b[13:16], t.tag(subject)) {
+	var tag [tagLen]byte
+	t.tag(tag[:], subject)
+	if !hmac.Equal(b[13:16], tag[:]) {
 		return ErrForeign
 	}
-	if !hmac.Equal(b[16:], t.mac(subject, purpose, b[:16])) {
+	var mac [macLen]byte
+	t.mac(mac[:], subject, purpose, b[:16])
+	if !hmac.Equal(b[16:], mac[:]) {
 		return ErrUnknown
 	}
 	if !t.now().Before(time.Unix(int64(binary.BigEndian.Uint32(b[:4])), 0)) {
