@@ -79,7 +79,8 @@ func TestHTTP(t *testing.T) {
 }
 
 // Close leaves the provider no connection from a client NewClient made:
-// not the idle ones, nor a spare its transport dialed.
+// it closes the transport's idle pool, which is also where a spare
+// connection the transport dialed, and never used, waits.
 func TestClientCloseClosesConnections(t *testing.T) {
 	var mu sync.Mutex
 	open := 0
