@@ -181,6 +181,16 @@ func TestScriptFlush(t *testing.T) {
 	}
 }
 
+// The script paths a try and a release do not take (a refresh, a
+// blocking acquire, a waiter's handover) survive a lost script cache too.
+func TestScriptFlushOtherPaths(t *testing.T) {
+	srv, rdb := ownRedis(t)
+	redistest.ScriptFlushPaths(t, redislock.New(rdb, nil), func() error {
+		_, err := srv.Do("SCRIPT", "FLUSH")
+		return err
+	})
+}
+
 func TestUnavailable(t *testing.T) {
 	srv, rdb := ownRedis(t)
 	l := lock.New(redislock.New(rdb, &redislock.Options{Timeout: 500 * time.Millisecond}), nil)

@@ -267,6 +267,16 @@ func TestScriptFlush(t *testing.T) {
 	}
 }
 
+// The script paths a try and a release do not take (a refresh, a
+// blocking acquire, a waiter's handover) survive a lost script cache too.
+func TestScriptFlushOtherPaths(t *testing.T) {
+	srv, c := ownRedis(t)
+	redistest.ScriptFlushPaths(t, rueidislock.New(c, nil), func() error {
+		_, err := srv.Do("SCRIPT", "FLUSH")
+		return err
+	})
+}
+
 func TestUnavailable(t *testing.T) {
 	srv, c := ownRedis(t)
 	l := lock.New(rueidislock.New(c, &rueidislock.Options{Timeout: 500 * time.Millisecond}), nil)
