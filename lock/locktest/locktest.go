@@ -58,6 +58,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) lock.Backend, ignore ...str
 	run("BlockingWaitDeadline", testBlockingWaitDeadline)
 	run("ReleaseWakesWaiter", testReleaseWakesWaiter)
 	run("ReleaseBeforeSubscribe", testReleaseBeforeSubscribe)
+	run("LostWakeUp", testLostWakeUp)
 	run("ReleaseWithCancelledContext", testReleaseCancelled)
 	run("DoubleRelease", testDoubleRelease)
 	run("BadInput", testBadInput)
@@ -580,6 +581,74 @@ func testReleaseBeforeSubscribe(t *testing.T, b lock.Backend, key string) {
 	case <-time.After(bound):
 		t.Fatalf("waiter still blocked %v after a release made between its failed attempt and its subscription; "+
 			"want the attempt after subscribing to take the lock (a missed wake-up left it asleep until its 30s polling fallback)", time.Since(released).Round(time.Millisecond))
+	}
+}
+
+// deafWaiter subscribes for real (the backend's queue sees the waiter)
+// but hands the Locker a channel that never fires: a notification lost
+// after the subscription (a dropped connection, a lost message).
+type deafWaiter struct {
+	lock.Backend
+	waiter lock.Waiter
+}
+
+func (d *deafWaiter) Wait(ctx context.Context, key, owner string) (<-chan struct{}, func(), error) {
+	_, stop, err := d.waiter.Wait(ctx, key, owner)
+	return make(chan struct{}), stop, err
+}
+
+func (d *deafWaiter) Leave(ctx context.Context, key, owner string) error {
+	return d.waiter.Leave(ctx, key, owner)
+}
+
+// A wake-up lost after the subscription must not leave the waiter asleep
+// until the holder's TTL (pitfall 11): it polls every MaxBackoff (here
+// 300ms, jittered up to 1.5x) and takes the released lock, handed over to
+// it or free. The holder's TTL is a minute, so only polling can explain
+// the lock being taken within the bound.
+func testLostWakeUp(t *testing.T, b lock.Backend, key string) {
+	w, ok := b.(lock.Waiter)
+	if !ok {
+		t.Skip("backend does not implement lock.Waiter: waiters poll")
+	}
+	l := lock.New(&deafWaiter{Backend: b, waiter: w}, &lock.Options{MaxBackoff: 300 * time.Millisecond})
+	holder := mustTry(t, l, key, time.Minute)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	res := make(chan *lock.Lease, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, key, 10*time.Second)
+		if err != nil && ctx.Err() == nil {
+			t.Errorf("blocked Acquire = %v; want a lease after the release", err)
+		}
+		res <- lease
+	}()
+	select {
+	case lease := <-res:
+		if lease != nil {
+			_ = lease.Release(context.Background())
+		}
+		t.Fatal("Acquire of a held lock returned; want it blocked")
+	case <-time.After(time.Second): // several polls of a held lock
+	}
+	mustRelease(t, holder)
+	released := time.Now()
+	const bound = 5 * time.Second // the next poll (at most 450ms) and its round trip, generously
+	select {
+	case lease := <-res:
+		if lease == nil {
+			return // reported above
+		}
+		if lease.Fence() <= holder.Fence() {
+			t.Errorf("waiter's fence %d; want > %d", lease.Fence(), holder.Fence())
+		}
+		mustRelease(t, lease)
+	case <-time.After(bound):
+		cancel()
+		if lease := <-res; lease != nil {
+			_ = lease.Release(context.Background())
+		}
+		t.Fatalf("waiter deaf to wake-ups still blocked %v after the release; want its polling to take the lock", time.Since(released).Round(time.Millisecond))
 	}
 }
 
