@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,6 +54,7 @@ func TestValidityFromSend(t *testing.T) {
 		if d := lease.Deadline(); d.After(sent.Add(ttl)) {
 			t.Errorf("%s: Deadline %v after the send; want at most the TTL, %v", acquire.name, d.Sub(sent), ttl)
 		}
+		monotonic(t, acquire.name+": Deadline", lease.Deadline())
 		sent = time.Now()
 		if err := lease.Refresh(ctx, ttl); err != nil {
 			t.Fatalf("%s: Refresh: %v", acquire.name, err)
@@ -60,7 +62,18 @@ func TestValidityFromSend(t *testing.T) {
 		if d := lease.Deadline(); d.After(sent.Add(ttl)) {
 			t.Errorf("%s: Deadline %v after the refresh was sent; want at most the TTL, %v", acquire.name, d.Sub(sent), ttl)
 		}
+		monotonic(t, acquire.name+": Deadline after Refresh", lease.Deadline())
 		_ = lease.Release(ctx)
+	}
+}
+
+// monotonic fails the test unless d carries a monotonic clock reading
+// (PITFALLS 3): a deadline on the wall clock alone would move with a
+// clock jump. time.Time's String shows the reading as "m=±<seconds>".
+func monotonic(t *testing.T, what string, d time.Time) {
+	t.Helper()
+	if !strings.Contains(d.String(), " m=") {
+		t.Errorf("%s %v has no monotonic reading; want one (a wall-clock jump would move it)", what, d)
 	}
 }
 
