@@ -494,7 +494,7 @@ func testReleaseWakesWaiter(t *testing.T, b lock.Backend, key string) {
 // subscription, so its notification reaches nobody.
 type racingWaiter struct {
 	lock.Backend
-	waiter      lock.Waiter
+	leaver
 	once        sync.Once
 	subscribing chan struct{} // closed by the first Wait
 	released    chan struct{} // closed by the test once the holder released
@@ -514,8 +514,22 @@ func (r *racingWaiter) Wait(ctx context.Context, key, owner string) (<-chan stru
 	return r.waiter.Wait(ctx, key, owner)
 }
 
-func (r *racingWaiter) Leave(ctx context.Context, key, owner string) error {
-	return r.waiter.Leave(ctx, key, owner)
+// leaver is the lock.Waiter half the test wrappers pass on unchanged.
+type leaver struct{ waiter lock.Waiter }
+
+func (l leaver) Leave(ctx context.Context, key, owner string) error {
+	return l.waiter.Leave(ctx, key, owner)
+}
+
+// waiterOf returns b's lock.Waiter, or skips the test: a backend without
+// one has its waiters poll.
+func waiterOf(t *testing.T, b lock.Backend) lock.Waiter {
+	t.Helper()
+	w, ok := b.(lock.Waiter)
+	if !ok {
+		t.Skip("backend does not implement lock.Waiter: waiters poll")
+	}
+	return w
 }
 
 // A release published before the waiter subscribed must not leave it asleep
@@ -525,11 +539,7 @@ func (r *racingWaiter) Leave(ctx context.Context, key, owner string) error {
 // expiry can hide a missed wake-up within the few seconds allowed.
 // Backends that do not implement lock.Waiter poll, and skip this test.
 func testReleaseBeforeSubscribe(t *testing.T, b lock.Backend, key string) {
-	w, ok := b.(lock.Waiter)
-	if !ok {
-		t.Skip("backend does not implement lock.Waiter: waiters poll")
-	}
-	r := &racingWaiter{Backend: b, waiter: w, subscribing: make(chan struct{}), released: make(chan struct{})}
+	r := &racingWaiter{Backend: b, leaver: leaver{waiterOf(t, b)}, subscribing: make(chan struct{}), released: make(chan struct{})}
 	l := lock.New(r, &lock.Options{MaxBackoff: 30 * time.Second})
 	holder := mustTry(t, l, key, 2*time.Minute)
 
@@ -589,16 +599,12 @@ func testReleaseBeforeSubscribe(t *testing.T, b lock.Backend, key string) {
 // after the subscription (a dropped connection, a lost message).
 type deafWaiter struct {
 	lock.Backend
-	waiter lock.Waiter
+	leaver
 }
 
 func (d *deafWaiter) Wait(ctx context.Context, key, owner string) (<-chan struct{}, func(), error) {
 	_, stop, err := d.waiter.Wait(ctx, key, owner)
 	return make(chan struct{}), stop, err
-}
-
-func (d *deafWaiter) Leave(ctx context.Context, key, owner string) error {
-	return d.waiter.Leave(ctx, key, owner)
 }
 
 // A wake-up lost after the subscription must not leave the waiter asleep
@@ -607,11 +613,7 @@ func (d *deafWaiter) Leave(ctx context.Context, key, owner string) error {
 // it or free. The holder's TTL is a minute, so only polling can explain
 // the lock being taken within the bound.
 func testLostWakeUp(t *testing.T, b lock.Backend, key string) {
-	w, ok := b.(lock.Waiter)
-	if !ok {
-		t.Skip("backend does not implement lock.Waiter: waiters poll")
-	}
-	l := lock.New(&deafWaiter{Backend: b, waiter: w}, &lock.Options{MaxBackoff: 300 * time.Millisecond})
+	l := lock.New(&deafWaiter{Backend: b, leaver: leaver{waiterOf(t, b)}}, &lock.Options{MaxBackoff: 300 * time.Millisecond})
 	holder := mustTry(t, l, key, time.Minute)
 	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()
