@@ -255,23 +255,22 @@ func (s *Store) claimWindow(ctx context.Context, c conn, id, owner string, windo
 	} else {
 		args = []any{id, owner, us(now.Add(window)), us(now), rec, len(rec) + 1, rec + "/", us(now)}
 	}
-	var got string
-	var exp int64
+	out, err := s.st.Exec(ctx, c, s.q.claimWindow, args...)
+	if err != nil {
+		return 0, wrap("claim window", err)
+	}
 	if s.dialect != sqldialect.MySQL {
 		// The upsert says whether it claimed the entry: a row changed is
-		// ours; none, another's (read, for its time left).
-		out, err := s.st.Exec(ctx, c, s.q.claimWindow, args...)
-		if err != nil {
-			return 0, wrap("claim window", err)
-		}
+		// ours; none, another's (read, for its time left). MySQL's count
+		// does not tell an unchanged row of ours from another's: read it.
 		if n, err := out.RowsAffected(); err != nil {
 			return 0, wrap("claim window", err)
 		} else if n == 1 {
 			return 0, nil
 		}
-	} else if _, err := c.ExecContext(ctx, s.q.claimWindow, args...); err != nil {
-		return 0, wrap("claim window", err)
 	}
+	var got string
+	var exp int64
 	if err := s.st.QueryRow(ctx, c, s.q.selectWindow, id).Scan(&got, &exp); err != nil {
 		return 0, wrap("claim window", err)
 	}
