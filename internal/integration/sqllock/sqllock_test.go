@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/internal/leakcheck"
+	"github.com/onceguard/onceguard/internal/testproc"
 
 	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/internal/integration/pgbouncer"
 	"github.com/onceguard/onceguard/lock"
 	"github.com/onceguard/onceguard/lock/locktest"
 	"github.com/onceguard/onceguard/lock/sqllock"
@@ -22,7 +24,9 @@ func TestMain(m *testing.M) {
 	leakcheck.VerifyTestMain(m,
 		// database/sql's connection opener lives as long as its *sql.DB;
 		// tests close theirs, but the opener exits asynchronously.
-		leakcheck.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+		leakcheck.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		// The goroutine that forks PgBouncer lives as long as the test binary.
+		leakcheck.IgnoreTopFunction(testproc.SpawnerFunction))
 }
 
 type database struct {
@@ -37,6 +41,9 @@ var databases = []database{
 	{"postgres", sqldialect.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
 	{"mysql", sqldialect.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
 	{"sqlite", sqldialect.SQLite, openSQLite},
+	// Behind PgBouncer in transaction pooling mode, with two server
+	// connections for up to dbtest.MaxOpenConns clients (docs/pitfalls.md, item 9).
+	{"postgres-pgbouncer", sqldialect.Postgres, func(t *testing.T) *sql.DB { return pgbouncer.Start(t, 2) }},
 }
 
 func TestConformance(t *testing.T) {
@@ -193,7 +200,14 @@ func TestConformanceXact(t *testing.T) {
 // The server enforces the TTL: a holder that goes quiet loses the lock
 // when PostgreSQL ends its idle session, without any client action.
 func TestXactServerTTL(t *testing.T) {
-	db := dbtest.Postgres(t)
+	for _, d := range databases {
+		if d.dialect == sqldialect.Postgres {
+			t.Run(d.name, func(t *testing.T) { testXactServerTTL(t, d.open(t)) })
+		}
+	}
+}
+
+func testXactServerTTL(t *testing.T, db *sql.DB) {
 	b, _ := sqllock.NewXact(db)
 	l := lock.New(b, nil)
 	ctx := context.Background()

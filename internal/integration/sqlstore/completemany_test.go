@@ -13,6 +13,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency/idemstore"
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // CompleteManyCTE completes many records in one caller's statement: each row of the caller's
@@ -27,7 +28,7 @@ func TestCompleteManyCTE(t *testing.T) {
 			if err := s.Migrate(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if d.name != "postgres" {
+			if d.dialect != sqldialect.Postgres {
 				if _, err := s.CompleteManyCTE("rows", 1); err == nil {
 					t.Error("CompleteManyCTE on", d.name, "= nil error; want refused")
 				}

@@ -13,6 +13,7 @@ import (
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
 	"github.com/onceguard/onceguard/idempotency/storetest"
 	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/internal/integration/pgbouncer"
 	"github.com/onceguard/onceguard/sqldialect"
 )
 
@@ -39,6 +40,9 @@ var databases = []database{
 	{"postgres", sqldialect.Postgres, func(t *testing.T) *sql.DB { return dbtest.Postgres(t) }},
 	{"mysql", sqldialect.MySQL, func(t *testing.T) *sql.DB { return dbtest.MySQL(t) }},
 	{"sqlite", sqldialect.SQLite, openSQLite},
+	// Behind PgBouncer in transaction pooling mode, with two server
+	// connections for up to dbtest.MaxOpenConns clients (docs/pitfalls.md, item 9).
+	{"postgres-pgbouncer", sqldialect.Postgres, func(t *testing.T) *sql.DB { return pgbouncer.Start(t, 2) }},
 }
 
 func TestStore(t *testing.T) {

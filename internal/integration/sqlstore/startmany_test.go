@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceguard/onceguard/idempotency/idemstore"
+	"github.com/onceguard/onceguard/sqldialect"
 )
 
 // StartManyCTE creates many Deferred records in one caller's statement: each row's record,
@@ -25,7 +26,7 @@ func TestStartManyCTE(t *testing.T) {
 				t.Fatal(err)
 			}
 			now := time.Now()
-			if d.name != "postgres" {
+			if d.dialect != sqldialect.Postgres {
 				if _, err := s.StartManyCTE("rows", 1, now); err == nil {
 					t.Error("StartManyCTE on", d.name, "= nil error; want refused")
 				}

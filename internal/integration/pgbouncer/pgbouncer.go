@@ -1,0 +1,220 @@
+// Package pgbouncer runs a private PgBouncer in transaction pooling mode in
+// front of the PostgreSQL server of ONCEGUARD_TEST_POSTGRES, for tests that
+// show a package is safe behind one (docs/pitfalls.md, item 9): in that mode
+// a client's statements outside a transaction may each run on another
+// server connection, and one server connection serves many clients in turn,
+// so anything a package leaves on a session (an advisory lock, a prepared
+// statement, a SET) is lost or seen by a stranger.
+//
+// The process listens on a free loopback port, keeps its configuration in a
+// test temporary directory and is killed when the test ends.
+package pgbouncer
+
+import (
+	"bytes"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/internal/testproc"
+)
+
+// startAttempts is how many free ports Start tries when another process
+// takes the port between its choice and PgBouncer's bind.
+const startAttempts = 5
+
+// Start starts PgBouncer in transaction pooling mode with at most poolSize
+// server connections to the database of ONCEGUARD_TEST_POSTGRES, and
+// returns a pgx (database/sql driver "pgx") pool of clients to it, closed
+// when t ends. The clients use pgx's exec query mode (default_query_exec_mode=exec:
+// unnamed statements, each parsed in the round trip that runs it), which is
+// what a user behind PgBouncer before 1.21 must configure: pgx's default
+// caches named prepared statements per connection, which transaction
+// pooling does not keep.
+//
+// Start skips the test when ONCEGUARD_TEST_POSTGRES is unset, and when
+// pgbouncer is not installed unless the environment variable CI is set,
+// where it fails the test instead.
+func Start(t testing.TB, poolSize int) *sql.DB {
+	t.Helper()
+	if os.Getenv("ONCEGUARD_TEST_POSTGRES") == "" {
+		t.Skip("ONCEGUARD_TEST_POSTGRES not set; skipping the PgBouncer test")
+	}
+	bin := binary()
+	if bin == "" {
+		msg := "pgbouncer is not installed (apt-get install pgbouncer)"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg + "; failing instead of skipping because CI is set")
+		}
+		t.Skip(msg)
+	}
+	server, err := url.Parse(os.Getenv("ONCEGUARD_TEST_POSTGRES"))
+	if err != nil {
+		t.Fatalf("ONCEGUARD_TEST_POSTGRES: %v", err)
+	}
+	dir := t.TempDir()
+	// PgBouncer refuses to run as root; as root it is started as nobody,
+	// who must read its configuration.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var failures []string
+	for attempt := 1; attempt <= startAttempts; attempt++ {
+		dsn, clash, err := start(t, bin, dir, server, poolSize)
+		if err == nil {
+			db, err := sql.Open("pgx", dsn)
+			if err != nil {
+				t.Fatalf("sql.Open(pgx, %s) = %v", dsn, err)
+			}
+			db.SetMaxOpenConns(dbtest.MaxOpenConns)
+			t.Cleanup(func() { _ = db.Close() })
+			return db
+		}
+		failures = append(failures, fmt.Sprintf("attempt %d: %v", attempt, err))
+		if !clash {
+			break
+		}
+	}
+	t.Fatalf("pgbouncer: starting failed:\n%s", strings.Join(failures, "\n"))
+	return nil
+}
+
+// binary returns the path of pgbouncer, or "" when it is not installed
+// (Debian installs it in /usr/sbin, which a user's PATH may not hold).
+func binary() string {
+	if p, err := exec.LookPath("pgbouncer"); err == nil {
+		return p
+	}
+	if _, err := os.Stat("/usr/sbin/pgbouncer"); err == nil {
+		return "/usr/sbin/pgbouncer"
+	}
+	return ""
+}
+
+// start starts one PgBouncer on a free port and waits until it answers a
+// query; it returns the DSN of its clients. clash reports that the port was
+// taken, so that another may work.
+func start(t testing.TB, bin, dir string, server *url.URL, poolSize int) (dsn string, clash bool, err error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", false, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+
+	database := strings.TrimPrefix(server.Path, "/")
+	target := fmt.Sprintf("host=%s port=%s dbname=%s user=%s", server.Hostname(), portOf(server), database, server.User.Username())
+	if pw, ok := server.User.Password(); ok {
+		target += " password=" + pw
+	}
+	ini := filepath.Join(dir, "pgbouncer.ini")
+	conf := fmt.Sprintf(`[databases]
+%s = %s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = any
+pool_mode = transaction
+default_pool_size = %d
+min_pool_size = 0
+reserve_pool_size = 0
+max_client_conn = 500
+ignore_startup_parameters = extra_float_digits
+`, database, target, port, poolSize)
+	if err := os.WriteFile(ini, []byte(conf), 0o644); err != nil {
+		return "", false, err
+	}
+	args := []string{ini}
+	if os.Geteuid() == 0 {
+		args = []string{"-u", "nobody", ini}
+	}
+	var log syncBuffer
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	cmd.Stdout = &log
+	cmd.Stderr = &log
+	if err := testproc.Start(cmd); err != nil {
+		return "", false, fmt.Errorf("exec %s: %w", bin, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+
+	dsn = fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable&default_query_exec_mode=exec", server.User.Username(), port, database)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-done:
+			out := log.String()
+			return "", strings.Contains(out, "in use"), fmt.Errorf("pgbouncer exited:\n%s", out)
+		default:
+		}
+		err := ping(dsn)
+		if err == nil {
+			return dsn, false, nil
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			return "", false, fmt.Errorf("pgbouncer not answering after 10 s: %v\n%s", err, log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ping runs one query through dsn on a pool of its own.
+func ping(dsn string) error {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var one int
+	if err := db.QueryRow(`SELECT 1`).Scan(&one); err != nil {
+		return err
+	}
+	if one != 1 {
+		return errors.New("SELECT 1 did not return 1")
+	}
+	return nil
+}
+
+func portOf(u *url.URL) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	return "5432"
+}
+
+// syncBuffer is a bytes.Buffer that the process's output copier and the
+// test may use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,60 @@
+package sqllock_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/onceguard/onceguard/internal/integration/pgbouncer"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/locktest"
+	"github.com/onceguard/onceguard/lock/sqllock"
+)
+
+// The hazard the backends avoid, shown on the PgBouncer the other tests
+// use (so that they prove something): in transaction pooling mode a
+// session-scoped advisory lock stays on the server connection when the
+// statement ends, and the next client given that connection holds it too.
+func TestPgBouncerStrandsSessionLocks(t *testing.T) {
+	db := pgbouncer.Start(t, 1)
+	ctx := context.Background()
+	key := sqllock.AdvisoryKey(t.Name())
+	a, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var pidA, pidB int
+	var gotA, gotB bool
+	if err := a.QueryRowContext(ctx, `SELECT pg_backend_pid(), pg_try_advisory_lock($1)`, key).Scan(&pidA, &gotA); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.QueryRowContext(ctx, `SELECT pg_backend_pid(), pg_try_advisory_lock($1)`, key).Scan(&pidB, &gotB); err != nil {
+		t.Fatal(err)
+	}
+	if pidA != pidB || !gotA || !gotB {
+		t.Fatalf("two clients: server pids %d and %d, lock taken %v and %v; "+
+			"want one server connection, and both clients given the same session lock", pidA, pidB, gotA, gotB)
+	}
+}
+
+// XactBackend behind PgBouncer in transaction pooling mode: a held lock is
+// an open transaction, which PgBouncer keeps on one server connection, so
+// the pool needs a server connection per lock held at once (the conformance
+// suite holds up to a few at once).
+func TestConformanceXactPgBouncer(t *testing.T) {
+	db := pgbouncer.Start(t, 8)
+	b, err := sqllock.NewXact(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locktest.Run(t, func(*testing.T) lock.Backend { return b },
+		"github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1",
+		"database/sql.(*DB).connectionOpener",
+		"database/sql.(*Tx).awaitDone",
+		"github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead")
+}
