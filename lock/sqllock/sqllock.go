@@ -11,7 +11,10 @@
 // release and refresh are UPDATEs conditional on the owner token. Nothing
 // is held on a connection between statements, so the backend is safe
 // behind PgBouncer in transaction pooling mode and with database/sql's
-// pool; session-scoped locks (pg_advisory_lock, GET_LOCK) are not.
+// pool; session-scoped locks (pg_advisory_lock, GET_LOCK) are not. With
+// pgx behind PgBouncer before 1.21, open the database with
+// default_query_exec_mode=exec in the DSN: pgx's default caches prepared
+// statements per server connection, which transaction pooling does not keep.
 //
 // Time: expiries and fences use the database server's clock (PostgreSQL,
 // MySQL), never the client's; SQLite, which runs on the client's machine,
