@@ -3,7 +3,6 @@ package idempotency
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -75,17 +74,16 @@ func Do(ctx context.Context, store idemstore.Store, scope Scope, key, fingerprin
 		return nil, false, ErrMismatch
 	}
 	detached := context.WithoutCancel(ctx)
-	fctx, cancel := context.WithTimeoutCause(ctx, o.Lease-o.Lease/10, errLeaseEnding)
-	defer cancel()
 	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fingerprint, Recovered: res.Recovered, replayHeaders: &noHeaders}
-	call.ctx = callCtx{Context: fctx, call: call}
+	call.bind(ctx, o.Lease) // fn's context ends with ErrLeaseEnding
+	defer call.endCtx()
 	panicked := true
 	defer func() {
 		if panicked {
 			_ = store.Abandon(detached, id, res.Lease)
 		}
 	}()
-	result, err = fn(&call.ctx)
+	result, err = fn((*callCtx)(call))
 	panicked = false
 	if err != nil {
 		_ = store.Abandon(detached, id, res.Lease)
@@ -103,10 +101,6 @@ func Do(ctx context.Context, store idemstore.Store, scope Scope, key, fingerprin
 	}
 	return result, false, nil
 }
-
-// errLeaseEnding is the cause of fn's context's end when Do's lease is
-// about to run out.
-var errLeaseEnding = errors.New("idempotency: do: the lease is running out")
 
 // noHeaders are a Do run's replay headers: a result has none.
 var noHeaders []string

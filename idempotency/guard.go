@@ -91,7 +91,12 @@ type Options[R any] struct {
 	KeyOptional bool
 
 	// Lease protects an in-flight request: a retry within it gets 409; after
-	// it (the holder crashed) a retry runs again. Keep it longer than the
+	// it (the holder crashed) a retry runs again. The handler's context
+	// ends when nine tenths of it have passed (context.Cause:
+	// ErrLeaseEnding), unless the request's own deadline comes first, so a
+	// handler that honours its context stops before a retry may take the
+	// key over; one that then writes nothing frees the key (503
+	// request_interrupted), as does a 5xx. Keep it longer than the
 	// handler's timeout. Default: DefaultLease, 30s.
 	Lease time.Duration
 	// Wait, when positive, makes a retry that arrives while the key's
@@ -272,6 +277,7 @@ func (g *Guard[R]) Begin(ctx context.Context, r R, req *Request) Outcome {
 // to run the handler with again and Finish. Middleware calls it; an
 // adapter that supports Deferred does too.
 func (g *Guard[R]) Resume(ctx context.Context, r R, req *Request, call *Call) Outcome {
+	call.endCtx()
 	g.local.finish(call)
 	err := call.Refusal()
 	var held *idemstore.WindowHeldError
@@ -452,7 +458,7 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 	}
 	// One allocation carries the call, the handler's context and body.
 	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fp, Recovered: res.Recovered, replayHeaders: &g.replayHeaders}
-	call.ctx = callCtx{Context: ctx, call: call}
+	call.bind(ctx, o.Lease)
 	// From here the key is ours: every way out completes or frees it.
 	detached := (*detachedCall)(call)
 
@@ -491,7 +497,7 @@ func (g *Guard[R]) deferred(ctx context.Context, req *Request, id, key string, s
 	o := &g.o
 	lease := newLease()
 	call := &Call{ID: id, Lease: lease, Key: key, Scope: scope, Fingerprint: fp, replayHeaders: &g.replayHeaders}
-	call.ctx = callCtx{Context: ctx, call: call}
+	call.bind(ctx, o.Lease)
 	st := &idemstore.Start{ID: id, Fingerprint: fp, Lease: lease, LeaseUntil: now.Add(o.Lease), ExpiresAt: now.Add(o.TTL), Token: claim, Now: now}
 	if o.Windows != nil && o.Window > 0 {
 		st.WindowID = digest(scope.Principal, req.Method, req.Path, fp)
@@ -618,6 +624,8 @@ type Answer struct {
 // answer is stored: the transport sends a.Header.
 func (g *Guard[R]) Finish(r R, call *Call, a Answer) *Problem {
 	detached := (*detachedCall)(call)
+	ended := (*callCtx)(call).Err() != nil // the request's context, or the lease's bound
+	call.endCtx()
 	if d := call.deferred; d != nil {
 		g.local.finish(call)
 		if !d.created.Load() {
@@ -630,10 +638,11 @@ func (g *Guard[R]) Finish(r R, call *Call, a Answer) *Problem {
 	case (a.Status >= 500 && !g.o.StoreServerErrors) || call.has(forgotten):
 		g.release(r, detached, call)
 		return nil
-	case !a.Written && !call.has(completed) && call.ctx.Context.Err() != nil:
-		// No answer: the handler gave up when the request's context ended
-		// (a deadline, a client gone). Its empty 200 is not an outcome to
-		// replay for the key's whole TTL: freed, as after a 5xx.
+	case !a.Written && !call.has(completed) && ended:
+		// No answer: the handler gave up when its context ended (a
+		// deadline, a client gone, the key's lease running out). Its empty
+		// 200 is not an outcome to replay for the key's whole TTL: freed,
+		// as after a 5xx.
 		g.release(r, detached, call)
 		return probInterrupted
 	case !call.has(completed):
@@ -654,7 +663,7 @@ func (g *Guard[R]) Finish(r R, call *Call, a Answer) *Problem {
 	}
 	if g.o.OfferToken && a.Status < 500 && a.Status != http.StatusUnauthorized && a.Header != nil {
 		// After the store copied what it keeps: the offer is this answer's alone.
-		if next, expires := g.offer(call.ctx.Context, r, call.Scope.Principal, call.Key); next != "" {
+		if next, expires := g.offer(call.parent, r, call.Scope.Principal, call.Key); next != "" {
 			a.Header[HeaderNextToken] = []string{next}
 			a.Header[HeaderNextTokenExpires] = []string{expires}
 		}
@@ -703,6 +712,7 @@ func (g *Guard[R]) offerProblem(ctx context.Context, r R, p *Problem, principal,
 // Abort frees the key of a handler that panicked, before the transport
 // re-raises the panic.
 func (g *Guard[R]) Abort(r R, call *Call) {
+	call.endCtx()
 	g.local.finish(call)
 	g.release(r, (*detachedCall)(call), call)
 }
@@ -917,5 +927,7 @@ func (g *Guard[R]) FirstHeader(h http.Header, expires time.Time) {
 }
 
 // Context returns the handler's context: the request's, with the Call
-// (FromContext). A transport gives it to the handler.
-func (c *Call) Context() context.Context { return &c.ctx }
+// (FromContext), ending at nine tenths of the key's lease unless the
+// request's ends first (Options.Lease). A transport gives it to the
+// handler.
+func (c *Call) Context() context.Context { return (*callCtx)(c) }

@@ -115,7 +115,7 @@ func (m *middleware) serve(rec *recorder, r *http.Request, body []byte, call *Ca
 	call.body.reset(body)
 	r.Body = &call.body
 	// r.WithContext's copy, made in the Call: no allocation of its own.
-	call.req = *r.WithContext(&call.ctx)
+	call.req = *r.WithContext((*callCtx)(call))
 	m.next.ServeHTTP(rec, &call.req)
 }
 
@@ -181,10 +181,15 @@ type Call struct {
 	flags         atomic.Uint32 // completed, forgotten
 	deferred      *deferral     // Options.Deferred; nil otherwise
 	windowID      string
-	replayHeaders *[]string    // the middleware's, canonical
-	ctx           callCtx      // the handler's context
-	body          bodyReader   // the handler's body
-	req           http.Request // the handler's request
+	replayHeaders *[]string // the middleware's, canonical
+	// The handler's context (callCtx): the request's, ending at until
+	// (ns on the monotonic clock since monoEpoch; 0: when the request's
+	// does), through bound once made.
+	parent context.Context
+	until  int64
+	bound  atomic.Pointer[boundCtx]
+	body   bodyReader   // the handler's body
+	req    http.Request // the handler's request
 }
 
 // Response is the Response Middleware would store for an answer with
@@ -278,19 +283,105 @@ func (c *Call) Forget() { c.flags.Or(forgotten) }
 
 type callKey struct{}
 
-// callCtx is the handler's context: the request's, with its Call. It is
-// what context.WithValue(ctx, callKey{}, call) would be, kept in the Call
-// so that it costs no allocation of its own.
-type callCtx struct {
+// ErrLeaseEnding is the cause (context.Cause) of a handler's context, or
+// Do's fn's, that ended because nine tenths of the key's lease had
+// passed: after the lease a retry may take the key over and run the
+// handler again, so a handler that honours its context stops first, and
+// the last tenth is left to store its answer.
+var ErrLeaseEnding = errors.New("idempotency: the key's lease is running out")
+
+// callCtx is the handler's context, as a view of the Call (no allocation,
+// no field of its own): the request's context with the Call as a value,
+// ending when nine tenths of the key's lease have passed unless the
+// request's ends first. It is what context.WithValue(
+// context.WithDeadlineCause(ctx, until, ErrLeaseEnding), callKey{}, call)
+// would be. The deadline's timer is made the first time something waits on
+// the context (Done; Err or Value once the deadline has passed), so a
+// handler that never waits pays nothing for it.
+type callCtx Call
+
+// boundCtx is the request's context with the lease's deadline, and its
+// cancel.
+type boundCtx struct {
 	context.Context
-	call *Call
+	cancel context.CancelFunc
+}
+
+// endedCall marks a Call whose handler is done (Finish, Abort, Resume):
+// its timer is stopped, and its context is the request's again.
+var endedCall = new(boundCtx)
+
+// monoEpoch is the origin of Call.until, on the monotonic clock.
+var monoEpoch = time.Now()
+
+// bind makes ctx the request's context of c's handler, ending at nine
+// tenths of lease from now.
+func (c *Call) bind(ctx context.Context, lease time.Duration) {
+	c.parent = ctx
+	until := time.Since(monoEpoch) + lease - lease/10
+	if d, ok := ctx.Deadline(); !ok || monoEpoch.Add(until).Before(d) {
+		c.until = max(int64(until), 1)
+	}
+}
+
+// endCtx stops the handler's deadline timer, if one was made.
+func (c *Call) endCtx() {
+	if b := c.bound.Swap(endedCall); b != nil && b != endedCall {
+		b.cancel()
+	}
+}
+
+// bounded returns the context that ends at the lease's deadline, made on
+// first use.
+func (c *callCtx) bounded() context.Context {
+	b := c.bound.Load()
+	if b == nil {
+		if c.until == 0 {
+			return c.parent
+		}
+		ctx, cancel := context.WithDeadlineCause(c.parent, monoEpoch.Add(time.Duration(c.until)), ErrLeaseEnding)
+		b = &boundCtx{Context: ctx, cancel: cancel}
+		if !c.bound.CompareAndSwap(nil, b) {
+			cancel()
+			b = c.bound.Load()
+		}
+	}
+	if b == endedCall {
+		return c.parent
+	}
+	return b.Context
+}
+
+// unbound reports that the request's context stands for c: there is no
+// deadline of the lease, or it is not made and has not passed.
+func (c *callCtx) unbound() bool {
+	return c.until == 0 || (c.bound.Load() == nil && int64(time.Since(monoEpoch)) < c.until)
+}
+
+func (c *callCtx) Deadline() (time.Time, bool) {
+	if c.until == 0 || c.bound.Load() == endedCall {
+		return c.parent.Deadline()
+	}
+	return monoEpoch.Add(time.Duration(c.until)), true
+}
+
+func (c *callCtx) Done() <-chan struct{} { return c.bounded().Done() }
+
+func (c *callCtx) Err() error {
+	if c.unbound() {
+		return c.parent.Err()
+	}
+	return c.bounded().Err()
 }
 
 func (c *callCtx) Value(key any) any {
 	if _, ok := key.(callKey); ok {
-		return c.call
+		return (*Call)(c)
 	}
-	return c.Context.Value(key)
+	if c.unbound() {
+		return c.parent.Value(key)
+	}
+	return c.bounded().Value(key)
 }
 
 // detachedCall is what context.WithoutCancel(ctx) returns for the
@@ -302,28 +393,28 @@ type detachedCall Call
 func (*detachedCall) Deadline() (time.Time, bool) { return time.Time{}, false }
 func (*detachedCall) Done() <-chan struct{}       { return nil }
 func (*detachedCall) Err() error                  { return nil }
-func (d *detachedCall) Value(key any) any         { return d.ctx.Context.Value(key) }
+func (d *detachedCall) Value(key any) any         { return d.parent.Value(key) }
 
 // bodyReader is the handler's r.Body: the body Middleware read, with the
-// methods of io.NopCloser(bytes.NewReader(body)), kept in the Call.
+// methods of io.NopCloser(bytes.NewReader(body)), kept in the Call. b is
+// what is left to read.
 type bodyReader struct {
 	b []byte
-	i int
 }
 
-func (r *bodyReader) reset(b []byte) { r.b, r.i = b, 0 }
+func (r *bodyReader) reset(b []byte) { r.b = b }
 
 func (r *bodyReader) Read(p []byte) (int, error) {
-	if r.i >= len(r.b) {
+	if len(r.b) == 0 {
 		return 0, io.EOF
 	}
-	n := copy(p, r.b[r.i:])
-	r.i += n
+	n := copy(p, r.b)
+	r.b = r.b[n:]
 	return n, nil
 }
 
 func (r *bodyReader) WriteTo(w io.Writer) (int64, error) {
-	rest := r.b[r.i:]
+	rest := r.b
 	if len(rest) == 0 {
 		return 0, nil
 	}
@@ -331,7 +422,7 @@ func (r *bodyReader) WriteTo(w io.Writer) (int64, error) {
 	if n > len(rest) {
 		panic("idempotency: invalid Write count")
 	}
-	r.i += n
+	r.b = rest[n:]
 	if err == nil && n != len(rest) {
 		err = io.ErrShortWrite
 	}
