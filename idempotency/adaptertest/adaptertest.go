@@ -18,7 +18,8 @@
 // 422 idempotency_key_reused; 400 for a missing or invalid key; a
 // request without a key on a KeyOptional route runs unprotected; submit
 // tokens; the repeat-submit window; a 5xx and a panic free the key; a
-// handler that writes nothing; streamed and large answers; a storm of 200
+// handler that writes nothing; a handler's context that ends before the
+// key's lease; streamed and large answers; a storm of 200
 // same-key requests runs the handler once.
 package adaptertest
 
@@ -26,6 +27,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -91,6 +93,7 @@ type Start func(t *testing.T, cfg Config, app http.Handler) (baseURL string)
 //	/fail    500 on its first run, then as /ok
 //	/panic   panics on its first run, then as /ok
 //	/empty   writes nothing
+//	/leased  writes nothing once its context ends (at most leasedWait)
 //	/large   1 MiB of text/plain
 //	/stream  ten chunks, each flushed
 type app struct {
@@ -101,11 +104,18 @@ type app struct {
 	started chan struct{}  // /slow says it began
 	failed  atomic.Bool
 	paniced atomic.Bool
+	// leaseEnded counts /leased runs whose context ended with
+	// idempotency.ErrLeaseEnding as its cause.
+	leaseEnded atomic.Int32
 }
 
 func newApp() *app {
 	return &app{effects: map[string]int{}, release: make(chan struct{}), started: make(chan struct{}, 1000)}
 }
+
+// leasedWait is how long /leased waits for its context to end: ten times
+// the lease the suite gives it.
+const leasedWait = 4 * time.Second
 
 // LargeSize is /large's body length.
 const LargeSize = 1 << 20
@@ -130,6 +140,15 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			panic("adaptertest: the handler panics")
 		}
 	case "/empty":
+		return
+	case "/leased":
+		select {
+		case <-r.Context().Done():
+			if errors.Is(context.Cause(r.Context()), idempotency.ErrLeaseEnding) {
+				a.leaseEnded.Add(1)
+			}
+		case <-time.After(leasedWait):
+		}
 		return
 	case "/large":
 		w.Header().Set("Content-Type", "text/plain")
@@ -483,6 +502,22 @@ func Run(t *testing.T, start Start, newStore func(t *testing.T) idemstore.FullSt
 		}
 		if a.runs.Load() != 1 {
 			t.Errorf("%d runs; want 1", a.runs.Load())
+		}
+	})
+
+	// PITFALLS 17: the handler's context ends before the key's lease, so
+	// that a handler that honours it stops before a retry may take the
+	// key over; having written nothing, it frees the key (503).
+	t.Run("LeaseEndsHandlerContext", func(t *testing.T) {
+		c, a := setup(t, Config{Lease: 400 * time.Millisecond})
+		key := uniq(t, "k")
+		for i := range 2 {
+			if got := c.send("/leased", "ann", key, "", `{}`); got.status != 503 || got.code() != "request_interrupted" {
+				t.Fatalf("run %d: a handler stopped by the lease's end: %v; want 503 request_interrupted", i+1, got)
+			}
+		}
+		if a.runs.Load() != 2 || a.leaseEnded.Load() != 2 {
+			t.Errorf("%d runs, %d ended by the lease; want 2 and 2 (the key freed after each)", a.runs.Load(), a.leaseEnded.Load())
 		}
 	})
 

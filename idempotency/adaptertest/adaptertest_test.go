@@ -122,7 +122,8 @@ func TestSuiteCatchesBrokenAdapter(t *testing.T) {
 	cmd = exec.Command(os.Args[0], "-test.run=^TestSuiteCatchesBrokenAdapter$", "-test.v")
 	cmd.Env = append(os.Environ(), "ADAPTERTEST_BROKEN=body")
 	out, err = cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "--- FAIL: TestSuiteCatchesBrokenAdapter/ReplayByteForByte") {
+	if err == nil || !strings.Contains(string(out), "--- FAIL: TestSuiteCatchesBrokenAdapter/ReplayByteForByte") ||
+		!strings.Contains(string(out), "--- FAIL: TestSuiteCatchesBrokenAdapter/LeaseEndsHandlerContext") {
 		t.Errorf("the suite passed an adapter that loses the body and the Call (%v):\n%s", err, out)
 	}
 }

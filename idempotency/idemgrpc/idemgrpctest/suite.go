@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/onceguard/onceguard/idempotency"
 	"github.com/onceguard/onceguard/idempotency/idemgrpc"
 	"github.com/onceguard/onceguard/idempotency/idemgrpc/internal/paypb"
 	"github.com/onceguard/onceguard/idempotency/idemstore"
@@ -42,6 +43,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idemstore.Store) {
 		{"RequestIDNotFingerprinted", testRequestIDWindow},
 		{"UnguardedMethod", testUnguarded},
 		{"HandlerErrors", testHandlerErrors},
+		{"LeaseEndsHandlerContext", testLeaseEnds},
 		{"StoreServerErrors", testStoreServerErrors},
 		{"Panic", testPanic},
 		{"Principal", testPrincipal},
@@ -351,6 +353,45 @@ func handlerError(c codes.Code) error {
 
 // A handler's client-side error is stored and replayed (code, message,
 // details); a server-side or transient one frees the key.
+// PITFALLS 17: the handler's context ends at nine tenths of the key's
+// lease (cause idempotency.ErrLeaseEnding), so that a handler honouring
+// it stops before a retry may take the key over; its DEADLINE_EXCEEDED
+// frees the key.
+func testLeaseEnds(t *testing.T, newStore func(*testing.T) idemstore.Store) {
+	var (
+		mu     sync.Mutex
+		causes []error
+	)
+	e := start(t, newStore, setup{
+		server: func(o *idemgrpc.ServerOptions) { o.Guard.Lease = 300 * time.Millisecond },
+		charge: func(ctx context.Context, n int64, req *paypb.ChargeRequest) (*paypb.ChargeReply, error) {
+			if n == 2 {
+				return okReply(n, req), nil
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(4 * time.Second):
+			}
+			mu.Lock()
+			causes = append(causes, context.Cause(ctx))
+			mu.Unlock()
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}})
+	ctx := t.Context()
+	if a := e.charge(ctx, e.plain, "k-lease", charge(5)); status.Code(a.err) != codes.DeadlineExceeded {
+		t.Fatalf("first call: %v; want DeadlineExceeded", a.err)
+	}
+	mu.Lock()
+	if len(causes) != 1 || !errors.Is(causes[0], idempotency.ErrLeaseEnding) {
+		t.Errorf("the handler's context ended with %v; want ErrLeaseEnding", causes)
+	}
+	mu.Unlock()
+	if a := e.charge(ctx, e.plain, "k-lease", charge(5)); a.err != nil || a.replayed() {
+		t.Errorf("retry: %v (replayed %v); want a new run", a.err, a.replayed())
+	}
+	wantExecutions(t, e, 2)
+}
+
 func testHandlerErrors(t *testing.T, newStore func(*testing.T) idemstore.Store) {
 	for _, c := range append(append([]codes.Code(nil), storedCodes...), freedCodes...) {
 		t.Run(c.String(), func(t *testing.T) {
