@@ -36,14 +36,28 @@ func fromEnv(t testing.TB, driver, env string) *sql.DB {
 	if dsn == "" {
 		t.Skipf("%s not set; skipping the integration test", env)
 	}
+	return open(t, driver, dsn, env)
+}
+
+// OpenPostgres opens the PostgreSQL URL dsn with pgx (a PgBouncer's, say,
+// from internal/pgbouncertest), bounded as Postgres is.
+func OpenPostgres(t testing.TB, dsn string) *sql.DB {
+	t.Helper()
+	return open(t, "pgx", dsn, dsn)
+}
+
+// open opens dsn (named name in failures) with driver, pings it, and
+// closes it when t ends.
+func open(t testing.TB, driver, dsn, name string) *sql.DB {
+	t.Helper()
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
-		t.Fatalf("sql.Open(%s, %s) = %v", driver, env, err)
+		t.Fatalf("sql.Open(%s, %s) = %v", driver, name, err)
 	}
 	db.SetMaxOpenConns(MaxOpenConns)
 	t.Cleanup(func() { _ = db.Close() })
 	if err := db.Ping(); err != nil {
-		t.Fatalf("ping %s = %v; want the database answering", env, err)
+		t.Fatalf("ping %s = %v; want the database answering", name, err)
 	}
 	return db
 }

@@ -1,4 +1,4 @@
-// Package pgbouncer runs a private PgBouncer in transaction pooling mode in
+// Package pgbouncertest runs a private PgBouncer in transaction pooling mode in
 // front of the PostgreSQL server of ONCEGUARD_TEST_POSTGRES, for tests that
 // show a package is safe behind one (docs/pitfalls.md, item 9): in that mode
 // a client's statements outside a transaction may each run on another
@@ -8,12 +8,10 @@
 //
 // The process listens on a free loopback port, keeps its configuration in a
 // test temporary directory and is killed when the test ends.
-package pgbouncer
+package pgbouncertest
 
 import (
 	"bytes"
-	"database/sql"
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -25,7 +23,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/testproc"
 )
 
@@ -35,17 +32,18 @@ const startAttempts = 5
 
 // Start starts PgBouncer in transaction pooling mode with at most poolSize
 // server connections to the database of ONCEGUARD_TEST_POSTGRES, and
-// returns a pgx (database/sql driver "pgx") pool of clients to it, closed
-// when t ends. The clients use pgx's exec query mode (default_query_exec_mode=exec:
-// unnamed statements, each parsed in the round trip that runs it), which is
-// what a user behind PgBouncer before 1.21 must configure: pgx's default
-// caches named prepared statements per connection, which transaction
-// pooling does not keep.
+// returns the URL of its clients (for pgx); the process is killed when t
+// ends. With database, it serves that database of the same server
+// instead. The URL asks for pgx's exec query mode
+// (default_query_exec_mode=exec: unnamed statements, each parsed in the
+// round trip that runs it), which is what a user behind PgBouncer before
+// 1.21 must configure: pgx's default caches named prepared statements per
+// connection, which transaction pooling does not keep.
 //
 // Start skips the test when ONCEGUARD_TEST_POSTGRES is unset, and when
 // pgbouncer is not installed unless the environment variable CI is set,
 // where it fails the test instead.
-func Start(t testing.TB, poolSize int) *sql.DB {
+func Start(t testing.TB, poolSize int, database ...string) string {
 	t.Helper()
 	if os.Getenv("ONCEGUARD_TEST_POSTGRES") == "" {
 		t.Skip("ONCEGUARD_TEST_POSTGRES not set; skipping the PgBouncer test")
@@ -62,6 +60,9 @@ func Start(t testing.TB, poolSize int) *sql.DB {
 	if err != nil {
 		t.Fatalf("ONCEGUARD_TEST_POSTGRES: %v", err)
 	}
+	if len(database) > 0 {
+		server.Path = "/" + database[0]
+	}
 	dir := t.TempDir()
 	// PgBouncer refuses to run as root; as root it is started as nobody,
 	// who must read its configuration.
@@ -72,13 +73,7 @@ func Start(t testing.TB, poolSize int) *sql.DB {
 	for attempt := 1; attempt <= startAttempts; attempt++ {
 		dsn, clash, err := start(t, bin, dir, server, poolSize)
 		if err == nil {
-			db, err := sql.Open("pgx", dsn)
-			if err != nil {
-				t.Fatalf("sql.Open(pgx, %s) = %v", dsn, err)
-			}
-			db.SetMaxOpenConns(dbtest.MaxOpenConns)
-			t.Cleanup(func() { _ = db.Close() })
-			return db
+			return dsn
 		}
 		failures = append(failures, fmt.Sprintf("attempt %d: %v", attempt, err))
 		if !clash {
@@ -86,7 +81,7 @@ func Start(t testing.TB, poolSize int) *sql.DB {
 		}
 	}
 	t.Fatalf("pgbouncer: starting failed:\n%s", strings.Join(failures, "\n"))
-	return nil
+	return ""
 }
 
 // binary returns the path of pgbouncer, or "" when it is not installed
@@ -156,6 +151,7 @@ ignore_startup_parameters = extra_float_digits
 	})
 
 	dsn = fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable&default_query_exec_mode=exec", server.User.Username(), port, database)
+	listening := fmt.Sprintf("listening on 127.0.0.1:%d", port)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		select {
@@ -164,33 +160,15 @@ ignore_startup_parameters = extra_float_digits
 			return "", strings.Contains(out, "in use"), fmt.Errorf("pgbouncer exited:\n%s", out)
 		default:
 		}
-		err := ping(dsn)
-		if err == nil {
+		if strings.Contains(log.String(), listening) {
 			return dsn, false, nil
 		}
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
-			return "", false, fmt.Errorf("pgbouncer not answering after 10 s: %v\n%s", err, log.String())
+			return "", false, fmt.Errorf("pgbouncer not listening after 10 s:\n%s", log.String())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// ping runs one query through dsn on a pool of its own.
-func ping(dsn string) error {
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	var one int
-	if err := db.QueryRow(`SELECT 1`).Scan(&one); err != nil {
-		return err
-	}
-	if one != 1 {
-		return errors.New("SELECT 1 did not return 1")
-	}
-	return nil
 }
 
 func portOf(u *url.URL) string {
