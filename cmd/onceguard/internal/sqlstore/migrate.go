@@ -65,12 +65,34 @@ func migrations(d sqldialect.Dialect) ([]migration, error) {
 }
 
 // Migrate brings the schema up to date. Several processes may run it at
-// once: they serialise on a database-wide lock (pg_advisory_lock,
-// GET_LOCK, or SQLite's write lock) and each applies only what is missing.
+// once: they serialise on a database-wide lock and each applies only what
+// is missing. On PostgreSQL the whole migration is one transaction holding
+// pg_advisory_xact_lock, so that nothing is left on a session: behind
+// PgBouncer in transaction pooling mode a session's advisory lock stays on
+// whichever server connection took it (PITFALLS 9), and the statements
+// after it may run on another. MySQL takes GET_LOCK and SQLite its write
+// lock on one connection.
 func Migrate(ctx context.Context, db *sql.DB, d sqldialect.Dialect) error {
 	ms, err := migrations(d)
 	if err != nil {
 		return err
+	}
+	if d == sqldialect.Postgres {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("sqlstore: migrate: %w", err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, migrateLockKey); err != nil {
+			return fmt.Errorf("sqlstore: migrate: lock: %w", err)
+		}
+		if err := apply(ctx, tx, d, ms); err != nil {
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("sqlstore: migrate: %w", err)
+		}
+		return nil
 	}
 	conn, err := db.Conn(ctx) // the lock is the session's: one connection throughout
 	if err != nil {
@@ -82,11 +104,23 @@ func Migrate(ctx context.Context, db *sql.DB, d sqldialect.Dialect) error {
 		return fmt.Errorf("sqlstore: migrate: lock: %w", err)
 	}
 	defer unlock()
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at BIGINT NOT NULL)`); err != nil {
+	return apply(ctx, conn, d, ms)
+}
+
+// migrator is a connection or a transaction.
+type migrator interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// apply applies the migrations of ms that schema_migrations does not
+// list, on c, which holds the migration lock.
+func apply(ctx context.Context, c migrator, d sqldialect.Dialect, ms []migration) error {
+	if _, err := c.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at BIGINT NOT NULL)`); err != nil {
 		return fmt.Errorf("sqlstore: migrate: %w", err)
 	}
 	applied := map[int]bool{}
-	rows, err := conn.QueryContext(ctx, `SELECT version FROM schema_migrations`)
+	rows, err := c.QueryContext(ctx, `SELECT version FROM schema_migrations`)
 	if err != nil {
 		return fmt.Errorf("sqlstore: migrate: %w", err)
 	}
@@ -104,7 +138,7 @@ func Migrate(ctx context.Context, db *sql.DB, d sqldialect.Dialect) error {
 			continue
 		}
 		for _, stmt := range m.stmts {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			if _, err := c.ExecContext(ctx, stmt); err != nil {
 				return fmt.Errorf("sqlstore: migration %s: %w", m.name, err)
 			}
 		}
@@ -112,7 +146,7 @@ func Migrate(ctx context.Context, db *sql.DB, d sqldialect.Dialect) error {
 		if d == sqldialect.Postgres {
 			q = sqldb.Rebind(q)
 		}
-		if _, err := conn.ExecContext(ctx, q, m.version, m.name, time.Now().UnixMicro()); err != nil {
+		if _, err := c.ExecContext(ctx, q, m.version, m.name, time.Now().UnixMicro()); err != nil {
 			return fmt.Errorf("sqlstore: migration %s: %w", m.name, err)
 		}
 	}
@@ -124,11 +158,6 @@ const migrateLockKey = 0x6f6e6365 // "once"
 func lockMigrations(ctx context.Context, conn *sql.Conn, d sqldialect.Dialect) (func(), error) {
 	bg := context.WithoutCancel(ctx)
 	switch d {
-	case sqldialect.Postgres:
-		if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, migrateLockKey); err != nil {
-			return nil, err
-		}
-		return func() { _, _ = conn.ExecContext(bg, `SELECT pg_advisory_unlock($1)`, migrateLockKey) }, nil
 	case sqldialect.MySQL:
 		var got sql.NullInt64
 		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK('onceguard_migrate', 60)`).Scan(&got); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/sqlstore"
 	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/internal/pgbouncertest"
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/sqldialect"
 )
@@ -23,6 +24,9 @@ var databases = []database{
 	{"postgres", sqldialect.Postgres, dbtest.Postgres},
 	{"mysql", sqldialect.MySQL, dbtest.MySQL},
 	{"sqlite", sqldialect.SQLite, dbtest.SQLite},
+	// Behind PgBouncer in transaction pooling mode, with two server
+	// connections (PITFALLS 9: a session's advisory lock is stranded there).
+	{"postgres-pgbouncer", sqldialect.Postgres, func(t testing.TB) *sql.DB { return dbtest.OpenPostgres(t, pgbouncertest.Start(t, 2)) }},
 }
 
 var tables = []string{"outbox", "pending_movements", "service_secrets", "psp_events", "ledger", "payments", "orders", "withdrawals", "deposits", "accounts", "sessions", "users", "schema_migrations"}
