@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/sqldialect"
@@ -76,6 +77,16 @@ func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 	if err != nil {
 		return nil, 0, "", err
 	}
+	where := dialect.String() + " (" + redactURL(u) + ")"
+	if dialect == sqldialect.Postgres {
+		var pooled bool
+		if db, pooled, err = behindPooler(db, u, c.lockTTL); err != nil {
+			return nil, 0, "", err
+		}
+		if pooled {
+			where += " behind a transaction pooler"
+		}
+	}
 	if dialect == sqldialect.SQLite {
 		// One writer at a time, and each new connection parses the schema: a few kept open,
 		// the rest of a storm queued here rather than in SQLite's busy handler.
@@ -88,7 +99,66 @@ func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 		db.SetMaxIdleConns(c.dbConns)
 		db.SetConnMaxIdleTime(time.Minute)
 	}
-	return db, dialect, dialect.String() + " (" + redactURL(u) + ")", nil
+	return db, dialect, where, nil
+}
+
+// behindPooler returns db, or, when the server refuses its session
+// settings as startup parameters (PgBouncer in transaction pooling mode
+// does: "unsupported startup parameter"), a pool on u without them, in
+// pgx's exec query mode unless u names one (PgBouncer before 1.21 does not
+// keep pgx's cached prepared statements), and pooled true. The settings
+// must then be the database's or the role's own (ALTER DATABASE ... SET):
+// without a lock_timeout and an idle_in_transaction_session_timeout within
+// ttl, a paused holder's transaction would keep its row locks, and the
+// service refuses to start, saying what to run. Any other answer, a server
+// down included, leaves db as it is: what uses it first reports that.
+func behindPooler(db *sql.DB, u string, ttl time.Duration) (_ *sql.DB, pooled bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var pgErr *pgconn.PgError
+	if err := db.PingContext(ctx); !errors.As(err, &pgErr) || pgErr.Code != "08P01" || !strings.HasPrefix(pgErr.Message, "unsupported startup parameter") {
+		return db, false, nil
+	}
+	_ = db.Close()
+	if !strings.Contains(u, "default_query_exec_mode=") {
+		u = boundTx(u, map[string]string{"default_query_exec_mode": "exec"})
+	}
+	if db, err = sql.Open("pgx", u); err != nil {
+		return nil, false, err
+	}
+	if err := checkSessionBounds(ctx, db, ttl); err != nil {
+		_ = db.Close()
+		return nil, false, err
+	}
+	return db, true, nil
+}
+
+// checkSessionBounds checks that the server's own lock_timeout and
+// idle_in_transaction_session_timeout (of the database or the role) are
+// set and within ttl.
+func checkSessionBounds(ctx context.Context, db *sql.DB, ttl time.Duration) error {
+	var name string
+	var lockMS, idleMS int64
+	err := db.QueryRowContext(ctx, `SELECT current_database(),
+  (SELECT setting::bigint FROM pg_settings WHERE name = 'lock_timeout'),
+  (SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')`).Scan(&name, &lockMS, &idleMS)
+	if err != nil {
+		return fmt.Errorf("--db: reading the server's session settings behind a pooler: %w", err)
+	}
+	limit := ttl.Milliseconds()
+	if lockMS > 0 && lockMS <= limit && idleMS > 0 && idleMS <= limit {
+		return nil
+	}
+	db2 := `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+	return fmt.Errorf("--db: the server refused the session settings as startup parameters, as a pooler "+
+		"in transaction mode (PgBouncer) does, and its own lock_timeout (%dms) and "+
+		"idle_in_transaction_session_timeout (%dms) are not both between 1ms and --lock-ttl (%dms); "+
+		"set them on the database, then start again:\n"+
+		"  ALTER DATABASE %s SET lock_timeout = '%dms';\n"+
+		"  ALTER DATABASE %s SET idle_in_transaction_session_timeout = '%dms';\n"+
+		"  ALTER DATABASE %s SET plan_cache_mode = force_generic_plan; -- optional: each statement planned once\n"+
+		"(new server connections get them: restart the pooler's, or RECONNECT in PgBouncer's console)",
+		lockMS, idleMS, limit, db2, limit, db2, limit, db2)
 }
 
 // checkpoints checkpoints SQLite's WAL beside the writers
