@@ -26,7 +26,10 @@ import (
 // to store its answer: a pool of one would deadlock until the store's
 // timeout), so it comes on top of db's MaxOpenConns: it is open while
 // someone waits, and closed afterwards. The settings are read once, on a
-// connection of the pool.
+// connection of the pool. Behind PgBouncer in transaction pooling mode,
+// give it a *sql.DB opened on PostgreSQL itself: a LISTEN belongs to a
+// session, which transaction pooling does not keep, and waiters would
+// only find their answers when they ask again (once a second).
 func Listener(db *sql.DB) sqlstore.Listener { return &listener{db: db} }
 
 type listener struct {
