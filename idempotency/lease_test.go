@@ -118,6 +118,102 @@ func TestHandlerContextEndsWithTheRequest(t *testing.T) {
 	if _, ok := idempotency.FromContext(ctx); !ok {
 		t.Error("the Call is lost from the ended context")
 	}
+	select {
+	case <-ctx.Done():
+	default:
+		t.Error("a Done taken after the answer is open")
+	}
+	if !errors.Is(ctx.Err(), context.Canceled) || !errors.Is(context.Cause(ctx), context.Canceled) {
+		t.Errorf("after the answer: Err = %v, Cause = %v; want Canceled, as net/http's", ctx.Err(), context.Cause(ctx))
+	}
+}
+
+// The same for a handler that never looked at its context while it ran.
+func TestHandlerContextEndedUnseen(t *testing.T) {
+	var ctx context.Context
+	h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}, Lease: time.Hour})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx = r.Context()
+		w.WriteHeader(201)
+	}))
+	sendKey(h, "k")
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Error("Done after the answer is open")
+	}
+	if !errors.Is(ctx.Err(), context.Canceled) || !errors.Is(context.Cause(ctx), context.Canceled) {
+		t.Errorf("after the answer: Err = %v, Cause = %v; want Canceled", ctx.Err(), context.Cause(ctx))
+	}
+}
+
+// What fn leaves behind sees its context end when Do returns.
+func TestDoContextEndsWhenDoReturns(t *testing.T) {
+	var ctx context.Context
+	if _, _, err := idempotency.Do(context.Background(), &memstore.Store{}, idempotency.Scope{}, "k", "fp", &idempotency.DoOptions{Lease: time.Hour},
+		func(c context.Context) ([]byte, error) { ctx = c; return []byte("x"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Errorf("fn's context is open after Do returned (Err = %v)", ctx.Err())
+	}
+}
+
+// Goroutines the handler started use its context (every method, and
+// contexts derived from it) while the answer is stored and the context
+// ends: Done closed and Err non-nil always agree, and nothing panics
+// (context.WithTimeout panics on a parent whose Done is closed while its
+// Err is nil). Run with -race.
+func TestHandlerContextEndsConsistently(t *testing.T) {
+	for i := range 100 {
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		h := idempotency.Middleware(idempotency.Config{Store: &memstore.Store{}, Lease: 20 * time.Millisecond})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx := r.Context()
+			for range 4 {
+				wg.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						_, _ = ctx.Deadline()
+						select {
+						case <-ctx.Done():
+							if ctx.Err() == nil {
+								t.Error("Done closed, Err nil")
+								return
+							}
+						default:
+						}
+						if ctx.Err() != nil {
+							select {
+							case <-ctx.Done():
+							default:
+								t.Error("Err non-nil, Done open")
+								return
+							}
+						}
+						_ = ctx.Value("x")
+						_ = context.Cause(ctx)
+						child, cancel := context.WithTimeout(ctx, time.Second)
+						cancel()
+						_ = child
+					}
+				})
+			}
+			time.Sleep(time.Duration(i%25) * time.Millisecond)
+		}))
+		sendKey(h, "k")
+		time.Sleep(time.Millisecond)
+		close(stop)
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+	}
 }
 
 // Many goroutines of one handler wait on its context at once: they share

@@ -307,8 +307,10 @@ type boundCtx struct {
 	cancel context.CancelFunc
 }
 
-// endedCall marks a Call whose handler is done (Finish, Abort, Resume):
-// its timer is stopped, and its context is the request's again.
+// endedCall marks a Call whose handler is done (Finish, Abort, Resume)
+// before its context's deadline was made: the context is then cancelled,
+// as net/http's is once a handler returned, made so (ended) only if
+// something looks at it again.
 var endedCall = new(boundCtx)
 
 // monoEpoch is the origin of Call.until, on the monotonic clock.
@@ -324,42 +326,65 @@ func (c *Call) bind(ctx context.Context, lease time.Duration) {
 	}
 }
 
-// endCtx stops the handler's deadline timer, if one was made.
+// endCtx ends the handler's context (context.Canceled, unless it ended
+// before), stopping its deadline's timer if one was made. What the
+// handler left behind sees it ended, as under net/http, and never its
+// request's context again (whose Done may already have been closed by it).
 func (c *Call) endCtx() {
-	if b := c.bound.Swap(endedCall); b != nil && b != endedCall {
-		b.cancel()
+	for {
+		switch b := c.bound.Load(); b {
+		case nil:
+			if c.bound.CompareAndSwap(nil, endedCall) {
+				return
+			}
+		case endedCall:
+			return
+		default:
+			b.cancel() // b stays: ended, with the request's values
+			return
+		}
 	}
 }
 
 // bounded returns the context that ends at the lease's deadline, made on
-// first use.
+// first use; the request's while there is no such deadline; an ended one
+// once the Call ended.
 func (c *callCtx) bounded() context.Context {
-	b := c.bound.Load()
-	if b == nil {
-		if c.until == 0 {
-			return c.parent
-		}
-		ctx, cancel := context.WithDeadlineCause(c.parent, monoEpoch.Add(time.Duration(c.until)), ErrLeaseEnding)
-		b = &boundCtx{Context: ctx, cancel: cancel}
-		if !c.bound.CompareAndSwap(nil, b) {
+	for {
+		switch b := c.bound.Load(); b {
+		case nil:
+			if c.until == 0 {
+				return c.parent
+			}
+			ctx, cancel := context.WithDeadlineCause(c.parent, monoEpoch.Add(time.Duration(c.until)), ErrLeaseEnding)
+			if c.bound.CompareAndSwap(nil, &boundCtx{Context: ctx, cancel: cancel}) {
+				return ctx
+			}
+			cancel() // another goroutine made it, or the Call ended: look again
+		case endedCall:
+			ctx, cancel := context.WithCancel(c.parent)
 			cancel()
-			b = c.bound.Load()
+			if c.bound.CompareAndSwap(endedCall, &boundCtx{Context: ctx, cancel: cancel}) {
+				return ctx
+			}
+		default:
+			return b.Context
 		}
 	}
-	if b == endedCall {
-		return c.parent
-	}
-	return b.Context
 }
 
-// unbound reports that the request's context stands for c: there is no
-// deadline of the lease, or it is not made and has not passed.
+// unbound reports that the request's context stands for c: nothing is
+// made, the Call has not ended, and there is no lease deadline or it has
+// not passed.
 func (c *callCtx) unbound() bool {
-	return c.until == 0 || (c.bound.Load() == nil && int64(time.Since(monoEpoch)) < c.until)
+	return c.bound.Load() == nil && (c.until == 0 || int64(time.Since(monoEpoch)) < c.until)
 }
 
 func (c *callCtx) Deadline() (time.Time, bool) {
-	if c.until == 0 || c.bound.Load() == endedCall {
+	if c.bound.Load() != nil {
+		return c.bounded().Deadline()
+	}
+	if c.until == 0 {
 		return c.parent.Deadline()
 	}
 	return monoEpoch.Add(time.Duration(c.until)), true
