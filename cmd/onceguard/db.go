@@ -102,63 +102,81 @@ func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 	return db, dialect, where, nil
 }
 
-// behindPooler returns db, or, when the server refuses its session
-// settings as startup parameters (PgBouncer in transaction pooling mode
-// does: "unsupported startup parameter"), a pool on u without them, in
-// pgx's exec query mode unless u names one (PgBouncer before 1.21 does not
-// keep pgx's cached prepared statements), and pooled true. The settings
-// must then be the database's or the role's own (ALTER DATABASE ... SET):
-// without a lock_timeout and an idle_in_transaction_session_timeout within
-// ttl, a paused holder's transaction would keep its row locks, and the
-// service refuses to start, saying what to run. Any other answer, a server
-// down included, leaves db as it is: what uses it first reports that.
+// behindPooler checks that the PostgreSQL sessions of db (opened on u
+// with boundTx's settings) are bounded: a lock_timeout and an
+// idle_in_transaction_session_timeout within ttl, without which a paused
+// holder's transaction would keep its row locks. When the server refuses
+// the settings as startup parameters (PgBouncer in transaction pooling
+// mode does: "unsupported startup parameter"), it returns a pool on u
+// without them, in pgx's exec query mode unless u names one (PgBouncer
+// before 1.21 does not keep pgx's cached prepared statements), and pooled
+// true: the bounds must then be the database's or the role's own (ALTER
+// DATABASE ... SET). A pooler may also accept the settings and drop them
+// (PgBouncer's ignore_startup_parameters): the check finds that too. When
+// the bounds are missing the service refuses to start, saying what to
+// run. A server that does not answer leaves db as it is: what uses it
+// first reports that.
 func behindPooler(db *sql.DB, u string, ttl time.Duration) (_ *sql.DB, pooled bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var pgErr *pgconn.PgError
-	if err := db.PingContext(ctx); !errors.As(err, &pgErr) || pgErr.Code != "08P01" || !strings.HasPrefix(pgErr.Message, "unsupported startup parameter") {
+	err = db.PingContext(ctx)
+	refused := errors.As(err, &pgErr) && pgErr.Code == "08P01" && strings.HasPrefix(pgErr.Message, "unsupported startup parameter")
+	if err != nil && !refused {
 		return db, false, nil
 	}
-	_ = db.Close()
-	if !strings.Contains(u, "default_query_exec_mode=") {
-		u = boundTx(u, map[string]string{"default_query_exec_mode": "exec"})
+	if refused {
+		_ = db.Close()
+		if !strings.Contains(u, "default_query_exec_mode=") {
+			u = boundTx(u, map[string]string{"default_query_exec_mode": "exec"})
+		}
+		if db, err = sql.Open("pgx", u); err != nil {
+			return nil, false, err
+		}
 	}
-	if db, err = sql.Open("pgx", u); err != nil {
-		return nil, false, err
-	}
-	if err := checkSessionBounds(ctx, db, ttl); err != nil {
+	if err := checkSessionBounds(ctx, db, u, ttl, refused); err != nil {
 		_ = db.Close()
 		return nil, false, err
 	}
-	return db, true, nil
+	return db, refused, nil
 }
 
-// checkSessionBounds checks that the server's own lock_timeout and
-// idle_in_transaction_session_timeout (of the database or the role) are
-// set and within ttl.
-func checkSessionBounds(ctx context.Context, db *sql.DB, ttl time.Duration) error {
+// checkSessionBounds checks that the sessions' lock_timeout and
+// idle_in_transaction_session_timeout are set and within ttl, except one
+// that the URL u names (the user's own choice). refused tells the error
+// which way the service's own settings were lost.
+func checkSessionBounds(ctx context.Context, db *sql.DB, u string, ttl time.Duration, refused bool) error {
 	var name string
 	var lockMS, idleMS int64
 	err := db.QueryRowContext(ctx, `SELECT current_database(),
   (SELECT setting::bigint FROM pg_settings WHERE name = 'lock_timeout'),
   (SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')`).Scan(&name, &lockMS, &idleMS)
 	if err != nil {
-		return fmt.Errorf("--db: reading the server's session settings behind a pooler: %w", err)
+		return fmt.Errorf("--db: reading the server's session settings: %w", err)
 	}
 	limit := ttl.Milliseconds()
-	if lockMS > 0 && lockMS <= limit && idleMS > 0 && idleMS <= limit {
+	bounded := func(setting string, ms int64) bool {
+		return strings.Contains(u, setting+"=") || (ms > 0 && ms <= limit)
+	}
+	if bounded("lock_timeout", lockMS) && bounded("idle_in_transaction_session_timeout", idleMS) {
 		return nil
 	}
+	why := "the session settings the service sends at connect are not in effect (a pooler that drops " +
+		"them does that: PgBouncer's ignore_startup_parameters)"
+	if refused {
+		why = "the server refused the session settings as startup parameters, as a pooler in " +
+			"transaction mode (PgBouncer) does"
+	}
 	db2 := `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
-	return fmt.Errorf("--db: the server refused the session settings as startup parameters, as a pooler "+
-		"in transaction mode (PgBouncer) does, and its own lock_timeout (%dms) and "+
-		"idle_in_transaction_session_timeout (%dms) are not both between 1ms and --lock-ttl (%dms); "+
-		"set them on the database, then start again:\n"+
+	return fmt.Errorf("--db: %s, and the sessions' own lock_timeout (%dms) and "+
+		"idle_in_transaction_session_timeout (%dms) are not both between 1ms and the lock TTL "+
+		"(%dms, serve's --lock-ttl); set them on the database, then start again:\n"+
 		"  ALTER DATABASE %s SET lock_timeout = '%dms';\n"+
 		"  ALTER DATABASE %s SET idle_in_transaction_session_timeout = '%dms';\n"+
 		"  ALTER DATABASE %s SET plan_cache_mode = force_generic_plan; -- optional: each statement planned once\n"+
-		"(new server connections get them: restart the pooler's, or RECONNECT in PgBouncer's console)",
-		lockMS, idleMS, limit, db2, limit, db2, limit, db2)
+		"(a role's own setting, ALTER ROLE ... SET, overrides the database's; new server connections "+
+		"get them: restart the pooler's, or RECONNECT in PgBouncer's console)",
+		why, lockMS, idleMS, limit, db2, limit, db2, limit, db2)
 }
 
 // checkpoints checkpoints SQLite's WAL beside the writers

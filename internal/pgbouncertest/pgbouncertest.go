@@ -30,20 +30,32 @@ import (
 // takes the port between its choice and PgBouncer's bind.
 const startAttempts = 5
 
-// Start starts PgBouncer in transaction pooling mode with at most poolSize
-// server connections to the database of ONCEGUARD_TEST_POSTGRES, and
-// returns the URL of its clients (for pgx); the process is killed when t
-// ends. With database, it serves that database of the same server
-// instead. The URL asks for pgx's exec query mode
-// (default_query_exec_mode=exec: unnamed statements, each parsed in the
-// round trip that runs it), which is what a user behind PgBouncer before
-// 1.21 must configure: pgx's default caches named prepared statements per
-// connection, which transaction pooling does not keep.
+// Config is what Start runs.
+type Config struct {
+	// Pool is the most server connections PgBouncer opens (its
+	// default_pool_size); at least 1.
+	Pool int
+	// Database is the database of ONCEGUARD_TEST_POSTGRES's server to
+	// serve; "" for the URL's own.
+	Database string
+	// IgnoreStartupParameters are accepted from clients and dropped (with
+	// extra_float_digits, always), as PgBouncer's ignore_startup_parameters.
+	IgnoreStartupParameters []string
+}
+
+// Start starts PgBouncer in transaction pooling mode in front of the
+// server of ONCEGUARD_TEST_POSTGRES, as c says, and returns the URL of its
+// clients (for pgx); the process is killed when t ends. The URL asks for
+// pgx's exec query mode (default_query_exec_mode=exec: unnamed
+// statements, each parsed in the round trip that runs it), which is what a
+// user behind PgBouncer before 1.21 must configure: pgx's default caches
+// named prepared statements per connection, which transaction pooling
+// does not keep.
 //
 // Start skips the test when ONCEGUARD_TEST_POSTGRES is unset, and when
 // pgbouncer is not installed unless the environment variable CI is set,
 // where it fails the test instead.
-func Start(t testing.TB, poolSize int, database ...string) string {
+func Start(t testing.TB, c Config) string {
 	t.Helper()
 	if os.Getenv("ONCEGUARD_TEST_POSTGRES") == "" {
 		t.Skip("ONCEGUARD_TEST_POSTGRES not set; skipping the PgBouncer test")
@@ -60,8 +72,8 @@ func Start(t testing.TB, poolSize int, database ...string) string {
 	if err != nil {
 		t.Fatalf("ONCEGUARD_TEST_POSTGRES: %v", err)
 	}
-	if len(database) > 0 {
-		server.Path = "/" + database[0]
+	if c.Database != "" {
+		server.Path = "/" + c.Database
 	}
 	dir := t.TempDir()
 	// PgBouncer refuses to run as root; as root it is started as nobody,
@@ -71,7 +83,7 @@ func Start(t testing.TB, poolSize int, database ...string) string {
 	}
 	var failures []string
 	for attempt := 1; attempt <= startAttempts; attempt++ {
-		dsn, clash, err := start(t, bin, dir, server, poolSize)
+		dsn, clash, err := start(t, bin, dir, server, c)
 		if err == nil {
 			return dsn
 		}
@@ -99,7 +111,7 @@ func binary() string {
 // start starts one PgBouncer on a free port and waits until it answers a
 // query; it returns the DSN of its clients. clash reports that the port was
 // taken, so that another may work.
-func start(t testing.TB, bin, dir string, server *url.URL, poolSize int) (dsn string, clash bool, err error) {
+func start(t testing.TB, bin, dir string, server *url.URL, c Config) (dsn string, clash bool, err error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", false, err
@@ -126,8 +138,8 @@ default_pool_size = %d
 min_pool_size = 0
 reserve_pool_size = 0
 max_client_conn = 500
-ignore_startup_parameters = extra_float_digits
-`, database, target, port, poolSize)
+ignore_startup_parameters = %s
+`, database, target, port, max(c.Pool, 1), strings.Join(append([]string{"extra_float_digits"}, c.IgnoreStartupParameters...), ","))
 	if err := os.WriteFile(ini, []byte(conf), 0o644); err != nil {
 		return "", false, err
 	}

@@ -16,7 +16,7 @@ import (
 // session-scoped advisory lock stays on the server connection when the
 // statement ends, and the next client given that connection holds it too.
 func TestPgBouncerStrandsSessionLocks(t *testing.T) {
-	db := dbtest.OpenPostgres(t, pgbouncertest.Start(t, 1))
+	db := dbtest.OpenPostgres(t, pgbouncertest.Start(t, pgbouncertest.Config{Pool: 1}))
 	ctx := context.Background()
 	key := sqllock.AdvisoryKey(t.Name())
 	a, err := db.Conn(ctx)
@@ -48,7 +48,7 @@ func TestPgBouncerStrandsSessionLocks(t *testing.T) {
 // the pool needs a server connection per lock held at once (the conformance
 // suite holds up to a few at once).
 func TestConformanceXactPgBouncer(t *testing.T) {
-	db := dbtest.OpenPostgres(t, pgbouncertest.Start(t, 8))
+	db := dbtest.OpenPostgres(t, pgbouncertest.Start(t, pgbouncertest.Config{Pool: 8}))
 	b, err := sqllock.NewXact(db)
 	if err != nil {
 		t.Fatal(err)

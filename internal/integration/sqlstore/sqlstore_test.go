@@ -42,7 +42,9 @@ var databases = []database{
 	{"sqlite", sqldialect.SQLite, openSQLite},
 	// Behind PgBouncer in transaction pooling mode, with two server
 	// connections for up to dbtest.MaxOpenConns clients (docs/pitfalls.md, item 9).
-	{"postgres-pgbouncer", sqldialect.Postgres, func(t *testing.T) *sql.DB { return dbtest.OpenPostgres(t, pgbouncertest.Start(t, 2)) }},
+	{"postgres-pgbouncer", sqldialect.Postgres, func(t *testing.T) *sql.DB {
+		return dbtest.OpenPostgres(t, pgbouncertest.Start(t, pgbouncertest.Config{Pool: 2}))
+	}},
 }
 
 func TestStore(t *testing.T) {

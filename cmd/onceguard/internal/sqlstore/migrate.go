@@ -78,7 +78,10 @@ func Migrate(ctx context.Context, db *sql.DB, d sqldialect.Dialect) error {
 		return err
 	}
 	if d == sqldialect.Postgres {
-		tx, err := db.BeginTx(ctx, nil)
+		// READ COMMITTED whatever the database's default: a snapshot taken
+		// at the lock's statement, before the lock is granted, would not
+		// see what the instance that held it applied.
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 		if err != nil {
 			return fmt.Errorf("sqlstore: migrate: %w", err)
 		}
