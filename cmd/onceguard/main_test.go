@@ -9,11 +9,11 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/psp"
+	"github.com/onceguard/onceguard/internal/testproc"
 )
 
 func TestRun(t *testing.T) {
@@ -403,19 +403,5 @@ func TestRunPSP(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer collects a command's output while the test reads it.
+type syncBuffer = testproc.Buffer

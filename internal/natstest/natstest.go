@@ -23,6 +23,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/onceguard/onceguard/internal/testproc"
 )
 
 const (
@@ -41,15 +43,7 @@ func URL(t testing.TB) string {
 }
 
 // Binary returns the nats-server binary's path, "" when there is none.
-func Binary() string {
-	if p, err := exec.LookPath("nats-server"); err == nil {
-		return p
-	}
-	if _, err := os.Stat("/usr/sbin/nats-server"); err == nil {
-		return "/usr/sbin/nats-server"
-	}
-	return ""
-}
+func Binary() string { return testproc.LookPath("nats-server") }
 
 // RequireBinary skips t when there is no nats-server binary, or fails it
 // when the environment variable CI is set.

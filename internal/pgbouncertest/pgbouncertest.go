@@ -11,7 +11,6 @@
 package pgbouncertest
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"net/url"
@@ -19,7 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -60,7 +58,7 @@ func Start(t testing.TB, c Config) string {
 	if os.Getenv("ONCEGUARD_TEST_POSTGRES") == "" {
 		t.Skip("ONCEGUARD_TEST_POSTGRES not set; skipping the PgBouncer test")
 	}
-	bin := binary()
+	bin := testproc.LookPath("pgbouncer")
 	if bin == "" {
 		msg := "pgbouncer is not installed (apt-get install pgbouncer)"
 		if os.Getenv("CI") != "" {
@@ -96,20 +94,8 @@ func Start(t testing.TB, c Config) string {
 	return ""
 }
 
-// binary returns the path of pgbouncer, or "" when it is not installed
-// (Debian installs it in /usr/sbin, which a user's PATH may not hold).
-func binary() string {
-	if p, err := exec.LookPath("pgbouncer"); err == nil {
-		return p
-	}
-	if _, err := os.Stat("/usr/sbin/pgbouncer"); err == nil {
-		return "/usr/sbin/pgbouncer"
-	}
-	return ""
-}
-
-// start starts one PgBouncer on a free port and waits until it answers a
-// query; it returns the DSN of its clients. clash reports that the port was
+// start starts one PgBouncer on a free port and waits until it says it
+// listens; it returns the URL of its clients. clash reports that the port was
 // taken, so that another may work.
 func start(t testing.TB, bin, dir string, server *url.URL, c Config) (dsn string, clash bool, err error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -147,7 +133,7 @@ ignore_startup_parameters = %s
 	if os.Geteuid() == 0 {
 		args = []string{"-u", "nobody", ini}
 	}
-	var log syncBuffer
+	var log testproc.Buffer
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	cmd.Stdout = &log
@@ -188,23 +174,4 @@ func portOf(u *url.URL) string {
 		return p
 	}
 	return "5432"
-}
-
-// syncBuffer is a bytes.Buffer that the process's output copier and the
-// test may use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

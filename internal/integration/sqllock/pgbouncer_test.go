@@ -6,8 +6,6 @@ import (
 
 	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/internal/pgbouncertest"
-	"github.com/onceguard/onceguard/lock"
-	"github.com/onceguard/onceguard/lock/locktest"
 	"github.com/onceguard/onceguard/lock/sqllock"
 )
 
@@ -41,21 +39,4 @@ func TestPgBouncerStrandsSessionLocks(t *testing.T) {
 		t.Fatalf("two clients: server pids %d and %d, lock taken %v and %v; "+
 			"want one server connection, and both clients given the same session lock", pidA, pidB, gotA, gotB)
 	}
-}
-
-// XactBackend behind PgBouncer in transaction pooling mode: a held lock is
-// an open transaction, which PgBouncer keeps on one server connection, so
-// the pool needs a server connection per lock held at once (the conformance
-// suite holds up to a few at once).
-func TestConformanceXactPgBouncer(t *testing.T) {
-	db := dbtest.OpenPostgres(t, pgbouncertest.Start(t, pgbouncertest.Config{Pool: 8}))
-	b, err := sqllock.NewXact(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	locktest.Run(t, func(*testing.T) lock.Backend { return b },
-		"github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1",
-		"database/sql.(*DB).connectionOpener",
-		"database/sql.(*Tx).awaitDone",
-		"github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead")
 }

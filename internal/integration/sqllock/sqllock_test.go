@@ -183,20 +183,35 @@ func TestCleanup(t *testing.T) {
 	}
 }
 
+// XactBackend, also behind PgBouncer in transaction pooling mode: a held
+// lock is an open transaction, which PgBouncer keeps on one server
+// connection, so the pool needs a server connection per lock held at once
+// (the conformance suite holds up to a few at once).
 func TestConformanceXact(t *testing.T) {
-	db := dbtest.Postgres(t)
-	db.SetMaxOpenConns(64)
-	b, err := sqllock.NewXact(db)
-	if err != nil {
-		t.Fatal(err)
+	for name, open := range map[string]func(t *testing.T) *sql.DB{
+		"postgres": func(t *testing.T) *sql.DB {
+			db := dbtest.Postgres(t)
+			db.SetMaxOpenConns(64)
+			return db
+		},
+		"postgres-pgbouncer": func(t *testing.T) *sql.DB {
+			return dbtest.OpenPostgres(t, pgbouncertest.Start(t, pgbouncertest.Config{Pool: 8}))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, err := sqllock.NewXact(open(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			locktest.Run(t, func(*testing.T) lock.Backend { return b },
+				"github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1",
+				"database/sql.(*DB).connectionOpener",
+				"database/sql.(*Tx).awaitDone",
+				// pgx reads a connection in the background while a cancelled
+				// query's connection is being recovered, as the pool grows.
+				"github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead")
+		})
 	}
-	locktest.Run(t, func(*testing.T) lock.Backend { return b },
-		"github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1",
-		"database/sql.(*DB).connectionOpener",
-		"database/sql.(*Tx).awaitDone",
-		// pgx reads a connection in the background while a cancelled
-		// query's connection is being recovered, as the pool grows.
-		"github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead")
 }
 
 // The server enforces the TTL: a holder that goes quiet loses the lock
