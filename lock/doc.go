@@ -19,7 +19,7 @@
 // Release and Refresh compare the owner token on the server, so they never
 // delete or extend someone else's lock, and retrying them is safe. A lease
 // ends locally slightly before its TTL (a drift margin), and its Done
-// channel and Context say so at once; with Options.AutoRenew a watchdog
+// channel and Context say so at once; with Options.AutoRenew a timer
 // refreshes it every TTL/3 and ends it as soon as a refresh finds the lock
 // gone.
 //

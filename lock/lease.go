@@ -34,7 +34,7 @@ type Lease struct {
 	released bool  // the backend confirmed the release (or that it was not held)
 
 	// The context and its expiry timer are made on first use of Done,
-	// Context (or by the watchdog): a lease nobody watches costs no timer.
+	// Context: a lease nobody watches costs no expiry timer.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	expiry *time.Timer
@@ -44,20 +44,22 @@ type Lease struct {
 	// context (for its values) as long as the lease lives.
 	relCtx detached
 
-	// Watchdog (AutoRenew only): Release closes stopRenew once and waits
-	// for renewing to close.
-	stopRenew chan struct{}
-	stopOnce  sync.Once
-	renewing  chan struct{}
+	// Renewal (AutoRenew only): renew fires every third of the TTL and
+	// refreshes the lease on the timer's own goroutine, so no goroutine
+	// waits between renewals. A renewal holds tick while it runs; Release
+	// sets stopping (no renewal starts after it) and then takes tick, so
+	// that it waits for one on its way.
+	renew    *time.Timer // set once in newLease; Reset and Stop under mu
+	stopping bool        // under mu
+	tick     sync.Mutex
 }
 
 func newLease(l *Locker, key, owner string, ttl time.Duration, fence int64, start time.Time) *Lease {
 	ls := &Lease{locker: l, key: key, owner: owner, fence: fence, start: start, ttl: ttl, deadline: start.Add(validity(ttl))}
 	if l.opts.AutoRenew {
-		ls.watch()
-		ls.stopRenew = make(chan struct{})
-		ls.renewing = make(chan struct{})
-		go ls.watchdog()
+		ls.mu.Lock() // a renewal due at once reads ls.renew under mu
+		ls.renew = time.AfterFunc(ls.renewEveryLocked(), ls.renewal)
+		ls.mu.Unlock()
 	}
 	return ls
 }
@@ -182,7 +184,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("release %q: %w", ls.key, ErrNotHeld)
 	}
 	ls.mu.Unlock()
-	ls.stopWatchdog()
+	ls.stopRenewal()
 
 	err := ls.locker.backend.Release(ls.releaseContext(ctx), ls.key, ls.owner)
 	ls.mu.Lock()
@@ -225,51 +227,53 @@ func (ls *Lease) releaseContext(ctx context.Context) context.Context {
 	return &own
 }
 
-// stopWatchdog ends the renewal goroutine and waits for it, so that no
-// refresh runs after Release.
-func (ls *Lease) stopWatchdog() {
-	if ls.renewing == nil {
+// stopRenewal stops the renewals and waits for one on its way, so that
+// no refresh runs after Release.
+func (ls *Lease) stopRenewal() {
+	if ls.renew == nil {
 		return
 	}
-	ls.stopOnce.Do(func() { close(ls.stopRenew) })
-	<-ls.renewing
+	ls.mu.Lock()
+	ls.stopping = true
+	ls.renew.Stop()
+	ls.mu.Unlock()
+	ls.tick.Lock() // held by a renewal on its way: wait for it
+	ls.tick.Unlock()
 }
 
-func (ls *Lease) watchdog() {
-	defer close(ls.renewing)
-	done := ls.watch().Done()
-	t := time.NewTimer(ls.renewEvery())
-	defer t.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-ls.stopRenew:
-			return
-		case <-t.C:
-		}
-		ls.mu.Lock()
-		ttl, left := ls.ttl, time.Until(ls.deadline)
+// renewal refreshes the lease (the renew timer's function) and sets the
+// timer for the next one: a third of the TTL after a success, sooner
+// after a transient error. It stops for good when the lease has ended or
+// Release began.
+func (ls *Lease) renewal() {
+	ls.tick.Lock()
+	defer ls.tick.Unlock()
+	ls.mu.Lock()
+	ls.checkLocked()
+	if ls.stopping || ls.ended {
 		ls.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), max(left, time.Millisecond))
-		err := ls.refresh(ctx, ttl)
-		cancel()
-		switch {
-		case err == nil:
-			t.Reset(ls.renewEvery())
-		case ls.endedErr() != nil:
-			return // lost for good
-		default:
-			// Transient: try again soon; the expiry timer ends the lease if
-			// the deadline passes first.
-			t.Reset(max(time.Millisecond, min(ls.renewEvery()/4, left/4)))
-		}
+		return
 	}
-}
-
-func (ls *Lease) renewEvery() time.Duration {
+	ttl, left := ls.ttl, time.Until(ls.deadline)
+	ls.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), max(left, time.Millisecond))
+	err := ls.refresh(ctx, ttl)
+	cancel()
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	if ls.checkLocked(); ls.stopping || ls.ended {
+		return // released, or lost for good
+	}
+	next := ls.renewEveryLocked()
+	if err != nil {
+		// Transient: try again soon; the lease ends at its deadline if
+		// no renewal lands before it.
+		next = max(time.Millisecond, min(next/4, left/4))
+	}
+	ls.renew.Reset(next)
+}
+
+func (ls *Lease) renewEveryLocked() time.Duration {
 	return max(time.Millisecond, ls.ttl/3)
 }
 
@@ -316,6 +320,9 @@ func (ls *Lease) endQuietLocked(cause error) {
 	ls.ended, ls.cause = true, cause
 	if ls.expiry != nil {
 		ls.expiry.Stop()
+	}
+	if ls.renew != nil {
+		ls.renew.Stop()
 	}
 	if ls.cancel != nil {
 		ls.cancel(cause)

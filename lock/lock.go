@@ -15,10 +15,11 @@ const MaxKeyLen = 512
 
 // Options configure a Locker. A nil *Options means all defaults.
 type Options struct {
-	// AutoRenew starts a watchdog with every lease that refreshes it every
-	// TTL/3 until Release. When a refresh finds the lock gone the lease
-	// ends at once; transient errors are retried until the lease's local
-	// deadline, then the lease ends. Default: false.
+	// AutoRenew refreshes every lease every TTL/3 until Release, from a
+	// timer: no goroutine waits between renewals, and a lease released
+	// before its first renewal costs one timer. When a refresh finds the
+	// lock gone the lease ends at once; transient errors are retried until
+	// the lease's local deadline, then the lease ends. Default: false.
 	AutoRenew bool
 
 	// MinBackoff and MaxBackoff bound the jittered exponential backoff

@@ -37,3 +37,21 @@ func BenchmarkLockerOverhead(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkLockerOverheadAutoRenew is BenchmarkLockerOverhead with
+// Options.AutoRenew: what renewal adds to a lease released before its
+// first renewal (a timer set and stopped).
+func BenchmarkLockerOverheadAutoRenew(b *testing.B) {
+	l := lock.New(nopBackend{}, &lock.Options{AutoRenew: true})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		ls, err := l.TryAcquire(ctx, "bench-key", 10*time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := ls.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

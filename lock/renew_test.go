@@ -1,0 +1,96 @@
+package lock_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/memlock"
+)
+
+// An auto-renewed lease costs a timer, not a goroutine: a process holding
+// many leases (jobs, a user's lock per request) does not keep a goroutine
+// per lease waiting for its next renewal.
+func TestAutoRenewNoGoroutinePerLease(t *testing.T) {
+	l := lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true})
+	const n = 200
+	before := runtime.NumGoroutine()
+	leases := make([]*lock.Lease, n)
+	for i := range leases {
+		lease, err := l.TryAcquire(t.Context(), fmt.Sprintf("many-%d", i), time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = lease
+	}
+	if grew := runtime.NumGoroutine() - before; grew >= n/2 {
+		t.Errorf("%d goroutines more with %d auto-renewed leases held; want about none (a timer per lease)", grew, n)
+	}
+	for _, lease := range leases {
+		if err := lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// blockingRefresh holds every Refresh until release is closed, and counts
+// the refreshes that began.
+type blockingRefresh struct {
+	lock.Backend
+	began   chan struct{} // one value per refresh that began
+	release chan struct{}
+	count   atomic.Int64
+}
+
+func (b *blockingRefresh) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	b.count.Add(1)
+	b.began <- struct{}{}
+	<-b.release
+	return b.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// Release waits for a renewal on its way, and no renewal starts after it:
+// a refresh landing after the release would hold the lock again, or, on a
+// backend that refreshes by owner only, find it gone and say so.
+func TestAutoRenewReleaseWaitsForRenewal(t *testing.T) {
+	b := &blockingRefresh{Backend: &memlock.Backend{}, began: make(chan struct{}, 16), release: make(chan struct{})}
+	l := lock.New(b, &lock.Options{AutoRenew: true})
+	const ttl = 600 * time.Millisecond // the first renewal at 200ms
+	lease, err := l.TryAcquire(t.Context(), "renewing", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.began:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal 10s after the acquire; want one after TTL/3")
+	}
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(context.Background()) }()
+	select {
+	case err := <-released:
+		t.Fatalf("Release returned (%v) while a renewal was on its way; want it to wait for the renewal", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(b.release)
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatalf("Release = %v; want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Release still waiting 10s after the renewal came back")
+	}
+	n := b.count.Load()
+	time.Sleep(ttl) // three renewal periods
+	if got := b.count.Load(); got != n {
+		t.Errorf("%d refreshes after Release returned; want none", got-n)
+	}
+	if _, err := l.TryAcquire(t.Context(), "renewing", ttl); err != nil {
+		t.Errorf("TryAcquire after Release = %v; want the lock free", err)
+	}
+}
