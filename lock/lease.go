@@ -46,12 +46,14 @@ type Lease struct {
 
 	// Renewal (AutoRenew only): renew fires every third of the TTL and
 	// refreshes the lease on the timer's own goroutine, so no goroutine
-	// waits between renewals. A renewal holds tick while it runs; Release
-	// sets stopping (no renewal starts after it) and then takes tick, so
-	// that it waits for one on its way.
+	// waits between renewals. While a refresh is on its way (renewing),
+	// the timer is set for the lease's deadline, so that the lease ends
+	// there even if the refresh is late. Release sets stopping (no
+	// renewal starts after it) and waits on idle for one on its way.
 	renew    *time.Timer // set once in newLease; Reset and Stop under mu
+	renewing bool        // under mu
 	stopping bool        // under mu
-	tick     sync.Mutex
+	idle     *sync.Cond  // on mu, made by a stopRenewal that waits; signalled as a renewal ends
 }
 
 func newLease(l *Locker, key, owner string, ttl time.Duration, fence int64, start time.Time) *Lease {
@@ -234,41 +236,49 @@ func (ls *Lease) stopRenewal() {
 		return
 	}
 	ls.mu.Lock()
+	defer ls.mu.Unlock()
 	ls.stopping = true
 	ls.renew.Stop()
-	ls.mu.Unlock()
-	ls.tick.Lock() // held by a renewal on its way: wait for it
-	ls.tick.Unlock()
+	for ls.renewing {
+		if ls.idle == nil {
+			ls.idle = sync.NewCond(&ls.mu)
+		}
+		ls.idle.Wait()
+	}
 }
 
-// renewal refreshes the lease (the renew timer's function) and sets the
-// timer for the next one: a third of the TTL after a success, sooner
-// after a transient error. It stops for good when the lease has ended or
-// Release began.
+// renewal is the renew timer's function. It refreshes the lease and sets
+// the timer for the next renewal: a third of the TTL after a success,
+// sooner after a transient error. It stops for good when the lease has
+// ended or Release began. Fired while a refresh is on its way (the
+// lease's deadline came first), it only ends the lease.
 func (ls *Lease) renewal() {
-	ls.tick.Lock()
-	defer ls.tick.Unlock()
 	ls.mu.Lock()
-	ls.checkLocked()
-	if ls.stopping || ls.ended {
+	if ls.checkLocked(); ls.stopping || ls.ended || ls.renewing {
 		ls.mu.Unlock()
 		return
 	}
+	ls.renewing = true
 	ttl, left := ls.ttl, time.Until(ls.deadline)
+	ls.renew.Reset(left)
 	ls.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), max(left, time.Millisecond))
 	err := ls.refresh(ctx, ttl)
 	cancel()
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	ls.renewing = false
+	if ls.idle != nil {
+		ls.idle.Broadcast()
+	}
 	if ls.checkLocked(); ls.stopping || ls.ended {
 		return // released, or lost for good
 	}
 	next := ls.renewEveryLocked()
 	if err != nil {
-		// Transient: try again soon; the lease ends at its deadline if
-		// no renewal lands before it.
-		next = max(time.Millisecond, min(next/4, left/4))
+		// Transient: try again soon, within the time left now; the lease
+		// ends at its deadline if no renewal lands before it.
+		next = max(time.Millisecond, min(next/4, time.Until(ls.deadline)/4))
 	}
 	ls.renew.Reset(next)
 }

@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync/atomic"
@@ -91,6 +92,56 @@ func TestAutoRenewReleaseWaitsForRenewal(t *testing.T) {
 		t.Errorf("%d refreshes after Release returned; want none", got-n)
 	}
 	if _, err := l.TryAcquire(t.Context(), "renewing", ttl); err != nil {
+		t.Errorf("TryAcquire after Release = %v; want the lock free", err)
+	}
+}
+
+// hangingRefresh holds every Refresh, whatever its context, until unblock
+// is closed.
+type hangingRefresh struct {
+	lock.Backend
+	unblock chan struct{}
+}
+
+func (h *hangingRefresh) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	<-h.unblock
+	return h.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// An auto-renewed lease whose renewal does not come back ends at its
+// deadline, and Observe is told then, whether or not anyone watches the
+// lease (Done, Context): a lock-lost metric must not wait for a hung
+// backend.
+func TestAutoRenewEndsAtDeadlineWhileRenewalHangs(t *testing.T) {
+	h := &hangingRefresh{Backend: &memlock.Backend{}, unblock: make(chan struct{})}
+	lost := make(chan time.Time, 1)
+	l := lock.New(h, &lock.Options{AutoRenew: true, Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			lost <- time.Now()
+		}
+	}})
+	const ttl = 1500 * time.Millisecond // the renewal at 500ms hangs
+	lease, err := l.TryAcquire(t.Context(), "hung", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := lease.Deadline()
+	select {
+	case at := <-lost:
+		if at.Before(deadline) {
+			t.Errorf("OpLost %v before the lease's deadline; want at it", deadline.Sub(at))
+		}
+	case <-time.After(time.Until(deadline) + 3*time.Second):
+		t.Fatal("no OpLost 3s past the lease's deadline while its renewal hangs; want it at the deadline")
+	}
+	if err := lease.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrExpired) {
+		t.Errorf("Err = %v; want ErrLost and ErrExpired", err)
+	}
+	// The hung refresh lands (it may extend the lock on the backend, whose
+	// TTL has not quite run out); Release waits for it and frees the lock.
+	close(h.unblock)
+	_ = lease.Release(t.Context())
+	if _, err := l.TryAcquire(t.Context(), "hung", ttl); err != nil {
 		t.Errorf("TryAcquire after Release = %v; want the lock free", err)
 	}
 }
