@@ -169,6 +169,11 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	if ls.expiry != nil {
 		ls.expiry.Reset(time.Until(ls.deadline))
 	}
+	if ls.renew != nil && !ls.renewing && !ls.stopping {
+		// The caller's Refresh, maybe to a shorter TTL: the next renewal
+		// is a third of this one away. (A renewal sets its own next.)
+		ls.renew.Reset(ls.renewEveryLocked())
+	}
 	return nil
 }
 

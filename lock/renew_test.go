@@ -145,3 +145,25 @@ func TestAutoRenewEndsAtDeadlineWhileRenewalHangs(t *testing.T) {
 		t.Errorf("TryAcquire after Release = %v; want the lock free", err)
 	}
 }
+
+// A caller's Refresh to a shorter TTL moves the next renewal to a third
+// of it: a renewal still due a third of the old TTL away would come after
+// the lease ran out.
+func TestAutoRenewAfterRefreshToShorterTTL(t *testing.T) {
+	l := lock.New(&memlock.Backend{}, &lock.Options{AutoRenew: true})
+	lease, err := l.TryAcquire(t.Context(), "shorter", 30*time.Second) // renewed every 10s
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = time.Second // renewed every 333ms from now
+	if err := lease.Refresh(t.Context(), ttl); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * ttl)
+	if err := lease.Err(); err != nil {
+		t.Fatalf("Err 3 TTLs after a Refresh to %v = %v; want the lease held by its renewals", ttl, err)
+	}
+	if err := lease.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
