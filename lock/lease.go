@@ -33,6 +33,12 @@ type Lease struct {
 	cause    error // why it ended: ErrReleased, or an error matching ErrLost
 	released bool  // the backend confirmed the release (or that it was not held)
 
+	// Refreshes on their way (refresh): how many, whether two were at
+	// once since none was, and the earliest deadline one of those gave.
+	refreshing int32
+	overlap    bool
+	earliest   time.Duration // after start; 0 while none
+
 	// The context and its expiry timer are made on first use of Done,
 	// Context: a lease nobody watches costs no expiry timer.
 	ctx    context.Context
@@ -142,32 +148,58 @@ func (ls *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return err
 	}
-	return ls.refresh(ctx, ttl)
+	return ls.refresh(ctx, ttl, true)
 }
 
-func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
+// refresh sends a refresh to ttl (the caller's, or a renewal's) and moves
+// the lease's deadline. Refreshes on their way at once (a caller's beside
+// a renewal) may reach the backend in any order and answer in another, so
+// while any overlapped, the deadline is the earliest any of them could
+// have left on the backend; a refresh that failed may have reached it
+// too, so it never lets the deadline stay later than its own would be.
+func (ls *Lease) refresh(ctx context.Context, ttl time.Duration, caller bool) error {
 	if err := ls.endedErr(); err != nil {
 		return err
 	}
 	start := time.Now()
+	ls.mu.Lock()
+	if ls.refreshing++; ls.refreshing > 1 {
+		ls.overlap = true
+	}
+	ls.mu.Unlock()
 	err := ls.locker.backend.Refresh(ctx, ls.key, ls.owner, ttl)
-	if errors.Is(err, ErrNotHeld) {
-		ls.lose(err)
-		return err
-	}
-	if err != nil {
-		return err
-	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	until := start.Add(validity(ttl))
+	overlapped := ls.overlap
+	if at := until.Sub(ls.start); overlapped && (ls.earliest == 0 || at < ls.earliest) {
+		ls.earliest = at
+	}
+	earliest := ls.start.Add(ls.earliest)
+	if ls.refreshing--; ls.refreshing == 0 {
+		ls.overlap, ls.earliest = false, 0
+	}
+	switch {
+	case errors.Is(err, ErrNotHeld):
+		ls.endLocked(lostError(ls.key, err))
+		return err
+	case err != nil:
+		if until.Before(ls.deadline) {
+			ls.setDeadlineLocked(until)
+		}
+		return err
+	}
 	if ls.checkLocked(); ls.ended {
 		// Ended locally while the refresh was on its way: stay ended.
 		return ls.endedErrLocked()
 	}
-	ls.ttl = ttl
-	ls.deadline = start.Add(validity(ttl))
-	if ls.expiry != nil {
-		ls.expiry.Reset(time.Until(ls.deadline))
+	if caller {
+		ls.ttl = ttl // a renewal keeps the TTL a caller set meanwhile
+	}
+	if overlapped {
+		ls.setDeadlineLocked(earliest)
+	} else {
+		ls.setDeadlineLocked(until)
 	}
 	if ls.renew != nil && !ls.renewing && !ls.stopping {
 		// The caller's Refresh, maybe to a shorter TTL: the next renewal
@@ -175,6 +207,19 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 		ls.renew.Reset(ls.renewEveryLocked())
 	}
 	return nil
+}
+
+// setDeadlineLocked moves the lease's deadline to d, and the timers that
+// watch it: the expiry timer, and the renew timer while a renewal is on
+// its way (it ends the lease at the deadline if the renewal is late).
+func (ls *Lease) setDeadlineLocked(d time.Time) {
+	ls.deadline = d
+	if ls.expiry != nil {
+		ls.expiry.Reset(time.Until(d))
+	}
+	if ls.renewing && !ls.stopping {
+		ls.renew.Reset(time.Until(d))
+	}
 }
 
 // Release gives the lock back. It runs on a context detached from ctx's
@@ -268,7 +313,7 @@ func (ls *Lease) renewal() {
 	ls.renew.Reset(left)
 	ls.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), max(left, time.Millisecond))
-	err := ls.refresh(ctx, ttl)
+	err := ls.refresh(ctx, ttl, false)
 	cancel()
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -306,12 +351,6 @@ func (ls *Lease) checkLocked() {
 	if !ls.ended && !time.Now().Before(ls.deadline) {
 		ls.endLocked(lostError(ls.key, ErrExpired))
 	}
-}
-
-func (ls *Lease) lose(err error) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	ls.endLocked(lostError(ls.key, err))
 }
 
 func lostError(key string, err error) error {

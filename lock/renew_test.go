@@ -167,3 +167,123 @@ func TestAutoRenewAfterRefreshToShorterTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// reorder holds the answer of the first Refresh (a renewal), which has
+// reached the backend, until a second one (the caller's) has been
+// answered: the backend applies them in one order, the lease hears them
+// in the other.
+type reorder struct {
+	lock.Backend
+	n      atomic.Int64
+	began  chan struct{}
+	second chan struct{}
+}
+
+func (r *reorder) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	switch r.n.Add(1) {
+	case 1:
+		err := r.Backend.Refresh(ctx, key, owner, ttl)
+		close(r.began)
+		<-r.second
+		return err
+	case 2:
+		defer close(r.second)
+	}
+	return r.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// Refreshes on their way at once may be applied in one order and answered
+// in another. The lease must never believe it holds the lock longer than
+// the backend does: here the backend keeps the caller's 300ms, and the
+// renewal's 3s, answered last, must not become the lease's deadline (nor
+// its TTL: renewals go on at the caller's).
+func TestRefreshesAnsweredOutOfOrder(t *testing.T) {
+	m := &memlock.Backend{}
+	r := &reorder{Backend: m, began: make(chan struct{}), second: make(chan struct{})}
+	l := lock.New(r, &lock.Options{AutoRenew: true})
+	lease, err := l.TryAcquire(t.Context(), "reordered", 3*time.Second) // the renewal at 1s
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-r.began
+	const ttl = 300 * time.Millisecond
+	if err := lease.Refresh(t.Context(), ttl); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * ttl) // the renewal's answer is in; the backend's 300ms have passed unless renewed
+	if left := time.Until(lease.Deadline()); left > ttl {
+		t.Errorf("the lease's deadline is %v away; want at most the TTL the backend applied last, %v", left, ttl)
+	}
+	other, err := lock.New(m, nil).TryAcquire(t.Context(), "reordered", time.Second)
+	if err == nil {
+		t.Errorf("another owner took the lock while the lease's Err = %v", lease.Err())
+		_ = other.Release(t.Context())
+	}
+	_ = lease.Release(t.Context())
+}
+
+// stuckRefresh holds the first Refresh (a renewal) until its context ends,
+// or with ignoreCtx until unblock is closed; later ones (the caller's) go
+// through.
+type stuckRefresh struct {
+	lock.Backend
+	n         atomic.Int64
+	began     chan struct{}
+	ignoreCtx bool
+	unblock   chan struct{}
+}
+
+func (s *stuckRefresh) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if s.n.Add(1) == 1 {
+		close(s.began)
+		if !s.ignoreCtx {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		<-s.unblock
+	}
+	return s.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// A caller's Refresh while a renewal is on its way moves the deadline the
+// renew timer watches: the lease ends, and Observe hears OpLost, at the
+// new deadline, whether it moved earlier (a shorter TTL) or later while
+// the renewal hangs.
+func TestAutoRenewEndsAtDeadlineRefreshedDuringRenewal(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ttl, to   time.Duration
+		ignoreCtx bool
+	}{
+		{"shorter", 6 * time.Second, 500 * time.Millisecond, false},
+		{"longer-while-hung", 1500 * time.Millisecond, 2 * time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &stuckRefresh{Backend: &memlock.Backend{}, began: make(chan struct{}), ignoreCtx: tc.ignoreCtx, unblock: make(chan struct{})}
+			defer close(s.unblock)
+			lost := make(chan time.Time, 1)
+			l := lock.New(s, &lock.Options{AutoRenew: true, Observe: func(e lock.Event) {
+				if e.Op == lock.OpLost {
+					lost <- time.Now()
+				}
+			}})
+			lease, err := l.TryAcquire(t.Context(), "moved", tc.ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-s.began
+			if err := lease.Refresh(t.Context(), tc.to); err != nil {
+				t.Fatal(err)
+			}
+			deadline := lease.Deadline()
+			select {
+			case at := <-lost:
+				if late := at.Sub(deadline); late > time.Second || late < 0 {
+					t.Errorf("OpLost %v from the lease's deadline; want at it", late)
+				}
+			case <-time.After(time.Until(deadline) + 3*time.Second):
+				t.Fatal("no OpLost 3s past the lease's deadline; want it at the deadline")
+			}
+		})
+	}
+}
