@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -33,11 +34,8 @@ type Lease struct {
 	cause    error // why it ended: ErrReleased, or an error matching ErrLost
 	released bool  // the backend confirmed the release (or that it was not held)
 
-	// Refreshes on their way (refresh): how many, whether two were at
-	// once since none was, and the earliest deadline one of those gave.
-	refreshing int32
-	overlap    bool
-	earliest   time.Duration // after start; 0 while none
+	// Refreshes on their way (refresh), in the order they were sent.
+	inflight []*pendingRefresh
 
 	// The context and its expiry timer are made on first use of Done,
 	// Context: a lease nobody watches costs no expiry timer.
@@ -151,43 +149,54 @@ func (ls *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	return ls.refresh(ctx, ttl, true)
 }
 
+// pendingRefresh is a refresh on its way: the deadline it gives the
+// lease if the backend applies it last, and the earliest such deadline of
+// the refreshes that answered while it was on its way (zero: none).
+type pendingRefresh struct {
+	until, seen time.Time
+}
+
 // refresh sends a refresh to ttl (the caller's, or a renewal's) and moves
-// the lease's deadline. Refreshes on their way at once (a caller's beside
-// a renewal) may reach the backend in any order and answer in another, so
-// while any overlapped, the deadline is the earliest any of them could
-// have left on the backend; a refresh that failed may have reached it
-// too, so it never lets the deadline stay later than its own would be.
+// the lease's deadline. The backend may apply refreshes on their way at
+// once (a caller's beside a renewal) in any order, and answer them in
+// another; one that failed may have reached it all the same. So the
+// deadline never stays later than what a refresh on its way would leave
+// on the backend if applied last: it is lowered when the refresh is sent
+// (a shorter TTL), and an answer moves it to the earliest of its own and
+// those of the refreshes that were on their way at any time with it.
 func (ls *Lease) refresh(ctx context.Context, ttl time.Duration, caller bool) error {
 	if err := ls.endedErr(); err != nil {
 		return err
 	}
-	start := time.Now()
+	p := &pendingRefresh{until: time.Now().Add(validity(ttl))}
 	ls.mu.Lock()
-	if ls.refreshing++; ls.refreshing > 1 {
-		ls.overlap = true
+	ls.inflight = append(ls.inflight, p)
+	if p.until.Before(ls.deadline) {
+		ls.setDeadlineLocked(p.until)
 	}
 	ls.mu.Unlock()
 	err := ls.locker.backend.Refresh(ctx, ls.key, ls.owner, ttl)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	until := start.Add(validity(ttl))
-	overlapped := ls.overlap
-	if at := until.Sub(ls.start); overlapped && (ls.earliest == 0 || at < ls.earliest) {
-		ls.earliest = at
+	ls.inflight = slices.DeleteFunc(ls.inflight, func(q *pendingRefresh) bool { return q == p })
+	until := p.until
+	if !p.seen.IsZero() && p.seen.Before(until) {
+		until = p.seen
 	}
-	earliest := ls.start.Add(ls.earliest)
-	if ls.refreshing--; ls.refreshing == 0 {
-		ls.overlap, ls.earliest = false, 0
+	for _, q := range ls.inflight {
+		if q.seen.IsZero() || p.until.Before(q.seen) {
+			q.seen = p.until // p may have been applied after q
+		}
+		if q.until.Before(until) {
+			until = q.until // q may be applied after p
+		}
 	}
 	switch {
 	case errors.Is(err, ErrNotHeld):
 		ls.endLocked(lostError(ls.key, err))
 		return err
 	case err != nil:
-		if until.Before(ls.deadline) {
-			ls.setDeadlineLocked(until)
-		}
-		return err
+		return err // the deadline was lowered when it was sent
 	}
 	if ls.checkLocked(); ls.ended {
 		// Ended locally while the refresh was on its way: stay ended.
@@ -196,29 +205,29 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration, caller bool) er
 	if caller {
 		ls.ttl = ttl // a renewal keeps the TTL a caller set meanwhile
 	}
-	if overlapped {
-		ls.setDeadlineLocked(earliest)
-	} else {
-		ls.setDeadlineLocked(until)
-	}
-	if ls.renew != nil && !ls.renewing && !ls.stopping {
-		// The caller's Refresh, maybe to a shorter TTL: the next renewal
-		// is a third of this one away. (A renewal sets its own next.)
-		ls.renew.Reset(ls.renewEveryLocked())
-	}
+	ls.setDeadlineLocked(until)
 	return nil
 }
 
 // setDeadlineLocked moves the lease's deadline to d, and the timers that
-// watch it: the expiry timer, and the renew timer while a renewal is on
-// its way (it ends the lease at the deadline if the renewal is late).
+// watch it: the expiry timer, and the renew timer (AutoRenew). While a
+// renewal is on its way, that ends the lease at the deadline if the
+// renewal is late; else the next renewal is a third of the time left
+// away, as after a renewal.
 func (ls *Lease) setDeadlineLocked(d time.Time) {
+	if ls.ended {
+		return
+	}
 	ls.deadline = d
 	if ls.expiry != nil {
 		ls.expiry.Reset(time.Until(d))
 	}
-	if ls.renewing && !ls.stopping {
+	switch {
+	case ls.renew == nil || ls.stopping:
+	case ls.renewing:
 		ls.renew.Reset(time.Until(d))
+	default:
+		ls.renew.Reset(ls.renewEveryLocked())
 	}
 }
 
@@ -328,13 +337,15 @@ func (ls *Lease) renewal() {
 	if err != nil {
 		// Transient: try again soon, within the time left now; the lease
 		// ends at its deadline if no renewal lands before it.
-		next = max(time.Millisecond, min(next/4, time.Until(ls.deadline)/4))
+		next = max(time.Millisecond, next/4)
 	}
 	ls.renew.Reset(next)
 }
 
+// renewEveryLocked is how long after a renewal the next is due: a third
+// of the time the lease has left (a third of its TTL after a refresh).
 func (ls *Lease) renewEveryLocked() time.Duration {
-	return max(time.Millisecond, ls.ttl/3)
+	return max(time.Millisecond, time.Until(ls.deadline)/3)
 }
 
 // expire runs when the expiry timer fires.

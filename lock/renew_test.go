@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -286,4 +287,220 @@ func TestAutoRenewEndsAtDeadlineRefreshedDuringRenewal(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The tests below are helper-14's review of b3d2ee0 (refreshes on their
+// way at once, and renewal after the deadline moved).
+
+// orderedRefresh: the renewal (ttl long) is applied first and answered once the
+// caller's (ttl short) has been applied; the caller's answer is held.
+type orderedRefresh struct {
+	lock.Backend
+	long                       time.Duration
+	rBegan, rApplied, cApplied chan struct{}
+	holdC                      chan struct{}
+	once1, once2               sync.Once
+}
+
+func (r *orderedRefresh) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if ttl == r.long {
+		first := false
+		r.once1.Do(func() { first = true })
+		if !first {
+			return r.Backend.Refresh(ctx, key, owner, ttl)
+		}
+		close(r.rBegan)
+		err := r.Backend.Refresh(ctx, key, owner, ttl)
+		close(r.rApplied)
+		<-r.cApplied
+		return err
+	}
+	<-r.rApplied
+	err := r.Backend.Refresh(ctx, key, owner, ttl)
+	close(r.cApplied)
+	<-r.holdC
+	return err
+}
+
+// Safety: a renewal answered while a shorter caller Refresh that the
+// backend applied after it is still on its way sets the deadline to the
+// renewal's 3s; the backend keeps 300ms.
+func TestRenewalAnsweredBeforeShorterRefresh(t *testing.T) {
+	m := &memlock.Backend{}
+	r := &orderedRefresh{Backend: m, long: 3 * time.Second, rBegan: make(chan struct{}), rApplied: make(chan struct{}), cApplied: make(chan struct{}), holdC: make(chan struct{})}
+	l := lock.New(r, &lock.Options{AutoRenew: true})
+	lease, err := l.TryAcquire(t.Context(), "k", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-r.rBegan
+	done := make(chan error, 1)
+	go func() { done <- lease.Refresh(context.Background(), 300*time.Millisecond) }()
+	<-r.cApplied
+	time.Sleep(600 * time.Millisecond)
+	left, lerr := time.Until(lease.Deadline()), lease.Err()
+	other, err := lock.New(m, nil).TryAcquire(t.Context(), "k", time.Second)
+	if err == nil {
+		if lerr == nil {
+			t.Errorf("another owner took the lock while the lease's Err = nil, its deadline %v away", left.Round(time.Millisecond))
+		}
+		_ = other.Release(t.Context())
+	}
+	close(r.holdC)
+	<-done
+	_ = lease.Release(t.Context())
+}
+
+// Same, no renewal at all: a lone Refresh to a shorter TTL applied by the
+// backend, answer late (pre-existing).
+type heldAnswer struct {
+	lock.Backend
+	applied, hold chan struct{}
+}
+
+func (r *heldAnswer) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	err := r.Backend.Refresh(ctx, key, owner, ttl)
+	close(r.applied)
+	<-r.hold
+	return err
+}
+
+func TestShorterRefreshAnsweredLate(t *testing.T) {
+	m := &memlock.Backend{}
+	r := &heldAnswer{Backend: m, applied: make(chan struct{}), hold: make(chan struct{})}
+	lease, err := lock.New(r, nil).TryAcquire(t.Context(), "k", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- lease.Refresh(context.Background(), 300*time.Millisecond) }()
+	<-r.applied
+	time.Sleep(600 * time.Millisecond)
+	left, lerr := time.Until(lease.Deadline()), lease.Err()
+	other, err := lock.New(m, nil).TryAcquire(t.Context(), "k", time.Second)
+	if err == nil {
+		if lerr == nil {
+			t.Errorf("another owner took the lock while the lease's Err = nil, its deadline %v away", left.Round(time.Millisecond))
+		}
+		_ = other.Release(t.Context())
+	}
+	close(r.hold)
+	<-done
+}
+
+// slowTTL delays the refreshes at ttl slow by d and signals the first.
+type slowTTL struct {
+	lock.Backend
+	slow  time.Duration
+	d     time.Duration
+	began chan struct{}
+	once  sync.Once
+}
+
+func (s *slowTTL) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if ttl == s.slow {
+		s.once.Do(func() { close(s.began) })
+		time.Sleep(s.d)
+	}
+	return s.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// Liveness: a renewal (900ms) and a caller's Refresh to 30s overlap and
+// both succeed. The deadline is the renewal's (~1.2s after acquire), but
+// the next renewal is 10s away (the caller's TTL/3): the lease is lost.
+func TestOverlapWithLongerRefreshKeepsRenewing(t *testing.T) {
+	s := &slowTTL{Backend: &memlock.Backend{}, slow: 900 * time.Millisecond, d: 100 * time.Millisecond, began: make(chan struct{})}
+	var lost atomic.Value
+	l := lock.New(s, &lock.Options{AutoRenew: true, Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			lost.Store(e.Err)
+		}
+	}})
+	lease, err := l.TryAcquire(t.Context(), "k", 900*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-s.began
+	if err := lease.Refresh(t.Context(), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if err := lease.Err(); err != nil {
+		t.Errorf("every refresh succeeded, yet Err = %v (OpLost: %v)", err, lost.Load())
+	}
+	_ = lease.Release(t.Context())
+}
+
+// delayedRefresh delays every refresh by d.
+type delayedRefresh struct {
+	lock.Backend
+	d time.Duration
+}
+
+func (s *delayedRefresh) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	time.Sleep(s.d)
+	return s.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// Liveness: two goroutines refresh in staggered loops, so some refresh is
+// always on its way; earliest keeps the first group member's deadline.
+func TestChainedOverlappingRefreshes(t *testing.T) {
+	b := &delayedRefresh{Backend: &memlock.Backend{}, d: 100 * time.Millisecond}
+	lease, err := lock.New(b, nil).TryAcquire(t.Context(), "k", 600*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	stop := time.Now().Add(2 * time.Second)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i) * 50 * time.Millisecond)
+			for time.Now().Before(stop) {
+				if err := lease.Refresh(context.Background(), 600*time.Millisecond); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("refreshing every 100ms with a 600ms TTL: %v", err)
+	}
+}
+
+// failingTTL fails every refresh at ttl short without reaching the backend.
+type failingTTL struct {
+	lock.Backend
+	short time.Duration
+}
+
+func (f *failingTTL) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if ttl == f.short {
+		return context.DeadlineExceeded
+	}
+	return f.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// Liveness: a caller's Refresh to 300ms fails (transient); the deadline is
+// lowered to 300ms (it may have been applied) but the renewal stays at
+// TTL/3 = 1s: the auto-renewed lease is lost though the backend holds 3s.
+func TestFailedShorterRefreshKeepsRenewing(t *testing.T) {
+	m := &memlock.Backend{}
+	lease, err := lock.New(&failingTTL{Backend: m, short: 300 * time.Millisecond}, &lock.Options{AutoRenew: true}).TryAcquire(t.Context(), "k", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Refresh(t.Context(), 300*time.Millisecond); err == nil {
+		t.Fatal("want an error")
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if err := lease.Err(); err != nil {
+		t.Errorf("auto-renewed lease, refresh failed transiently: Err = %v", err)
+	}
+	_ = lease.Release(t.Context())
 }
