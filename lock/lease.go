@@ -138,9 +138,14 @@ func (ls *Lease) Err() error {
 
 // Refresh extends the lease to ttl from now, if it is still held. It
 // returns ErrExpired or ErrNotHeld (and ends the lease) when it is not,
-// ErrInvalidTTL for a TTL under a millisecond, and the backend's error,
-// leaving the lease as it was, when the backend cannot be reached. A lease
-// that has ended is never revived.
+// ErrInvalidTTL for a TTL under a millisecond, and the backend's error
+// when the backend cannot be reached; then the lease keeps its deadline,
+// or the one ttl would give if that is earlier (the refresh may have
+// reached the backend). A lease that has ended is never revived.
+//
+// A refresh that failed can still reach the backend later (a command
+// sent before the client gave up on it): after a failed Refresh to a
+// shorter TTL, Refresh again before relying on the lease.
 func (ls *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	ttl, err := check(ls.key, ttl)
 	if err != nil {
@@ -153,7 +158,8 @@ func (ls *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // lease if the backend applies it last, and the earliest such deadline of
 // the refreshes that answered while it was on its way (zero: none).
 type pendingRefresh struct {
-	until, seen time.Time
+	sent, until, seen time.Time
+	ttl               time.Duration
 }
 
 // refresh sends a refresh to ttl (the caller's, or a renewal's) and moves
@@ -168,7 +174,8 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration, caller bool) er
 	if err := ls.endedErr(); err != nil {
 		return err
 	}
-	p := &pendingRefresh{until: time.Now().Add(validity(ttl))}
+	p := &pendingRefresh{sent: time.Now(), ttl: ttl}
+	p.until = p.sent.Add(validity(ttl))
 	ls.mu.Lock()
 	ls.inflight = append(ls.inflight, p)
 	if p.until.Before(ls.deadline) {
@@ -186,6 +193,13 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration, caller bool) er
 	for _, q := range ls.inflight {
 		if q.seen.IsZero() || p.until.Before(q.seen) {
 			q.seen = p.until // p may have been applied after q
+		}
+		if err == nil {
+			// p was applied, after it was sent: q, if applied after p,
+			// leaves at least its TTL from then.
+			if later := p.sent.Add(validity(q.ttl)); later.After(q.until) {
+				q.until = later
+			}
 		}
 		if q.until.Before(until) {
 			until = q.until // q may be applied after p
@@ -307,8 +321,8 @@ func (ls *Lease) stopRenewal() {
 }
 
 // renewal is the renew timer's function. It refreshes the lease and sets
-// the timer for the next renewal: a third of the TTL after a success,
-// sooner after a transient error. It stops for good when the lease has
+// the timer for the next renewal: a third of the time the lease has left
+// after a success, sooner after a transient error. It stops for good when the lease has
 // ended or Release began. Fired while a refresh is on its way (the
 // lease's deadline came first), it only ends the lease.
 func (ls *Lease) renewal() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -502,5 +503,140 @@ func TestFailedShorterRefreshKeepsRenewing(t *testing.T) {
 	if err := lease.Err(); err != nil {
 		t.Errorf("auto-renewed lease, refresh failed transiently: Err = %v", err)
 	}
+	_ = lease.Release(t.Context())
+}
+
+// The tests below are helper-15's review of 59affb7.
+
+// fuzzBackend applies each refresh at a random moment between its send and
+// its answer (or not at all for some failures), and records the backend's
+// expiry (apply time + ttl) in apply order.
+type fuzzBackend struct {
+	lock.Backend
+	mu      sync.Mutex
+	expires time.Time
+	failPct int
+}
+
+func (f *fuzzBackend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	g, err := f.Backend.Acquire(ctx, r)
+	if err == nil {
+		f.expires = now.Add(r.TTL)
+	}
+	return g, err
+}
+
+func (f *fuzzBackend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+	mode := rand.IntN(100)
+	var err error
+	if mode >= f.failPct/2 { // applied (maybe reported as failed)
+		f.mu.Lock()
+		now := time.Now()
+		err = f.Backend.Refresh(ctx, key, owner, ttl)
+		if err == nil {
+			f.expires = now.Add(ttl)
+		}
+		f.mu.Unlock()
+	} else {
+		err = errors.New("transient (not applied)")
+	}
+	time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+	if err == nil && mode < f.failPct {
+		err = errors.New("transient (applied)")
+	}
+	return err
+}
+
+// Safety, as a property: refreshes of random TTLs from three goroutines
+// (and renewals), each applied at a random moment before its answer or not
+// at all, some reported failed though applied: a lease that says it is
+// held never has a deadline past the backend's expiry.
+func TestRefreshDeadlineNeverPastBackend(t *testing.T) {
+	for _, auto := range []bool{false, true} {
+		f := &fuzzBackend{Backend: &memlock.Backend{}, failPct: 20}
+		l := lock.New(f, &lock.Options{AutoRenew: auto})
+		lease, err := l.TryAcquire(t.Context(), "k", 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := time.Now().Add(1500 * time.Millisecond)
+		var wg sync.WaitGroup
+		var violations atomic.Int64
+		var first atomic.Value
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(stop) {
+					ttl := time.Duration(60+rand.IntN(400)) * time.Millisecond
+					_ = lease.Refresh(context.Background(), ttl)
+					time.Sleep(time.Duration(rand.IntN(15)) * time.Millisecond)
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) {
+				f.mu.Lock()
+				exp := f.expires
+				d := lease.Deadline()
+				lerr := lease.Err()
+				f.mu.Unlock()
+				if lerr == nil && d.After(exp) {
+					if violations.Add(1) == 1 {
+						first.Store(d.Sub(exp))
+					}
+				}
+				time.Sleep(200 * time.Microsecond)
+			}
+		}()
+		wg.Wait()
+		_ = lease.Release(t.Context())
+		if n := violations.Load(); n > 0 {
+			t.Errorf("auto=%v: %d snapshots with the lease's deadline past the backend's expiry (first by %v)", auto, n, first.Load())
+		}
+	}
+}
+
+// hungTTL: the caller's Refresh at ttl short hangs (not applied) until
+// unblock; renewals go through.
+type hungTTL struct {
+	lock.Backend
+	short   time.Duration
+	unblock chan struct{}
+}
+
+func (h *hungTTL) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if ttl == h.short {
+		<-h.unblock
+		return ctx.Err()
+	}
+	return h.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// Liveness: a caller's Refresh hangs past its TTL and is never applied;
+// the renewals that succeed meanwhile keep the lease (a refresh on its way
+// caps the deadline only from the last success on, not from its send).
+func TestHungRefreshWithRenewals(t *testing.T) {
+	h := &hungTTL{Backend: &memlock.Backend{}, short: 999 * time.Millisecond, unblock: make(chan struct{})}
+	l := lock.New(h, &lock.Options{AutoRenew: true})
+	lease, err := l.TryAcquire(t.Context(), "k", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	go func() { _ = lease.Refresh(ctx, 999*time.Millisecond) }()
+	time.Sleep(1500 * time.Millisecond)
+	if err := lease.Err(); err != nil {
+		_, oerr := lock.New(h.Backend, nil).TryAcquire(t.Context(), "k", time.Second)
+		t.Errorf("renewals succeeding, a caller's Refresh hung: Err = %v (another owner's TryAcquire: %v)", err, oerr)
+	}
+	close(h.unblock)
 	_ = lease.Release(t.Context())
 }
