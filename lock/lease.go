@@ -48,8 +48,8 @@ type Lease struct {
 	// context (for its values) as long as the lease lives.
 	relCtx detached
 
-	// Renewal (AutoRenew only): renew fires every third of the TTL and
-	// refreshes the lease on the timer's own goroutine, so no goroutine
+	// Renewal (AutoRenew only): renew fires a third of the way to the
+	// deadline and refreshes the lease on the timer's own goroutine, so no goroutine
 	// waits between renewals. While a refresh is on its way (renewing),
 	// the timer is set for the lease's deadline, so that the lease ends
 	// there even if the refresh is late. Release sets stopping (no
@@ -154,8 +154,9 @@ func (ls *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	return ls.refresh(ctx, ttl, true)
 }
 
-// pendingRefresh is a refresh on its way: the deadline it gives the
-// lease if the backend applies it last, and the earliest such deadline of
+// pendingRefresh is a refresh on its way: when it was sent and its TTL;
+// until, the deadline it gives the lease if the backend applies it last
+// (raised as refreshes after it succeed); and seen, the earliest until of
 // the refreshes that answered while it was on its way (zero: none).
 type pendingRefresh struct {
 	sent, until, seen time.Time
@@ -322,9 +323,9 @@ func (ls *Lease) stopRenewal() {
 
 // renewal is the renew timer's function. It refreshes the lease and sets
 // the timer for the next renewal: a third of the time the lease has left
-// after a success, sooner after a transient error. It stops for good when the lease has
-// ended or Release began. Fired while a refresh is on its way (the
-// lease's deadline came first), it only ends the lease.
+// after a success, sooner after a transient error. It stops for good
+// when the lease has ended or Release began. Fired while a refresh is on
+// its way (the lease's deadline came first), it only ends the lease.
 func (ls *Lease) renewal() {
 	ls.mu.Lock()
 	if ls.checkLocked(); ls.stopping || ls.ended || ls.renewing {
