@@ -49,15 +49,17 @@ type Lease struct {
 	relCtx detached
 
 	// Renewal (AutoRenew only): renew fires a third of the way to the
-	// deadline and refreshes the lease on the timer's own goroutine, so no goroutine
-	// waits between renewals. While a refresh is on its way (renewing),
-	// the timer is set for the lease's deadline, so that the lease ends
-	// there even if the refresh is late. Release sets stopping (no
-	// renewal starts after it) and waits on idle for one on its way.
-	renew    *time.Timer // set once in newLease; Reset and Stop under mu
-	renewing bool        // under mu
-	stopping bool        // under mu
-	idle     *sync.Cond  // on mu, made by a stopRenewal that waits; signalled as a renewal ends
+	// deadline and refreshes the lease on the timer's own goroutine, so no
+	// goroutine waits between renewals. While a refresh is on its way
+	// (renewing), the timer is set for the lease's deadline, so that the
+	// lease ends there even if the refresh is late. Release sets stopping
+	// (no renewal starts after it), cancels the renewal on its way
+	// (stopRenew) and waits on idle for it to return.
+	renew     *time.Timer        // set once in newLease; Reset and Stop under mu
+	renewing  bool               // under mu
+	stopping  bool               // under mu
+	stopRenew context.CancelFunc // under mu: the context of the renewal on its way
+	idle      chan struct{}      // under mu: made by a stopRenewal that waits, closed as the renewal ends
 }
 
 func newLease(l *Locker, key, owner string, ttl time.Duration, fence int64, start time.Time) *Lease {
@@ -252,7 +254,9 @@ func (ls *Lease) setDeadlineLocked(d time.Time) {
 // request still releases. It returns nil, ErrExpired when the TTL had
 // already passed, ErrNotHeld when another owner holds the lock or the lease
 // was already released, or the backend's error; retrying after a backend
-// error is safe because release compares the owner token.
+// error is safe because release compares the owner token. With
+// Options.AutoRenew it first cancels a renewal on its way and waits for
+// it to return; the wait and the release share the one ReleaseTimeout.
 func (ls *Lease) Release(ctx context.Context) error {
 	ls.mu.Lock()
 	if ls.released {
@@ -260,9 +264,10 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("release %q: %w", ls.key, ErrNotHeld)
 	}
 	ls.mu.Unlock()
-	ls.stopRenewal()
+	rctx := ls.releaseContext(ctx)
+	ls.stopRenewal(rctx)
 
-	err := ls.locker.backend.Release(ls.releaseContext(ctx), ls.key, ls.owner)
+	err := ls.locker.backend.Release(rctx, ls.key, ls.owner)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if err == nil || errors.Is(err, ErrNotHeld) {
@@ -303,21 +308,32 @@ func (ls *Lease) releaseContext(ctx context.Context) context.Context {
 	return &own
 }
 
-// stopRenewal stops the renewals and waits for one on its way, so that
-// no refresh runs after Release.
-func (ls *Lease) stopRenewal() {
+// stopRenewal stops the renewals. A renewal on its way no longer matters
+// (the release compares the owner, so a refresh landing after it finds the
+// lock gone): it is cancelled, and stopRenewal waits for it to return, so
+// that the lease calls the backend no more once Release returns, unless
+// the backend ignores the cancellation for longer than ctx, the release's
+// own context, allows.
+func (ls *Lease) stopRenewal(ctx context.Context) {
 	if ls.renew == nil {
 		return
 	}
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
 	ls.stopping = true
 	ls.renew.Stop()
-	for ls.renewing {
-		if ls.idle == nil {
-			ls.idle = sync.NewCond(&ls.mu)
-		}
-		ls.idle.Wait()
+	if !ls.renewing {
+		ls.mu.Unlock()
+		return
+	}
+	ls.stopRenew()
+	if ls.idle == nil {
+		ls.idle = make(chan struct{})
+	}
+	idle := ls.idle
+	ls.mu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
 	}
 }
 
@@ -335,15 +351,17 @@ func (ls *Lease) renewal() {
 	ls.renewing = true
 	ttl, left := ls.ttl, time.Until(ls.deadline)
 	ls.renew.Reset(left)
-	ls.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), max(left, time.Millisecond))
+	ls.stopRenew = cancel
+	ls.mu.Unlock()
 	err := ls.refresh(ctx, ttl, false)
 	cancel()
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.renewing = false
+	ls.renewing, ls.stopRenew = false, nil
 	if ls.idle != nil {
-		ls.idle.Broadcast()
+		close(ls.idle)
+		ls.idle = nil
 	}
 	if ls.checkLocked(); ls.stopping || ls.ended {
 		return // released, or lost for good

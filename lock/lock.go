@@ -19,7 +19,9 @@ type Options struct {
 	// timer: no goroutine waits between renewals, and a lease released
 	// before its first renewal costs one timer. When a refresh finds the
 	// lock gone the lease ends at once; transient errors are retried until
-	// the lease's local deadline, then the lease ends. Default: false.
+	// the lease's local deadline, then the lease ends. Release cancels a
+	// renewal on its way and waits for it to return, within
+	// ReleaseTimeout, before it releases. Default: false.
 	AutoRenew bool
 
 	// MinBackoff and MaxBackoff bound the jittered exponential backoff

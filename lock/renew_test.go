@@ -56,9 +56,10 @@ func (b *blockingRefresh) Refresh(ctx context.Context, key, owner string, ttl ti
 	return b.Backend.Refresh(ctx, key, owner, ttl)
 }
 
-// Release waits for a renewal on its way, and no renewal starts after it:
-// a refresh landing after the release would hold the lock again, or, on a
-// backend that refreshes by owner only, find it gone and say so.
+// Release waits for a renewal on its way (one that ignores its
+// cancellation, here), and no renewal starts after it: once Release
+// returns, the lease calls the backend no more, so its client can be
+// closed.
 func TestAutoRenewReleaseWaitsForRenewal(t *testing.T) {
 	b := &blockingRefresh{Backend: &memlock.Backend{}, began: make(chan struct{}, 16), release: make(chan struct{})}
 	l := lock.New(b, &lock.Options{AutoRenew: true})
@@ -95,6 +96,92 @@ func TestAutoRenewReleaseWaitsForRenewal(t *testing.T) {
 	}
 	if _, err := l.TryAcquire(t.Context(), "renewing", ttl); err != nil {
 		t.Errorf("TryAcquire after Release = %v; want the lock free", err)
+	}
+}
+
+// ctxRefresh holds every Refresh until its context ends, and reports
+// that context's error.
+type ctxRefresh struct {
+	lock.Backend
+	began chan struct{}
+	ended chan error
+}
+
+func (c *ctxRefresh) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	c.began <- struct{}{}
+	<-ctx.Done()
+	c.ended <- ctx.Err()
+	return ctx.Err()
+}
+
+// waitRenewal waits for the first renewal to reach the backend.
+func waitRenewal(t *testing.T, began <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-began:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal 10s after the acquire; want one after TTL/3")
+	}
+}
+
+// Release cancels a renewal on its way rather than wait for its answer,
+// which no longer matters: on a slow backend the release would otherwise
+// wait up to the lease's time left.
+func TestReleaseCancelsRenewal(t *testing.T) {
+	c := &ctxRefresh{Backend: &memlock.Backend{}, began: make(chan struct{}, 1), ended: make(chan error, 1)}
+	l := lock.New(c, &lock.Options{AutoRenew: true})
+	const ttl = 6 * time.Second // the renewal at 2s, its context ends 4s later
+	lease, err := l.TryAcquire(t.Context(), "cancel-renewal", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRenewal(t, c.began)
+	start := time.Now()
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatalf("Release = %v; want nil", err)
+	}
+	if took := time.Since(start); took > ttl/3 {
+		t.Errorf("Release took %v with a renewal on its way; want it to cancel the renewal, not wait for it (4s)", took)
+	}
+	select {
+	case err := <-c.ended:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("the renewal's context ended with %v; want context.Canceled by Release", err)
+		}
+	default:
+		t.Error("Release returned before the renewal it waits for did")
+	}
+	if _, err := l.TryAcquire(t.Context(), "cancel-renewal", ttl); err != nil {
+		t.Errorf("TryAcquire after Release = %v; want the lock free", err)
+	}
+}
+
+// A renewal that ignores its cancellation holds Release up to
+// ReleaseTimeout, not for as long as it hangs.
+func TestReleaseBoundedWhileRenewalHangs(t *testing.T) {
+	b := &blockingRefresh{Backend: &memlock.Backend{}, began: make(chan struct{}, 16), release: make(chan struct{})}
+	defer close(b.release)
+	const timeout = 300 * time.Millisecond
+	l := lock.New(b, &lock.Options{AutoRenew: true, ReleaseTimeout: timeout})
+	lease, err := l.TryAcquire(t.Context(), "hung-renewal", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRenewal(t, b.began)
+	released := make(chan error, 1)
+	start := time.Now()
+	go func() { released <- lease.Release(context.Background()) }()
+	select {
+	case err := <-released:
+		// memlock releases whatever its context: the lock is free.
+		if err != nil {
+			t.Errorf("Release = %v; want nil", err)
+		}
+		if took := time.Since(start); took < timeout-timeout/8 {
+			t.Errorf("Release returned after %v; want it to wait for the renewal up to ReleaseTimeout, %v", took, timeout)
+		}
+	case <-time.After(10 * timeout):
+		t.Fatalf("Release still waiting %v after it began, behind a hung renewal; want at most ReleaseTimeout, %v", 10*timeout, timeout)
 	}
 }
 
