@@ -27,12 +27,20 @@ type Lease struct {
 	fence  int64
 	start  time.Time // when the acquire that granted it was sent
 
-	mu       sync.Mutex // guards the fields below
-	ttl      time.Duration
-	deadline time.Time // local validity end, monotonic
-	ended    bool
-	cause    error // why it ended: ErrReleased, or an error matching ErrLost
-	released bool  // the backend confirmed the release (or that it was not held)
+	// relMu serialises Releases: a second one waits for the first's
+	// answer, so the one the backend refuses (the first got there) cannot
+	// end the lease as lost.
+	relMu sync.Mutex
+
+	mu sync.Mutex // guards the fields below
+	// The flags side by side, in one word.
+	releasing bool // Release began: its answer, not a refresh's, says how the lease ends
+	ended     bool
+	released  bool // the backend confirmed the release (or that it was not held)
+	renewing  bool // a renewal's refresh is on its way (see renew)
+	ttl       time.Duration
+	deadline  time.Time // local validity end, monotonic
+	cause     error     // why it ended: ErrReleased, or an error matching ErrLost
 
 	// Refreshes on their way (refresh), in the order they were sent.
 	inflight []*pendingRefresh
@@ -52,14 +60,12 @@ type Lease struct {
 	// deadline and refreshes the lease on the timer's own goroutine, so no
 	// goroutine waits between renewals. While a refresh is on its way
 	// (renewing), the timer is set for the lease's deadline, so that the
-	// lease ends there even if the refresh is late. Release sets stopping
-	// (no renewal starts after it), cancels the renewal on its way
-	// (stopRenew) and waits on idle for it to return.
+	// lease ends there even if the refresh is late. No renewal starts
+	// once releasing is set; after the release, Release cancels the one
+	// on its way (stopRenew) and waits on idle for it to return.
 	renew     *time.Timer        // set once in newLease; Reset and Stop under mu
-	renewing  bool               // under mu
-	stopping  bool               // under mu
 	stopRenew context.CancelFunc // under mu: the context of the renewal on its way
-	idle      chan struct{}      // under mu: made by a stopRenewal that waits, closed as the renewal ends
+	idle      chan struct{}      // under mu: made by a Release that waits, closed as the renewal ends
 }
 
 func newLease(l *Locker, key, owner string, ttl time.Duration, fence int64, start time.Time) *Lease {
@@ -209,6 +215,8 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration, caller bool) er
 		}
 	}
 	switch {
+	case errors.Is(err, ErrNotHeld) && ls.releasing:
+		return err // maybe the release got there first: Release's answer ends the lease
 	case errors.Is(err, ErrNotHeld):
 		ls.endLocked(lostError(ls.key, err))
 		return err
@@ -240,7 +248,7 @@ func (ls *Lease) setDeadlineLocked(d time.Time) {
 		ls.expiry.Reset(time.Until(d))
 	}
 	switch {
-	case ls.renew == nil || ls.stopping:
+	case ls.renew == nil || ls.releasing:
 	case ls.renewing:
 		ls.renew.Reset(time.Until(d))
 	default:
@@ -255,19 +263,27 @@ func (ls *Lease) setDeadlineLocked(d time.Time) {
 // already passed, ErrNotHeld when another owner holds the lock or the lease
 // was already released, or the backend's error; retrying after a backend
 // error is safe because release compares the owner token. With
-// Options.AutoRenew it first cancels a renewal on its way and waits for
-// it to return; the wait and the release share the one ReleaseTimeout.
+// Options.AutoRenew no renewal starts once Release begins; a renewal on
+// its way when the release has been answered is cancelled, and Release
+// waits for it to return, within the same ReleaseTimeout, so that the
+// lease calls the backend no more once Release returns.
 func (ls *Lease) Release(ctx context.Context) error {
+	ls.relMu.Lock()
+	defer ls.relMu.Unlock()
 	ls.mu.Lock()
 	if ls.released {
 		ls.mu.Unlock()
 		return fmt.Errorf("release %q: %w", ls.key, ErrNotHeld)
 	}
+	ls.releasing = true
+	if ls.renew != nil {
+		ls.renew.Stop()
+	}
 	ls.mu.Unlock()
-	rctx := ls.releaseContext(ctx)
-	ls.stopRenewal(rctx)
 
+	rctx := ls.releaseContext(ctx)
 	err := ls.locker.backend.Release(rctx, ls.key, ls.owner)
+	ls.awaitRenewal(rctx)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if err == nil || errors.Is(err, ErrNotHeld) {
@@ -294,8 +310,8 @@ func (ls *Lease) Release(ctx context.Context) error {
 // releaseContext returns the context a Release runs on (see
 // deadlines.detach). The lease holds the first one, which saves an
 // allocation per lock cycle; a Release after it (a retry after a backend
-// error, which needs a deadline of its own) or concurrent with it gets
-// one of its own, so the lease's is never written while in use.
+// error, which needs a deadline of its own) gets one of its own, so the
+// lease's is never written while in use.
 func (ls *Lease) releaseContext(ctx context.Context) context.Context {
 	c := ls.locker.release.detach(ctx, time.Now())
 	ls.mu.Lock()
@@ -308,19 +324,14 @@ func (ls *Lease) releaseContext(ctx context.Context) context.Context {
 	return &own
 }
 
-// stopRenewal stops the renewals. A renewal on its way no longer matters
-// (the release compares the owner, so a refresh landing after it finds the
-// lock gone): it is cancelled, and stopRenewal waits for it to return, so
-// that the lease calls the backend no more once Release returns, unless
-// the backend ignores the cancellation for longer than ctx, the release's
-// own context, allows.
-func (ls *Lease) stopRenewal(ctx context.Context) {
-	if ls.renew == nil {
-		return
-	}
+// awaitRenewal, once the release has been answered, cancels a renewal on
+// its way, whose answer no longer matters (it compares the owner, so if it
+// lands after the release it finds the lock gone), and waits for it to
+// return within ctx, the release's context. Cancelled only now, it cannot
+// disturb the release: on a backend whose cancelled statement breaks the
+// session holding the lock, that would free the lock under the release.
+func (ls *Lease) awaitRenewal(ctx context.Context) {
 	ls.mu.Lock()
-	ls.stopping = true
-	ls.renew.Stop()
 	if !ls.renewing {
 		ls.mu.Unlock()
 		return
@@ -344,7 +355,7 @@ func (ls *Lease) stopRenewal(ctx context.Context) {
 // its way (the lease's deadline came first), it only ends the lease.
 func (ls *Lease) renewal() {
 	ls.mu.Lock()
-	if ls.checkLocked(); ls.stopping || ls.ended || ls.renewing {
+	if ls.checkLocked(); ls.releasing || ls.ended || ls.renewing {
 		ls.mu.Unlock()
 		return
 	}
@@ -363,7 +374,7 @@ func (ls *Lease) renewal() {
 		close(ls.idle)
 		ls.idle = nil
 	}
-	if ls.checkLocked(); ls.stopping || ls.ended {
+	if ls.checkLocked(); ls.releasing || ls.ended {
 		return // released, or lost for good
 	}
 	next := ls.renewEveryLocked()

@@ -19,12 +19,13 @@ type Options struct {
 	// timer: no goroutine waits between renewals, and a lease released
 	// before its first renewal costs one timer. When a refresh finds the
 	// lock gone the lease ends at once; transient errors are retried until
-	// the lease's local deadline, then the lease ends. Release cancels a
-	// renewal on its way and waits for it to return, within
-	// ReleaseTimeout, before it releases. Renewal needs timers and the
-	// backend to answer well within a third of the TTL: keep auto-renewed
-	// TTLs at 100ms or more (a 10ms lease has been lost to scheduling
-	// delays on a loaded machine). Default: false.
+	// the lease's local deadline, then the lease ends. No renewal starts
+	// once Release begins; once the release is answered, Release cancels
+	// a renewal on its way and waits for it to return, within
+	// ReleaseTimeout. Renewal needs timers and the backend to answer well
+	// within a third of the TTL: keep auto-renewed TTLs at 100ms or more
+	// (a 10ms lease has been lost to scheduling delays on a loaded
+	// machine). Default: false.
 	AutoRenew bool
 
 	// MinBackoff and MaxBackoff bound the jittered exponential backoff

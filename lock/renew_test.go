@@ -728,3 +728,293 @@ func TestHungRefreshWithRenewals(t *testing.T) {
 	close(h.unblock)
 	_ = lease.Release(t.Context())
 }
+
+// hungRenewalCtxRelease holds every Refresh, whatever its context, until
+// unblock is closed; its Release honours its context, as database/sql and
+// rueidis do (memlock ignores it).
+type hungRenewalCtxRelease struct {
+	lock.Backend
+	began   chan struct{}
+	unblock chan struct{}
+}
+
+func (b *hungRenewalCtxRelease) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	b.began <- struct{}{}
+	<-b.unblock
+	return b.Backend.Refresh(context.Background(), key, owner, ttl)
+}
+
+func (b *hungRenewalCtxRelease) Release(ctx context.Context, key, owner string) error {
+	if err := ctx.Err(); err != nil {
+		return errors.Join(lock.ErrUnavailable, err)
+	}
+	return b.Backend.Release(ctx, key, owner)
+}
+
+// Release is sent before it waits for a renewal on its way: a renewal that
+// hangs past ReleaseTimeout must not leave the release a context that
+// has already ended, and the lock held until its TTL.
+func TestReleaseSentBeforeWaitingForRenewal(t *testing.T) {
+	b := &hungRenewalCtxRelease{Backend: &memlock.Backend{}, began: make(chan struct{}, 4), unblock: make(chan struct{})}
+	defer close(b.unblock)
+	l := lock.New(b, &lock.Options{AutoRenew: true, ReleaseTimeout: 300 * time.Millisecond})
+	lease, err := l.TryAcquire(t.Context(), "no-time-left", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRenewal(t, b.began)
+	if err := lease.Release(context.Background()); err != nil {
+		t.Errorf("Release = %v; want the release sent before the wait (nil)", err)
+	}
+	if _, err := l.TryAcquire(t.Context(), "no-time-left", time.Second); err != nil {
+		t.Errorf("TryAcquire after Release = %v; want the lock free", err)
+	}
+}
+
+// lateRenewal holds the renewal's Refresh, whatever its context, until
+// the release has reached the backend; then lets it land (after the
+// release, so it finds the lock gone) and, inside Release, gives the
+// lease time to take the renewal's answer in.
+type lateRenewal struct {
+	lock.Backend
+	began   chan struct{}
+	unblock chan struct{}
+	lease   atomic.Pointer[lock.Lease]
+}
+
+func (b *lateRenewal) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	b.began <- struct{}{}
+	<-b.unblock
+	return b.Backend.Refresh(context.Background(), key, owner, ttl)
+}
+
+func (b *lateRenewal) Release(ctx context.Context, key, owner string) error {
+	err := b.Backend.Release(ctx, key, owner)
+	close(b.unblock)
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end) && b.lease.Load().Err() == nil; {
+		time.Sleep(time.Millisecond)
+	}
+	return err
+}
+
+// A renewal answered during the release, after the release got there,
+// finds the lock gone; the lease still ends released, not lost: Err is
+// nil, the context's cause ErrReleased, and Observe hears no OpLost.
+func TestLateRenewalAnswerDuringRelease(t *testing.T) {
+	b := &lateRenewal{Backend: &memlock.Backend{}, began: make(chan struct{}, 4), unblock: make(chan struct{})}
+	var lost atomic.Int32
+	l := lock.New(b, &lock.Options{AutoRenew: true, Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			lost.Add(1)
+		}
+	}})
+	lease, err := l.TryAcquire(t.Context(), "late-renewal", 6*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.lease.Store(lease)
+	ctx := lease.Context()
+	waitRenewal(t, b.began)
+	if err := lease.Release(context.Background()); err != nil {
+		t.Errorf("Release = %v; want nil", err)
+	}
+	if err := lease.Err(); err != nil {
+		t.Errorf("Err after a successful Release = %v; want nil", err)
+	}
+	if cause := context.Cause(ctx); !errors.Is(cause, lock.ErrReleased) {
+		t.Errorf("the lease's context ended with %v; want ErrReleased", cause)
+	}
+	if n := lost.Load(); n > 0 {
+		t.Errorf("%d OpLost for a lease released successfully", n)
+	}
+}
+
+// slowFirstRelease holds the first Release's answer until unblock is
+// closed (the release itself is done at once).
+type slowFirstRelease struct {
+	lock.Backend
+	calls   atomic.Int32
+	firstIn chan struct{}
+	unblock chan struct{}
+}
+
+func (b *slowFirstRelease) Release(ctx context.Context, key, owner string) error {
+	err := b.Backend.Release(ctx, key, owner)
+	if b.calls.Add(1) == 1 {
+		close(b.firstIn)
+		<-b.unblock
+	}
+	return err
+}
+
+// Two Releases of one lease at once: the one that finds the lock already
+// released must not end the lease as lost before the other records its
+// success. The second waits for the first and reports ErrNotHeld.
+func TestConcurrentReleases(t *testing.T) {
+	b := &slowFirstRelease{Backend: &memlock.Backend{}, firstIn: make(chan struct{}), unblock: make(chan struct{})}
+	var lost atomic.Int32
+	l := lock.New(b, &lock.Options{Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			lost.Add(1)
+		}
+	}})
+	lease, err := l.TryAcquire(t.Context(), "two-releases", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { first <- lease.Release(context.Background()) }()
+	<-b.firstIn
+	go func() { second <- lease.Release(context.Background()) }()
+	select {
+	case err := <-second: // the old code: answered, and recorded, before the first
+		close(b.unblock)
+		t.Errorf("the second Release returned (%v) while the first was on its way; want it to wait for the first", err)
+	case <-time.After(200 * time.Millisecond):
+		close(b.unblock)
+		if err := <-second; !errors.Is(err, lock.ErrNotHeld) {
+			t.Errorf("second Release = %v; want ErrNotHeld (released by the first)", err)
+		}
+	}
+	if err := <-first; err != nil {
+		t.Errorf("first Release = %v; want nil", err)
+	}
+	if err := lease.Err(); err != nil {
+		t.Errorf("Err = %v; want nil, released", err)
+	}
+	if n := lost.Load(); n > 0 {
+		t.Errorf("%d OpLost for a lease released by one of two Releases", n)
+	}
+}
+
+// callerKey marks a caller's Refresh, so the backend tells it from a
+// renewal's.
+type callerKey struct{}
+
+// watchedBackend delays every Refresh by up to 3ms (honouring its
+// context) and every Release's answer by up to 2ms, and records, per owner, the renewals on their way and whether
+// the release has reached it, and counts renewals started after the
+// release and those cancelled.
+type watchedBackend struct {
+	lock.Backend
+	mu        sync.Mutex
+	renewals  map[string]int
+	released  map[string]bool
+	late      int // renewals started after their lease's release
+	cancelled atomic.Int64
+}
+
+func (b *watchedBackend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if ctx.Value(callerKey{}) == nil {
+		b.mu.Lock()
+		if b.released[owner] {
+			b.late++
+		}
+		b.renewals[owner]++
+		b.mu.Unlock()
+		defer func() {
+			b.mu.Lock()
+			b.renewals[owner]--
+			b.mu.Unlock()
+		}()
+	}
+	t := time.NewTimer(time.Duration(rand.IntN(3000)) * time.Microsecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		b.cancelled.Add(1)
+		return ctx.Err()
+	}
+	return b.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+func (b *watchedBackend) Release(ctx context.Context, key, owner string) error {
+	b.mu.Lock()
+	b.released[owner] = true
+	b.mu.Unlock()
+	err := b.Backend.Release(ctx, key, owner)
+	time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond) // answers may come back in any order
+	return err
+}
+
+// Two Releases and a caller's Refresh of each lease at once, with
+// renewals starting and ending around them: each lease ends released,
+// not lost (one Release returns nil, the other ErrNotHeld, no OpLost), no
+// renewal starts after the release, and none is still on its way once
+// the Releases returned.
+func TestReleaseUnderConcurrency(t *testing.T) {
+	b := &watchedBackend{Backend: &memlock.Backend{}, renewals: map[string]int{}, released: map[string]bool{}}
+	var mu sync.Mutex
+	lost := map[string]int{}
+	l := lock.New(b, &lock.Options{AutoRenew: true, Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			mu.Lock()
+			lost[e.Key]++
+			mu.Unlock()
+		}
+	}})
+	const workers, per = 6, 40
+	const ttl = 300 * time.Millisecond // renewals every 100ms, each up to 3ms
+	var wg sync.WaitGroup
+	var checked atomic.Int64
+	for w := range workers {
+		wg.Go(func() {
+			for i := range per {
+				key := fmt.Sprintf("concurrent-%d-%d", w, i)
+				lease, err := l.TryAcquire(t.Context(), key, ttl)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(time.Duration(rand.IntN(120)) * time.Millisecond)
+				if lease.Err() != nil {
+					continue // lost before the Releases (a renewal late on a loaded machine): not this test's case
+				}
+				var inner sync.WaitGroup
+				results := make([]error, 2)
+				for j := range results {
+					inner.Go(func() { results[j] = lease.Release(context.Background()) })
+				}
+				inner.Go(func() { _ = lease.Refresh(context.WithValue(context.Background(), callerKey{}, true), ttl) })
+				inner.Wait()
+				checked.Add(1)
+				ok, notHeld := 0, 0
+				for _, err := range results {
+					switch {
+					case err == nil:
+						ok++
+					case errors.Is(err, lock.ErrNotHeld):
+						notHeld++
+					}
+				}
+				if ok != 1 || notHeld != 1 {
+					t.Errorf("%s: Releases = %v; want one nil and one ErrNotHeld", key, results)
+				}
+				if err := lease.Err(); err != nil {
+					t.Errorf("%s: Err after Release = %v; want nil", key, err)
+				}
+				b.mu.Lock()
+				if n := b.renewals[lease.Token()]; n > 0 {
+					t.Errorf("%s: %d renewals on their way after Release returned", key, n)
+				}
+				b.mu.Unlock()
+				mu.Lock()
+				if n := lost[key]; n > 0 {
+					t.Errorf("%s: %d OpLost for a lease released", key, n)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.late > 0 {
+		t.Errorf("%d renewals started after their lease's release reached the backend", b.late)
+	}
+	t.Logf("%d leases released under concurrency; %d refreshes cancelled", checked.Load(), b.cancelled.Load())
+	if checked.Load() < workers*per/2 {
+		t.Errorf("only %d of %d leases held until their Releases; want most", checked.Load(), workers*per)
+	}
+}

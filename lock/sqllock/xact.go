@@ -153,7 +153,10 @@ func (b *XactBackend) gone(ctx context.Context, key string) error {
 }
 
 // Refresh implements lock.Backend: one statement on the lease's
-// transaction resets the server's idle timer and sets the new TTL.
+// transaction resets the server's idle timer and sets the new TTL. Only
+// ctx's deadline ends the statement, not its cancellation: a statement
+// cancelled on its way breaks the connection under the transaction, which
+// frees the lock.
 func (b *XactBackend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	b.mu.Lock()
 	l := b.held[owner]
@@ -162,11 +165,17 @@ func (b *XactBackend) Refresh(ctx context.Context, key, owner string, ttl time.D
 		return fmt.Errorf("sqllock: refresh %q: %w", key, lock.ErrExpired)
 	}
 	tx := l.tx
+	qctx := context.WithoutCancel(ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		qctx, cancel = context.WithDeadline(qctx, dl)
+		defer cancel()
+	}
 	var s string
-	err := tx.QueryRowContext(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`,
+	err := tx.QueryRowContext(qctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`,
 		strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)).Scan(&s)
 	if err != nil {
-		if ctx.Err() != nil {
+		if qctx.Err() != nil {
 			return wrap("refresh", key, err)
 		}
 		// The session is gone (ended for idleness, or the connection

@@ -1,0 +1,116 @@
+package sqllock_test
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/internal/faultproxy"
+	"github.com/onceguard/onceguard/lock"
+	"github.com/onceguard/onceguard/lock/sqllock"
+)
+
+// slowXact opens an XactBackend on PostgreSQL through a proxy that can
+// slow it down.
+func slowXact(t *testing.T) (*sqllock.XactBackend, *faultproxy.Proxy) {
+	dsn := os.Getenv("ONCEGUARD_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("ONCEGUARD_TEST_POSTGRES not set; skipping the integration test")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Heal(); _ = p.Close() })
+	u.Host = p.Addr()
+	b, err := sqllock.NewXact(dbtest.OpenPostgres(t, u.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, p
+}
+
+// A caller's Refresh cancelled while its statement is on its way leaves the
+// lock held: the cancellation must not break the connection under the
+// lease's transaction, which would free the lock.
+func TestXactCancelledRefreshKeepsLock(t *testing.T) {
+	b, p := slowXact(t)
+	l := lock.New(b, nil)
+	key := "xact-cancelled-refresh-" + time.Now().Format(time.RFC3339Nano)
+	lease, err := l.TryAcquire(t.Context(), key, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetLatency(200 * time.Millisecond)
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if err := lease.Refresh(ctx, 10*time.Second); err != nil {
+		t.Logf("Refresh with its context cancelled on the way = %v", err)
+	}
+	p.SetLatency(0)
+	if other, err := l.TryAcquire(t.Context(), key, time.Second); err == nil {
+		_ = other.Release(t.Context())
+		t.Fatal("another owner took the lock after a cancelled Refresh; want it still held")
+	}
+	if err := lease.Release(t.Context()); err != nil {
+		t.Errorf("Release = %v; want nil, the lease held", err)
+	}
+}
+
+// signalRefresh tells when a Refresh reaches the backend.
+type signalRefresh struct {
+	lock.Backend
+	began chan struct{}
+}
+
+func (s *signalRefresh) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	select {
+	case s.began <- struct{}{}:
+	default:
+	}
+	return s.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// An auto-renewed lease released while its renewal's statement is on its
+// way is released, not lost: the renewal is cancelled only after the
+// release, so it cannot break the session holding the lock under it.
+func TestXactReleaseDuringRenewal(t *testing.T) {
+	xb, p := slowXact(t)
+	b := &signalRefresh{Backend: xb, began: make(chan struct{}, 1)}
+	var lost atomic.Int32
+	l := lock.New(b, &lock.Options{AutoRenew: true, Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			lost.Add(1)
+		}
+	}})
+	key := "xact-release-renewing-" + time.Now().Format(time.RFC3339Nano)
+	lease, err := l.TryAcquire(t.Context(), key, 6*time.Second) // the renewal at 2s
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetLatency(200 * time.Millisecond)
+	select {
+	case <-b.began:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal 10s after the acquire; want one after TTL/3")
+	}
+	time.Sleep(50 * time.Millisecond) // the renewal's statement is on its way
+	if err := lease.Release(context.Background()); err != nil {
+		t.Errorf("Release = %v; want nil, the lease held until Release", err)
+	}
+	p.SetLatency(0)
+	if n := lost.Load(); n > 0 {
+		t.Errorf("%d OpLost for a lease held until Release", n)
+	}
+	if err := lease.Err(); err != nil {
+		t.Errorf("Err after Release = %v; want nil", err)
+	}
+}
