@@ -27,14 +27,11 @@ type Lease struct {
 	fence  int64
 	start  time.Time // when the acquire that granted it was sent
 
-	// relMu serialises Releases: a second one waits for the first's
-	// answer, so the one the backend refuses (the first got there) cannot
-	// end the lease as lost.
-	relMu sync.Mutex
-
 	mu sync.Mutex // guards the fields below
 	// The flags side by side, in one word.
 	releasing bool // Release began: its answer, not a refresh's, says how the lease ends
+	relBusy   bool // a Release is on its way: another waits for it (wake), within its own context
+	goneSeen  bool // while releasing, a refresh found the lock gone
 	ended     bool
 	released  bool // the backend confirmed the release (or that it was not held)
 	renewing  bool // a renewal's refresh is on its way (see renew)
@@ -62,10 +59,14 @@ type Lease struct {
 	// (renewing), the timer is set for the lease's deadline, so that the
 	// lease ends there even if the refresh is late. No renewal starts
 	// once releasing is set; after the release, Release cancels the one
-	// on its way (stopRenew) and waits on idle for it to return.
+	// on its way (stopRenew) and waits for it to return.
 	renew     *time.Timer        // set once in newLease; Reset and Stop under mu
 	stopRenew context.CancelFunc // under mu: the context of the renewal on its way
-	idle      chan struct{}      // under mu: made by a Release that waits, closed as the renewal ends
+
+	// wake, under mu, is made by a Release that waits (waitLocked) and
+	// closed when what it may wait for changes: a renewal or a Release
+	// ends (broadcastLocked).
+	wake chan struct{}
 }
 
 func newLease(l *Locker, key, owner string, ttl time.Duration, fence int64, start time.Time) *Lease {
@@ -216,7 +217,10 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration, caller bool) er
 	}
 	switch {
 	case errors.Is(err, ErrNotHeld) && ls.releasing:
-		return err // maybe the release got there first: Release's answer ends the lease
+		// Maybe the release got there first: Release's answer ends the
+		// lease, unless it failed; then this one says it was lost.
+		ls.goneSeen = true
+		return err
 	case errors.Is(err, ErrNotHeld):
 		ls.endLocked(lostError(ls.key, err))
 		return err
@@ -262,38 +266,53 @@ func (ls *Lease) setDeadlineLocked(d time.Time) {
 // request still releases. It returns nil, ErrExpired when the TTL had
 // already passed, ErrNotHeld when another owner holds the lock or the lease
 // was already released, or the backend's error; retrying after a backend
-// error is safe because release compares the owner token. With
-// Options.AutoRenew no renewal starts once Release begins; a renewal on
-// its way when the release has been answered is cancelled, and Release
-// waits for it to return, within the same ReleaseTimeout, so that the
-// lease calls the backend no more once Release returns.
+// error is safe because release compares the owner token, and a retry
+// that succeeds leaves Err nil (the lease's context keeps the cause it
+// ended with). Releases of one lease run one at a time:
+// one that finds another on its way waits for its answer (within its own
+// ReleaseTimeout, else it returns ErrUnavailable), and returns ErrNotHeld
+// if that one released the lock. With Options.AutoRenew no renewal
+// starts once Release begins; a renewal on its way when the release has
+// been answered is cancelled, and Release waits for it to return, within
+// the same ReleaseTimeout, so that the lease calls the backend no more
+// once Release returns.
 func (ls *Lease) Release(ctx context.Context) error {
-	ls.relMu.Lock()
-	defer ls.relMu.Unlock()
+	rctx := ls.releaseContext(ctx)
 	ls.mu.Lock()
+	for ls.relBusy {
+		if !ls.waitLocked(rctx) {
+			ls.mu.Unlock()
+			return fmt.Errorf("release %q: %w: another Release of the lease is still on its way (%w)", ls.key, ErrUnavailable, context.Cause(rctx))
+		}
+	}
 	if ls.released {
 		ls.mu.Unlock()
 		return fmt.Errorf("release %q: %w", ls.key, ErrNotHeld)
 	}
-	ls.releasing = true
+	ls.relBusy, ls.releasing = true, true
 	if ls.renew != nil {
 		ls.renew.Stop()
 	}
 	ls.mu.Unlock()
 
-	rctx := ls.releaseContext(ctx)
 	err := ls.locker.backend.Release(rctx, ls.key, ls.owner)
-	ls.awaitRenewal(rctx)
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
+	// The answer is recorded at once: the lock may be another owner's
+	// already, and the lease must not say it is held meanwhile.
 	if err == nil || errors.Is(err, ErrNotHeld) {
 		ls.released = true
 	}
 	switch {
+	case err == nil && ls.ended:
+		ls.cause = ErrReleased // a retry after a backend error: released after all
 	case err == nil:
 		ls.endLocked(ErrReleased)
 	case errors.Is(err, ErrNotHeld):
 		ls.endLocked(lostError(ls.key, err)) // lost while held: OpLost
+	case ls.goneSeen:
+		// A refresh found the lock gone while the release was on its way,
+		// and the release failed: lost, as far as anyone can tell.
+		ls.endLocked(lostError(ls.key, fmt.Errorf("%w: a refresh found the lock gone, then the release failed: %w", ErrNotHeld, err)))
 	default:
 		// The release did not reach the backend, or failed there: the
 		// lease ends here (the caller gave it up), but nothing showed it
@@ -303,8 +322,46 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.checkLocked()
 		ls.endQuietLocked(lostError(ls.key, err))
 	}
+	if ls.renewing {
+		// Its answer no longer matters (it compares the owner, so if it
+		// lands after the release it finds the lock gone). Cancelled only
+		// now, it cannot disturb the release: on a backend whose cancelled
+		// statement breaks the session holding the lock, that would free
+		// the lock under the release.
+		ls.stopRenew()
+		for ls.renewing && ls.waitLocked(rctx) {
+		}
+	}
+	ls.relBusy = false
+	ls.broadcastLocked()
+	ls.mu.Unlock()
 	ls.locker.observe(OpRelease, ls.key, false, ls.start, err)
 	return err
+}
+
+// waitLocked waits, mu held, until broadcastLocked or the end of ctx; it
+// returns with mu held, false if ctx ended.
+func (ls *Lease) waitLocked(ctx context.Context) bool {
+	if ls.wake == nil {
+		ls.wake = make(chan struct{})
+	}
+	w := ls.wake
+	ls.mu.Unlock()
+	defer ls.mu.Lock()
+	select {
+	case <-w:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// broadcastLocked wakes every waitLocked.
+func (ls *Lease) broadcastLocked() {
+	if ls.wake != nil {
+		close(ls.wake)
+		ls.wake = nil
+	}
 }
 
 // releaseContext returns the context a Release runs on (see
@@ -322,30 +379,6 @@ func (ls *Lease) releaseContext(ctx context.Context) context.Context {
 	}
 	own := c
 	return &own
-}
-
-// awaitRenewal, once the release has been answered, cancels a renewal on
-// its way, whose answer no longer matters (it compares the owner, so if it
-// lands after the release it finds the lock gone), and waits for it to
-// return within ctx, the release's context. Cancelled only now, it cannot
-// disturb the release: on a backend whose cancelled statement breaks the
-// session holding the lock, that would free the lock under the release.
-func (ls *Lease) awaitRenewal(ctx context.Context) {
-	ls.mu.Lock()
-	if !ls.renewing {
-		ls.mu.Unlock()
-		return
-	}
-	ls.stopRenew()
-	if ls.idle == nil {
-		ls.idle = make(chan struct{})
-	}
-	idle := ls.idle
-	ls.mu.Unlock()
-	select {
-	case <-idle:
-	case <-ctx.Done():
-	}
 }
 
 // renewal is the renew timer's function. It refreshes the lease and sets
@@ -370,10 +403,7 @@ func (ls *Lease) renewal() {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.renewing, ls.stopRenew = false, nil
-	if ls.idle != nil {
-		close(ls.idle)
-		ls.idle = nil
-	}
+	ls.broadcastLocked()
 	if ls.checkLocked(); ls.releasing || ls.ended {
 		return // released, or lost for good
 	}

@@ -892,24 +892,18 @@ func TestConcurrentReleases(t *testing.T) {
 type callerKey struct{}
 
 // watchedBackend delays every Refresh by up to 3ms (honouring its
-// context) and every Release's answer by up to 2ms, and records, per owner, the renewals on their way and whether
-// the release has reached it, and counts renewals started after the
-// release and those cancelled.
+// context) and every Release's answer by up to 2ms, and records the
+// renewals on their way per owner and the refreshes cancelled.
 type watchedBackend struct {
 	lock.Backend
 	mu        sync.Mutex
 	renewals  map[string]int
-	released  map[string]bool
-	late      int // renewals started after their lease's release
 	cancelled atomic.Int64
 }
 
 func (b *watchedBackend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if ctx.Value(callerKey{}) == nil {
 		b.mu.Lock()
-		if b.released[owner] {
-			b.late++
-		}
 		b.renewals[owner]++
 		b.mu.Unlock()
 		defer func() {
@@ -930,9 +924,6 @@ func (b *watchedBackend) Refresh(ctx context.Context, key, owner string, ttl tim
 }
 
 func (b *watchedBackend) Release(ctx context.Context, key, owner string) error {
-	b.mu.Lock()
-	b.released[owner] = true
-	b.mu.Unlock()
 	err := b.Backend.Release(ctx, key, owner)
 	time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond) // answers may come back in any order
 	return err
@@ -940,11 +931,11 @@ func (b *watchedBackend) Release(ctx context.Context, key, owner string) error {
 
 // Two Releases and a caller's Refresh of each lease at once, with
 // renewals starting and ending around them: each lease ends released,
-// not lost (one Release returns nil, the other ErrNotHeld, no OpLost), no
-// renewal starts after the release, and none is still on its way once
-// the Releases returned.
+// not lost (one Release returns nil, the other ErrNotHeld, no OpLost), and
+// no renewal is still on its way once the Releases returned.
+// (TestAutoRenewReleaseWaitsForRenewal checks that none starts after.)
 func TestReleaseUnderConcurrency(t *testing.T) {
-	b := &watchedBackend{Backend: &memlock.Backend{}, renewals: map[string]int{}, released: map[string]bool{}}
+	b := &watchedBackend{Backend: &memlock.Backend{}, renewals: map[string]int{}}
 	var mu sync.Mutex
 	lost := map[string]int{}
 	l := lock.New(b, &lock.Options{AutoRenew: true, Observe: func(e lock.Event) {
@@ -1008,13 +999,229 @@ func TestReleaseUnderConcurrency(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.late > 0 {
-		t.Errorf("%d renewals started after their lease's release reached the backend", b.late)
-	}
 	t.Logf("%d leases released under concurrency; %d refreshes cancelled", checked.Load(), b.cancelled.Load())
 	if checked.Load() < workers*per/2 {
 		t.Errorf("only %d of %d leases held until their Releases; want most", checked.Load(), workers*per)
+	}
+}
+
+// failOnceRelease fails the first Release with ErrUnavailable (without
+// touching the lock), then releases.
+type failOnceRelease struct {
+	lock.Backend
+	calls atomic.Int32
+}
+
+func (b *failOnceRelease) Release(ctx context.Context, key, owner string) error {
+	if b.calls.Add(1) == 1 {
+		return lock.ErrUnavailable
+	}
+	return b.Backend.Release(ctx, key, owner)
+}
+
+// A retry after a Release that failed ("retrying after a backend error is
+// safe") that succeeds leaves Err nil: the lease was released. Its
+// context keeps the cause it ended with first.
+func TestReleaseRetryAfterBackendError(t *testing.T) {
+	b := &failOnceRelease{Backend: &memlock.Backend{}}
+	var lost atomic.Int32
+	l := lock.New(b, &lock.Options{Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			lost.Add(1)
+		}
+	}})
+	lease, err := l.TryAcquire(t.Context(), "retry", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(context.Background()); !errors.Is(err, lock.ErrUnavailable) {
+		t.Fatalf("first Release = %v; want ErrUnavailable", err)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatalf("retry = %v; want nil", err)
+	}
+	if n := lost.Load(); n > 0 {
+		t.Errorf("%d OpLost for a lease released by a retry", n)
+	}
+	if err := lease.Err(); err != nil {
+		t.Errorf("Err after a successful Release (retry) = %v; want nil", err)
+	}
+	if err := lease.Release(context.Background()); !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("a third Release = %v; want ErrNotHeld", err)
+	}
+}
+
+// hangFirstRelease: the first Release ignores its context and hangs until
+// unblock; later Releases answer at once.
+type hangFirstRelease struct {
+	lock.Backend
+	calls   atomic.Int32
+	firstIn chan struct{}
+	unblock chan struct{}
+}
+
+func (b *hangFirstRelease) Release(ctx context.Context, key, owner string) error {
+	if b.calls.Add(1) == 1 {
+		close(b.firstIn)
+		<-b.unblock
+		return errors.Join(lock.ErrUnavailable, context.DeadlineExceeded)
+	}
+	return b.Backend.Release(ctx, key, owner)
+}
+
+// A second Release waits for the first within its own ReleaseTimeout,
+// then says ErrUnavailable: a backend that ignores its context must not
+// hold every later Release (a retry from another goroutine, a Done
+// watcher's Release) for ever.
+func TestSecondReleaseBoundedByItsTimeout(t *testing.T) {
+	b := &hangFirstRelease{Backend: &memlock.Backend{}, firstIn: make(chan struct{}), unblock: make(chan struct{})}
+	l := lock.New(b, &lock.Options{ReleaseTimeout: 100 * time.Millisecond})
+	lease, err := l.TryAcquire(t.Context(), "hung-first", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	go func() { first <- lease.Release(context.Background()) }()
+	<-b.firstIn
+	second := make(chan error, 1)
+	start := time.Now()
+	go func() { second <- lease.Release(context.Background()) }()
+	select {
+	case err := <-second:
+		if !errors.Is(err, lock.ErrUnavailable) {
+			t.Errorf("second Release behind a hung first = %v; want ErrUnavailable", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Errorf("second Release still blocked after %v with ReleaseTimeout 100ms (behind a first Release whose backend ignores its context)", time.Since(start))
+	}
+	close(b.unblock)
+	<-first
+	if err := lease.Release(context.Background()); err != nil {
+		t.Errorf("a Release after the first failed = %v; want nil (the lock was still held)", err)
+	}
+}
+
+// lostDuringRelease: the renewal's Refresh waits for the Release to
+// begin and then finds the lock taken by another owner (ErrNotHeld);
+// the Release fails (unreachable).
+type lostDuringRelease struct {
+	lock.Backend
+	began      chan struct{}
+	relStarted chan struct{}
+	refreshed  chan struct{}
+}
+
+func (b *lostDuringRelease) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	b.began <- struct{}{}
+	<-b.relStarted
+	defer close(b.refreshed)
+	return lock.ErrNotHeld // another owner holds it now
+}
+
+func (b *lostDuringRelease) Release(ctx context.Context, key, owner string) error {
+	close(b.relStarted)
+	<-b.refreshed // the refresh's answer is in before the release's
+	return errors.Join(lock.ErrUnavailable, errors.New("connection reset"))
+}
+
+// A renewal that finds the lock held by another owner while Release is on
+// its way, and a Release that then fails: the lease ends lost, with
+// OpLost and an Err matching ErrNotHeld.
+func TestLossSeenDuringFailedRelease(t *testing.T) {
+	b := &lostDuringRelease{Backend: &memlock.Backend{}, began: make(chan struct{}, 4), relStarted: make(chan struct{}), refreshed: make(chan struct{})}
+	var mu sync.Mutex
+	var events []lock.Event
+	l := lock.New(b, &lock.Options{AutoRenew: true, Observe: func(e lock.Event) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}})
+	lease, err := l.TryAcquire(t.Context(), "lost-during-release", 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRenewal(t, b.began)
+	rerr := lease.Release(context.Background())
+	mu.Lock()
+	defer mu.Unlock()
+	lost := 0
+	for _, e := range events {
+		if e.Op == lock.OpLost {
+			lost++
+		}
+	}
+	if !errors.Is(rerr, lock.ErrUnavailable) {
+		t.Errorf("Release = %v; want the backend's error", rerr)
+	}
+	if err := lease.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("Err = %v; want ErrLost and ErrNotHeld", err)
+	}
+	if lost != 1 {
+		t.Errorf("%d OpLost although a renewal found the lock held by another owner; want 1", lost)
+	}
+}
+
+// hungRenewalQuickRelease: the renewal's Refresh ignores its context and
+// hangs until unblock (a statement shielded from cancellation, as
+// XactBackend.Refresh's is); Release answers at once and signals it.
+type hungRenewalQuickRelease struct {
+	lock.Backend
+	began    chan struct{}
+	unblock  chan struct{}
+	released chan struct{}
+}
+
+func (b *hungRenewalQuickRelease) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	b.began <- struct{}{}
+	<-b.unblock
+	return errors.Join(lock.ErrUnavailable, context.DeadlineExceeded)
+}
+
+func (b *hungRenewalQuickRelease) Release(ctx context.Context, key, owner string) error {
+	err := b.Backend.Release(ctx, key, owner)
+	close(b.released)
+	return err
+}
+
+// Release records the backend's answer before it waits for a renewal on
+// its way. Else, during the wait, (a) the lock is free on the backend and
+// another owner takes it while the lease says it is held (Err nil, Done
+// open), and (b) if the lease's deadline passes, the lease ends lost
+// (OpLost, Err non-nil, cause ErrExpired) though Release returns nil.
+func TestReleaseRecordedBeforeWaitingForRenewal(t *testing.T) {
+	mem := &memlock.Backend{}
+	b := &hungRenewalQuickRelease{Backend: mem, began: make(chan struct{}, 4), unblock: make(chan struct{}), released: make(chan struct{})}
+	var lost atomic.Int32
+	l := lock.New(b, &lock.Options{AutoRenew: true, Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			lost.Add(1)
+		}
+	}})
+	lease, err := l.TryAcquire(t.Context(), "recorded-late", 600*time.Millisecond) // renewal at ~200ms
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := lease.Context()
+	waitRenewal(t, b.began)
+	relStart := time.Now()
+	left := time.Until(lease.Deadline())
+	done := make(chan error, 1)
+	go func() { done <- lease.Release(context.Background()) }()
+	<-b.released
+	// The backend has released the lock, well before the lease's deadline.
+	other, oerr := lock.New(mem, nil).TryAcquire(t.Context(), "recorded-late", time.Minute)
+	select {
+	case <-ctx.Done():
+	default:
+		if oerr == nil && lease.Err() == nil {
+			t.Errorf("another owner holds the lock (fence %d) while the lease, released %v before its deadline, says it is held (Err nil, Done open)", other.Fence(), left.Round(time.Millisecond))
+		}
+	}
+	time.Sleep(left + 100*time.Millisecond) // the renewal still hangs; the lease's deadline passes
+	close(b.unblock)
+	rerr := <-done
+	if rerr != nil || lease.Err() != nil || !errors.Is(context.Cause(ctx), lock.ErrReleased) || lost.Load() > 0 {
+		t.Errorf("Release = %v after %v; Err() = %v; cause = %v; OpLost = %d; want a lease released %v before its deadline to end released",
+			rerr, time.Since(relStart).Round(time.Millisecond), lease.Err(), context.Cause(ctx), lost.Load(), left.Round(time.Millisecond))
 	}
 }

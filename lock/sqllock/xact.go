@@ -57,10 +57,17 @@ type XactBackend struct {
 type xactLease struct {
 	tx    *sql.Tx
 	sweep *time.Timer
+	// until, under XactBackend.mu, is when the server ends the session if
+	// no statement reaches it: the last statement's start plus its TTL.
+	until time.Time
 }
 
 // sweepGrace is how long after its TTL an unreleased lease is rolled back.
 const sweepGrace = time.Second
+
+// goneTimeout bounds the probe that tells, after a lease's session ended,
+// whether another owner holds the lock.
+const goneTimeout = time.Second
 
 var _ lock.Backend = (*XactBackend)(nil)
 
@@ -85,6 +92,7 @@ const xactAcquire = `SELECT CASE WHEN pg_try_advisory_xact_lock($1)
 
 // Acquire implements lock.Backend.
 func (b *XactBackend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, error) {
+	start := time.Now()
 	// The transaction outlives this call: it must not end with ctx.
 	tx, err := b.db.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
@@ -102,7 +110,7 @@ func (b *XactBackend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, 
 	}
 	owner := r.Owner
 	b.mu.Lock()
-	b.held[owner] = &xactLease{tx: tx, sweep: time.AfterFunc(r.TTL+sweepGrace, func() {
+	b.held[owner] = &xactLease{tx: tx, until: start.Add(r.TTL), sweep: time.AfterFunc(r.TTL+sweepGrace, func() {
 		if tx := b.take(owner); tx != nil {
 			_ = tx.Rollback()
 		}
@@ -153,38 +161,47 @@ func (b *XactBackend) gone(ctx context.Context, key string) error {
 }
 
 // Refresh implements lock.Backend: one statement on the lease's
-// transaction resets the server's idle timer and sets the new TTL. Only
-// ctx's deadline ends the statement, not its cancellation: a statement
-// cancelled on its way breaks the connection under the transaction, which
-// frees the lock.
+// transaction resets the server's idle timer and sets the new TTL.
+//
+// A statement that ends early breaks the transaction that holds the lock
+// (PostgreSQL aborts a transaction on an error, and the driver breaks the
+// connection under a statement whose context ends), so ctx's cancellation
+// does not end it: it runs until it is answered, ctx's deadline, or the
+// time the server would end the idle session anyway. Any failure ends the
+// lease's transaction and returns ErrExpired, or ErrNotHeld when another
+// owner holds the lock by then.
 func (b *XactBackend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	b.mu.Lock()
 	l := b.held[owner]
+	var until time.Time
+	if l != nil {
+		until = l.until
+	}
 	b.mu.Unlock()
 	if l == nil {
 		return fmt.Errorf("sqllock: refresh %q: %w", key, lock.ErrExpired)
 	}
-	tx := l.tx
-	qctx := context.WithoutCancel(ctx)
-	if dl, ok := ctx.Deadline(); ok {
-		var cancel context.CancelFunc
-		qctx, cancel = context.WithDeadline(qctx, dl)
-		defer cancel()
+	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
+		until = dl
 	}
+	sent := time.Now()
+	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
+	defer cancel()
 	var s string
-	err := tx.QueryRowContext(qctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`,
+	err := l.tx.QueryRowContext(qctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`,
 		strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)).Scan(&s)
 	if err != nil {
-		if qctx.Err() != nil {
-			return wrap("refresh", key, err)
-		}
-		// The session is gone (ended for idleness, or the connection
-		// broke): the lock is free.
+		// The session is gone, or goes with the rollback: the lock is free.
 		if tx := b.take(owner); tx != nil {
 			_ = tx.Rollback()
 		}
-		return fmt.Errorf("sqllock: refresh %q: %w (%v)", key, b.gone(ctx, key), err)
+		gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), goneTimeout)
+		defer gcancel()
+		return fmt.Errorf("sqllock: refresh %q: %w (%v)", key, b.gone(gctx, key), err)
 	}
+	b.mu.Lock()
+	l.until = sent.Add(ttl)
+	b.mu.Unlock()
 	l.sweep.Reset(ttl + sweepGrace)
 	return nil
 }

@@ -2,6 +2,7 @@ package sqllock_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"os"
 	"sync/atomic"
@@ -112,5 +113,66 @@ func TestXactReleaseDuringRenewal(t *testing.T) {
 	}
 	if err := lease.Err(); err != nil {
 		t.Errorf("Err after Release = %v; want nil", err)
+	}
+}
+
+// A caller's Refresh whose deadline ends its statement on the way breaks
+// the session holding the lock: Refresh says the lock is gone and the
+// lease ends, rather than a transient error with the lease believing it
+// still holds a lock another owner can take.
+func TestXactRefreshDeadlineEndsLease(t *testing.T) {
+	b, p := slowXact(t)
+	l := lock.New(b, nil)
+	key := "xact-refresh-deadline-" + time.Now().Format(time.RFC3339Nano)
+	lease, err := l.TryAcquire(t.Context(), key, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetLatency(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	err = lease.Refresh(ctx, 10*time.Second)
+	cancel()
+	p.SetLatency(0)
+	if !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("Refresh whose deadline ended its statement = %v; want ErrExpired or ErrNotHeld (the session is gone)", err)
+	}
+	if err := lease.Err(); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("lease Err = %v; want ErrLost", err)
+	}
+	other, err := l.TryAcquire(t.Context(), key, time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire after the session ended = %v; want the lock free", err)
+	}
+	_ = other.Release(t.Context())
+}
+
+// A caller's Refresh cancelled, without a deadline, on a connection that
+// stopped answering returns when the server would have ended the idle
+// session anyway (the lease's TTL), saying the lock is gone, not when the
+// network comes back.
+func TestXactCancelledRefreshBoundedByTTL(t *testing.T) {
+	b, p := slowXact(t)
+	l := lock.New(b, nil)
+	key := "xact-refresh-blackhole-" + time.Now().Format(time.RFC3339Nano)
+	const ttl = time.Second
+	lease, err := l.TryAcquire(t.Context(), key, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole()
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- lease.Refresh(ctx, ttl) }()
+	select {
+	case err := <-refreshed:
+		if !errors.Is(err, lock.ErrNotHeld) {
+			t.Errorf("Refresh on a silent connection = %v; want ErrExpired (the session's TTL passed)", err)
+		}
+	case <-time.After(ttl + 5*time.Second):
+		t.Errorf("Refresh still blocked %v after it began on a silent connection; want it back by the TTL (%v) and the probe", time.Since(start), ttl)
+		_ = p.Heal()
+		<-refreshed // before the proxy closes
 	}
 }
