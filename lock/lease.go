@@ -32,6 +32,7 @@ type Lease struct {
 	releasing bool // Release began: its answer, not a refresh's, says how the lease ends
 	relBusy   bool // a Release is on its way: another waits for it (wake), within its own context
 	goneSeen  bool // while releasing, a refresh found the lock gone
+	relFailed bool // a failed Release ended the lease, without OpLost
 	ended     bool
 	released  bool // the backend confirmed the release (or that it was not held)
 	renewing  bool // a renewal's refresh is on its way (see renew)
@@ -220,6 +221,9 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration, caller bool) er
 		// Maybe the release got there first: Release's answer ends the
 		// lease, unless it failed; then this one says it was lost.
 		ls.goneSeen = true
+		if ls.relFailed { // it failed already
+			ls.lostDuringFailedReleaseLocked()
+		}
 		return err
 	case errors.Is(err, ErrNotHeld):
 		ls.endLocked(lostError(ls.key, err))
@@ -279,7 +283,7 @@ func (ls *Lease) setDeadlineLocked(d time.Time) {
 func (ls *Lease) Release(ctx context.Context) error {
 	rctx := ls.releaseContext(ctx)
 	ls.mu.Lock()
-	for ls.relBusy {
+	for ls.relBusy && !ls.released {
 		if !ls.waitLocked(rctx) {
 			ls.mu.Unlock()
 			return fmt.Errorf("release %q: %w: another Release of the lease is still on its way (%w)", ls.key, ErrUnavailable, context.Cause(rctx))
@@ -303,24 +307,26 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.released = true
 	}
 	switch {
-	case err == nil && ls.ended:
-		ls.cause = ErrReleased // a retry after a backend error: released after all
+	case err == nil && ls.relFailed:
+		// A retry after a failed Release: released after all.
+		ls.relFailed, ls.cause = false, ErrReleased
 	case err == nil:
 		ls.endLocked(ErrReleased)
 	case errors.Is(err, ErrNotHeld):
 		ls.endLocked(lostError(ls.key, err)) // lost while held: OpLost
-	case ls.goneSeen:
-		// A refresh found the lock gone while the release was on its way,
-		// and the release failed: lost, as far as anyone can tell.
-		ls.endLocked(lostError(ls.key, fmt.Errorf("%w: a refresh found the lock gone, then the release failed: %w", ErrNotHeld, err)))
 	default:
 		// The release did not reach the backend, or failed there: the
 		// lease ends here (the caller gave it up), but nothing showed it
 		// lost while held. The OpRelease event below reports the error;
 		// the backend lets the lock go when its TTL passes. Unless the
 		// TTL had passed already: then it was lost (ErrExpired).
-		ls.checkLocked()
-		ls.endQuietLocked(lostError(ls.key, err))
+		if ls.checkLocked(); !ls.ended {
+			ls.endQuietLocked(lostError(ls.key, err))
+			ls.relFailed = true
+			if ls.goneSeen { // a refresh found the lock gone meanwhile
+				ls.lostDuringFailedReleaseLocked()
+			}
+		}
 	}
 	if ls.renewing {
 		// Its answer no longer matters (it compares the owner, so if it
@@ -329,7 +335,10 @@ func (ls *Lease) Release(ctx context.Context) error {
 		// statement breaks the session holding the lock, that would free
 		// the lock under the release.
 		ls.stopRenew()
-		for ls.renewing && ls.waitLocked(rctx) {
+		for ls.renewing {
+			if !ls.waitLocked(rctx) {
+				break
+			}
 		}
 	}
 	ls.relBusy = false
@@ -337,6 +346,16 @@ func (ls *Lease) Release(ctx context.Context) error {
 	ls.mu.Unlock()
 	ls.locker.observe(OpRelease, ls.key, false, ls.start, err)
 	return err
+}
+
+// lostDuringFailedReleaseLocked reports a lease that a failed Release
+// ended as lost after all, since a refresh found the lock gone while the
+// release was on its way (in either order): OpLost, and Err says so. The
+// lease's context keeps the cause it ended with.
+func (ls *Lease) lostDuringFailedReleaseLocked() {
+	ls.relFailed = false
+	ls.cause = lostError(ls.key, fmt.Errorf("%w: a refresh found the lock gone while the release failed", ErrNotHeld))
+	ls.locker.observe(OpLost, ls.key, false, ls.start, ls.cause)
 }
 
 // waitLocked waits, mu held, until broadcastLocked or the end of ctx; it

@@ -1225,3 +1225,121 @@ func TestReleaseRecordedBeforeWaitingForRenewal(t *testing.T) {
 			rerr, time.Since(relStart).Round(time.Millisecond), lease.Err(), context.Cause(ctx), lost.Load(), left.Round(time.Millisecond))
 	}
 }
+
+// lossAfterRecorded: the renewal's Refresh waits until the Release's
+// failure has been recorded (the lease ended), then finds the lock held by
+// another owner. The Release fails (unreachable). Same facts as
+// TestLossSeenDuringFailedRelease, answers in the other order.
+type lossAfterRecorded struct {
+	lock.Backend
+	began      chan struct{}
+	relStarted chan struct{}
+	lease      atomic.Pointer[lock.Lease]
+}
+
+func (b *lossAfterRecorded) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	b.began <- struct{}{}
+	<-b.relStarted
+	for b.lease.Load().Err() == nil { // the Release's answer is recorded
+		time.Sleep(time.Millisecond)
+	}
+	return lock.ErrNotHeld // another owner holds it now
+}
+
+func (b *lossAfterRecorded) Release(ctx context.Context, key, owner string) error {
+	close(b.relStarted)
+	return errors.Join(lock.ErrUnavailable, errors.New("connection reset"))
+}
+
+// A renewal that finds the lock held by another owner, answered after a
+// failed Release was recorded: the lease ends lost with one OpLost and an
+// Err matching ErrNotHeld, as when the answers come the other way round
+// (TestLossSeenDuringFailedRelease).
+func TestLossSeenAfterFailedRelease(t *testing.T) {
+	b := &lossAfterRecorded{Backend: &memlock.Backend{}, began: make(chan struct{}, 4), relStarted: make(chan struct{})}
+	var lost atomic.Int32
+	l := lock.New(b, &lock.Options{AutoRenew: true, Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			lost.Add(1)
+		}
+	}})
+	lease, err := l.TryAcquire(t.Context(), "loss-after", 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.lease.Store(lease)
+	waitRenewal(t, b.began)
+	rerr := lease.Release(context.Background()) // waits for the renewal, so both answers are in
+	if !errors.Is(rerr, lock.ErrUnavailable) {
+		t.Errorf("Release = %v; want the backend's error", rerr)
+	}
+	if err := lease.Err(); !errors.Is(err, lock.ErrNotHeld) || lost.Load() != 1 {
+		t.Errorf("a renewal found the lock held by another owner after the failed release was recorded: Err = %v, OpLost = %d; want ErrNotHeld and 1 OpLost", err, lost.Load())
+	}
+}
+
+// A lease that ended by its local deadline (Done closed, OpLost, cause
+// ErrExpired), then a Release the backend still accepts: Err keeps saying
+// lost, as the context's cause and the event do.
+func TestExpiredLeaseReleasedStaysLost(t *testing.T) {
+	var lost atomic.Int32
+	l := lock.New(&memlock.Backend{}, &lock.Options{Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			lost.Add(1)
+		}
+	}})
+	lease, err := l.TryAcquire(t.Context(), "expired-then-released", time.Second) // local validity 988ms
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-lease.Done() // the expiry timer ends it at ~988ms; memlock holds it until 1s
+	before := lease.Err()
+	rerr := lease.Release(context.Background())
+	after := lease.Err()
+	if before == nil {
+		t.Fatal("Err = nil once Done is closed; want the lease lost")
+	}
+	if rerr == nil && after == nil {
+		t.Errorf("a lease that ended lost (ErrExpired, OpLost %d) reads Err nil after Release; cause still %v", lost.Load(), context.Cause(lease.Context()))
+	}
+}
+
+// hungRenewal: the renewal's Refresh ignores its context until unblock.
+type hungRenewal struct {
+	lock.Backend
+	began   chan struct{}
+	unblock chan struct{}
+}
+
+func (b *hungRenewal) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	b.began <- struct{}{}
+	<-b.unblock
+	return lock.ErrUnavailable
+}
+
+// A second Release once the first's success is recorded, while the first
+// still waits for a renewal that ignores its context: ErrNotHeld (it was
+// released), not ErrUnavailable after waiting for the first to return.
+func TestSecondReleaseAfterRecordedSuccess(t *testing.T) {
+	b := &hungRenewal{Backend: &memlock.Backend{}, began: make(chan struct{}, 4), unblock: make(chan struct{})}
+	l := lock.New(b, &lock.Options{AutoRenew: true, ReleaseTimeout: 100 * time.Millisecond})
+	lease, err := l.TryAcquire(t.Context(), "second-after-success", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRenewal(t, b.began)
+	first := make(chan error, 1)
+	go func() { first <- lease.Release(context.Background()) }()
+	for lease.Context().Err() == nil { // the first's answer is recorded
+		time.Sleep(time.Millisecond)
+	}
+	second := lease.Release(context.Background())
+	close(b.unblock)
+	f := <-first
+	if f != nil {
+		t.Errorf("first Release = %v; want nil", f)
+	}
+	if !errors.Is(second, lock.ErrNotHeld) {
+		t.Errorf("second Release after the first's success was recorded = %v; want ErrNotHeld", second)
+	}
+}

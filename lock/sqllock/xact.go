@@ -57,6 +57,12 @@ type XactBackend struct {
 type xactLease struct {
 	tx    *sql.Tx
 	sweep *time.Timer
+	// turn lets one statement at a time on tx (a caller's Refresh beside a
+	// renewal, a Release): database/sql locks the connection per driver
+	// call only, and two statements interleaved on one pgx connection
+	// fail ("conn busy") or panic. A slot taken is sent; made with room
+	// for one.
+	turn chan struct{}
 	// until, under XactBackend.mu, is when the server ends the session if
 	// no statement reaches it: the last statement's start plus its TTL.
 	until time.Time
@@ -110,7 +116,7 @@ func (b *XactBackend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, 
 	}
 	owner := r.Owner
 	b.mu.Lock()
-	b.held[owner] = &xactLease{tx: tx, until: start.Add(r.TTL), sweep: time.AfterFunc(r.TTL+sweepGrace, func() {
+	b.held[owner] = &xactLease{tx: tx, turn: make(chan struct{}, 1), until: start.Add(r.TTL), sweep: time.AfterFunc(r.TTL+sweepGrace, func() {
 		if tx := b.take(owner); tx != nil {
 			_ = tx.Rollback()
 		}
@@ -134,6 +140,18 @@ func (b *XactBackend) take(owner string) *sql.Tx {
 // Release implements lock.Backend: it commits the lease's transaction. A
 // session the server ended for idleness (the TTL passed) gives ErrExpired.
 func (b *XactBackend) Release(ctx context.Context, key, owner string) error {
+	b.mu.Lock()
+	l := b.held[owner]
+	b.mu.Unlock()
+	if l == nil {
+		return fmt.Errorf("sqllock: release %q: %w", key, lock.ErrExpired)
+	}
+	select {
+	case l.turn <- struct{}{}: // a refresh on its way finishes first
+	case <-ctx.Done():
+		return wrap("release", key, context.Cause(ctx))
+	}
+	defer func() { <-l.turn }()
 	tx := b.take(owner)
 	if tx == nil {
 		return fmt.Errorf("sqllock: release %q: %w", key, lock.ErrExpired)
@@ -173,12 +191,20 @@ func (b *XactBackend) gone(ctx context.Context, key string) error {
 func (b *XactBackend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	b.mu.Lock()
 	l := b.held[owner]
-	var until time.Time
-	if l != nil {
-		until = l.until
-	}
 	b.mu.Unlock()
 	if l == nil {
+		return fmt.Errorf("sqllock: refresh %q: %w", key, lock.ErrExpired)
+	}
+	select {
+	case l.turn <- struct{}{}: // nothing sent yet: giving up here is harmless
+	case <-ctx.Done():
+		return wrap("refresh", key, context.Cause(ctx))
+	}
+	defer func() { <-l.turn }()
+	b.mu.Lock()
+	held, until := b.held[owner] == l, l.until // read now: the statement before may have moved it
+	b.mu.Unlock()
+	if !held { // released, or rolled back, while this waited
 		return fmt.Errorf("sqllock: refresh %q: %w", key, lock.ErrExpired)
 	}
 	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/url"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -175,4 +176,79 @@ func TestXactCancelledRefreshBoundedByTTL(t *testing.T) {
 		_ = p.Heal()
 		<-refreshed // before the proxy closes
 	}
+}
+
+// Refreshes of one lease at once (callers' beside each other, as a
+// caller's beside a renewal) take turns on the lease's connection: two
+// statements interleaved on it fail ("conn busy", which broke the session
+// and lost the lock) or panic inside the driver.
+func TestXactConcurrentRefreshes(t *testing.T) {
+	b, _ := slowXact(t)
+	l := lock.New(b, nil)
+	key := "xact-concurrent-refreshes-" + time.Now().Format(time.RFC3339Nano)
+	lease, err := l.TryAcquire(t.Context(), key, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int32
+	for range 4 {
+		wg.Go(func() {
+			for range 25 {
+				if err := lease.Refresh(t.Context(), 5*time.Second); err != nil {
+					if failed.Add(1) == 1 {
+						t.Errorf("Refresh beside others = %v; want nil", err)
+					}
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := lease.Err(); err != nil {
+		t.Errorf("lease Err after concurrent Refreshes = %v; want nil", err)
+	}
+	if other, err := l.TryAcquire(t.Context(), key, time.Second); err == nil {
+		_ = other.Release(t.Context())
+		t.Fatal("another owner took the lock; want it still held")
+	}
+	if err := lease.Release(t.Context()); err != nil {
+		t.Errorf("Release = %v; want nil", err)
+	}
+}
+
+// A caller's Refresh without a deadline, sent while a renewal's statement
+// is on its way, runs after it and is bounded by the TTL the renewal
+// set, not by the one before: cut at the old bound, it broke a live
+// session.
+func TestXactRefreshBehindRenewal(t *testing.T) {
+	xb, p := slowXact(t)
+	b := &signalRefresh{Backend: xb, began: make(chan struct{}, 1)}
+	l := lock.New(b, &lock.Options{AutoRenew: true})
+	key := "xact-refresh-behind-renewal-" + time.Now().Format(time.RFC3339Nano)
+	const ttl = 1200 * time.Millisecond
+	lease, err := l.TryAcquire(t.Context(), key, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Refresh(t.Context(), ttl); err != nil { // prepares the statement on the connection
+		t.Fatal(err)
+	}
+	<-b.began                            // that Refresh's signal
+	p.SetLatency(250 * time.Millisecond) // a round trip of 500 ms
+	select {
+	case <-b.began: // the renewal, at about 400 ms, answered at about 900 ms
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal 10s after the acquire; want one after TTL/3")
+	}
+	err = lease.Refresh(context.Background(), ttl) // behind it: answered at about 1400 ms
+	p.SetLatency(0)
+	if err != nil {
+		t.Errorf("a caller's Refresh behind a renewal that succeeded = %v; want nil", err)
+	}
+	if other, err := l.TryAcquire(t.Context(), key, time.Second); err == nil {
+		t.Errorf("another owner took the lock (fence %d): the lease's session was broken", other.Fence())
+		_ = other.Release(t.Context())
+	}
+	_ = lease.Release(t.Context())
 }
