@@ -221,7 +221,7 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration, caller bool) er
 		// Maybe the release got there first: Release's answer ends the
 		// lease, unless it failed; then this one says it was lost.
 		ls.goneSeen = true
-		if ls.relFailed { // it failed already
+		if ls.relFailed && !ls.relBusy { // it failed already, and no retry is on its way
 			ls.lostDuringFailedReleaseLocked()
 		}
 		return err
@@ -305,6 +305,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 	// already, and the lease must not say it is held meanwhile.
 	if err == nil || errors.Is(err, ErrNotHeld) {
 		ls.released = true
+		ls.broadcastLocked() // a second Release waiting can return now
 	}
 	switch {
 	case err == nil && ls.relFailed:
@@ -340,6 +341,11 @@ func (ls *Lease) Release(ctx context.Context) error {
 				break
 			}
 		}
+	}
+	if ls.relFailed && ls.goneSeen {
+		// A refresh found the lock gone while this Release (a retry, or
+		// one waiting for the renewal) was on its way, and it failed.
+		ls.lostDuringFailedReleaseLocked()
 	}
 	ls.relBusy = false
 	ls.broadcastLocked()

@@ -1343,3 +1343,129 @@ func TestSecondReleaseAfterRecordedSuccess(t *testing.T) {
 		t.Errorf("second Release after the first's success was recorded = %v; want ErrNotHeld", second)
 	}
 }
+
+// retryRace: the first Release fails without reaching the lock; the retry
+// releases it, then answers only after a caller's Refresh (sent before the
+// first Release) has found the lock gone, released by the retry itself.
+type retryRace struct {
+	*memlock.Backend
+	calls        atomic.Int32
+	refreshBegan chan struct{}
+	applied      chan struct{}
+	refreshDone  chan struct{}
+}
+
+func (b *retryRace) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	close(b.refreshBegan)
+	<-b.applied // the retry's release has been applied
+	return b.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+func (b *retryRace) Release(ctx context.Context, key, owner string) error {
+	if b.calls.Add(1) == 1 {
+		return errors.Join(lock.ErrUnavailable, errors.New("connection reset")) // never reached the lock
+	}
+	err := b.Backend.Release(ctx, key, owner)
+	close(b.applied)
+	select {
+	case <-b.refreshDone: // its answer comes after the refresh's
+	case <-time.After(5 * time.Second):
+	}
+	return err
+}
+
+// A retried Release that succeeds is the lease's release, also when a
+// refresh on its way found the lock gone because of that very retry: no
+// OpLost, Err nil.
+func TestRetryReleaseBesideRefresh(t *testing.T) {
+	b := &retryRace{Backend: &memlock.Backend{}, refreshBegan: make(chan struct{}), applied: make(chan struct{}), refreshDone: make(chan struct{})}
+	var lost atomic.Int32
+	l := lock.New(b, &lock.Options{Observe: func(e lock.Event) {
+		if e.Op == lock.OpLost {
+			lost.Add(1)
+		}
+	}})
+	lease, err := l.TryAcquire(t.Context(), "retry-beside-refresh", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- lease.Refresh(context.Background(), 5*time.Second) }()
+	<-b.refreshBegan
+	if err := lease.Release(context.Background()); !errors.Is(err, lock.ErrUnavailable) {
+		t.Fatalf("first Release = %v; want ErrUnavailable", err)
+	}
+	retried := make(chan error, 1)
+	go func() { retried <- lease.Release(context.Background()) }()
+	rerr := <-refreshed
+	close(b.refreshDone)
+	retry := <-retried
+	if !errors.Is(rerr, lock.ErrNotHeld) {
+		t.Errorf("the Refresh that met the retry's release = %v; want ErrNotHeld (the premise)", rerr)
+	}
+	if retry != nil {
+		t.Fatalf("retry = %v; want nil", retry)
+	}
+	if lost.Load() != 0 || lease.Err() != nil {
+		t.Errorf("the retry released the lock (nil), yet OpLost = %d and Err = %v; want 0 and nil", lost.Load(), lease.Err())
+	}
+}
+
+// relGate: Release waits for go-ahead; the renewal hangs, ignoring its
+// context, until unblock.
+type relGate struct {
+	*memlock.Backend
+	began, entered, proceed, unblock chan struct{}
+}
+
+func (b *relGate) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	b.began <- struct{}{}
+	<-b.unblock
+	return lock.ErrUnavailable
+}
+
+func (b *relGate) Release(ctx context.Context, key, owner string) error {
+	close(b.entered)
+	<-b.proceed
+	return b.Backend.Release(ctx, key, owner)
+}
+
+// A second Release already waiting when the first's success is recorded
+// returns then (ErrNotHeld), not when the first finishes waiting for its
+// renewal.
+func TestWaitingSecondReleaseAfterSuccess(t *testing.T) {
+	b := &relGate{Backend: &memlock.Backend{}, began: make(chan struct{}, 4), entered: make(chan struct{}), proceed: make(chan struct{}), unblock: make(chan struct{})}
+	const timeout = time.Second
+	l := lock.New(b, &lock.Options{AutoRenew: true, ReleaseTimeout: timeout})
+	lease, err := l.TryAcquire(t.Context(), "waiting-second", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRenewal(t, b.began)
+	first := make(chan error, 1)
+	go func() { first <- lease.Release(context.Background()) }()
+	<-b.entered
+	second := make(chan error, 1)
+	go func() { second <- lease.Release(context.Background()) }()
+	time.Sleep(20 * time.Millisecond) // the second waits for the first
+	close(b.proceed)
+	for lease.Context().Err() == nil { // the first's success is recorded
+		time.Sleep(time.Millisecond)
+	}
+	recorded := time.Now()
+	var serr error
+	select {
+	case serr = <-second:
+	case <-time.After(3 * timeout):
+		t.Fatal("second Release still waiting")
+	}
+	waited := time.Since(recorded)
+	close(b.unblock)
+	f := <-first
+	if f != nil {
+		t.Errorf("first Release = %v; want nil", f)
+	}
+	if !errors.Is(serr, lock.ErrNotHeld) || waited > timeout/4 {
+		t.Errorf("second Release = %v after %v; want ErrNotHeld at once", serr, waited.Round(time.Millisecond))
+	}
+}

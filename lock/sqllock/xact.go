@@ -137,19 +137,35 @@ func (b *XactBackend) take(owner string) *sql.Tx {
 	return l.tx
 }
 
-// Release implements lock.Backend: it commits the lease's transaction. A
-// session the server ended for idleness (the TTL passed) gives ErrExpired.
-func (b *XactBackend) Release(ctx context.Context, key, owner string) error {
+// lease returns owner's held lease, and takes its turn (see xactLease.turn),
+// or returns an error: ErrExpired when it is not held, the cause of ctx's
+// end when that comes first (nothing was sent). The caller gives the turn
+// back (<-l.turn).
+func (b *XactBackend) lease(ctx context.Context, op, key, owner string) (*xactLease, error) {
 	b.mu.Lock()
 	l := b.held[owner]
 	b.mu.Unlock()
 	if l == nil {
-		return fmt.Errorf("sqllock: release %q: %w", key, lock.ErrExpired)
+		return nil, fmt.Errorf("sqllock: %s %q: %w", op, key, lock.ErrExpired)
 	}
 	select {
-	case l.turn <- struct{}{}: // a refresh on its way finishes first
+	case l.turn <- struct{}{}:
 	case <-ctx.Done():
-		return wrap("release", key, context.Cause(ctx))
+		return nil, wrap(op, key, context.Cause(ctx))
+	}
+	if ctx.Err() != nil { // both were ready
+		<-l.turn
+		return nil, wrap(op, key, context.Cause(ctx))
+	}
+	return l, nil
+}
+
+// Release implements lock.Backend: it commits the lease's transaction. A
+// session the server ended for idleness (the TTL passed) gives ErrExpired.
+func (b *XactBackend) Release(ctx context.Context, key, owner string) error {
+	l, err := b.lease(ctx, "release", key, owner) // a refresh on its way finishes first
+	if err != nil {
+		return err
 	}
 	defer func() { <-l.turn }()
 	tx := b.take(owner)
@@ -189,16 +205,9 @@ func (b *XactBackend) gone(ctx context.Context, key string) error {
 // lease's transaction and returns ErrExpired, or ErrNotHeld when another
 // owner holds the lock by then.
 func (b *XactBackend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	b.mu.Lock()
-	l := b.held[owner]
-	b.mu.Unlock()
-	if l == nil {
-		return fmt.Errorf("sqllock: refresh %q: %w", key, lock.ErrExpired)
-	}
-	select {
-	case l.turn <- struct{}{}: // nothing sent yet: giving up here is harmless
-	case <-ctx.Done():
-		return wrap("refresh", key, context.Cause(ctx))
+	l, err := b.lease(ctx, "refresh", key, owner) // nothing sent yet: giving up there is harmless
+	if err != nil {
+		return err
 	}
 	defer func() { <-l.turn }()
 	b.mu.Lock()
@@ -214,7 +223,7 @@ func (b *XactBackend) Refresh(ctx context.Context, key, owner string, ttl time.D
 	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
 	defer cancel()
 	var s string
-	err := l.tx.QueryRowContext(qctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`,
+	err = l.tx.QueryRowContext(qctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`,
 		strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)).Scan(&s)
 	if err != nil {
 		// The session is gone, or goes with the rollback: the lock is free.

@@ -3,6 +3,7 @@ package sqllock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"sync"
@@ -226,7 +227,10 @@ func TestXactRefreshBehindRenewal(t *testing.T) {
 	b := &signalRefresh{Backend: xb, began: make(chan struct{}, 1)}
 	l := lock.New(b, &lock.Options{AutoRenew: true})
 	key := "xact-refresh-behind-renewal-" + time.Now().Format(time.RFC3339Nano)
-	const ttl = 1200 * time.Millisecond
+	// The renewal at about 433 ms is answered at about 933; the caller's
+	// Refresh behind it at about 1433, past the bound before the renewal
+	// (about 1300) and well inside the one after (about 1718).
+	const ttl = 1300 * time.Millisecond
 	lease, err := l.TryAcquire(t.Context(), key, ttl)
 	if err != nil {
 		t.Fatal(err)
@@ -237,11 +241,11 @@ func TestXactRefreshBehindRenewal(t *testing.T) {
 	<-b.began                            // that Refresh's signal
 	p.SetLatency(250 * time.Millisecond) // a round trip of 500 ms
 	select {
-	case <-b.began: // the renewal, at about 400 ms, answered at about 900 ms
+	case <-b.began: // the renewal
 	case <-time.After(10 * time.Second):
 		t.Fatal("no renewal 10s after the acquire; want one after TTL/3")
 	}
-	err = lease.Refresh(context.Background(), ttl) // behind it: answered at about 1400 ms
+	err = lease.Refresh(context.Background(), ttl) // behind it
 	p.SetLatency(0)
 	if err != nil {
 		t.Errorf("a caller's Refresh behind a renewal that succeeded = %v; want nil", err)
@@ -251,4 +255,35 @@ func TestXactRefreshBehindRenewal(t *testing.T) {
 		_ = other.Release(t.Context())
 	}
 	_ = lease.Release(t.Context())
+}
+
+// A caller's Refresh whose context's deadline has already passed sends
+// nothing (database/sql refuses a statement on a done context), so it must
+// not end the lease's transaction and free the lock, whichever way the
+// wait for the turn (free, beside a context already done) goes.
+func TestXactRefreshPastDeadline(t *testing.T) {
+	b, _ := slowXact(t)
+	l := lock.New(b, nil)
+	const n = 20
+	freed := 0
+	var sample error
+	for i := range n {
+		key := fmt.Sprintf("xact-past-deadline-%d-%s", i, time.Now().Format(time.RFC3339Nano))
+		lease, err := l.TryAcquire(t.Context(), key, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+		rerr := lease.Refresh(ctx, 10*time.Second)
+		cancel()
+		if other, err := l.TryAcquire(t.Context(), key, time.Second); err == nil {
+			freed++
+			sample = rerr
+			_ = other.Release(t.Context())
+		}
+		_ = lease.Release(t.Context())
+	}
+	if freed > 0 {
+		t.Errorf("%d of %d Refreshes on an already expired context freed the lock (e.g. Refresh = %v); want 0: nothing was sent", freed, n, sample)
+	}
 }
