@@ -272,14 +272,15 @@ func (ls *Lease) setDeadlineLocked(d time.Time) {
 // was already released, or the backend's error; retrying after a backend
 // error is safe because release compares the owner token, and a retry
 // that succeeds leaves Err nil (the lease's context keeps the cause it
-// ended with). Releases of one lease run one at a time:
-// one that finds another on its way waits for its answer (within its own
-// ReleaseTimeout, else it returns ErrUnavailable), and returns ErrNotHeld
-// if that one released the lock. With Options.AutoRenew no renewal
-// starts once Release begins; a renewal on its way when the release has
-// been answered is cancelled, and Release waits for it to return, within
-// the same ReleaseTimeout, so that the lease calls the backend no more
-// once Release returns.
+// ended with).
+//
+// Releases of one lease run one at a time: one that finds another on its
+// way waits for its answer (within its own ReleaseTimeout, else it
+// returns ErrUnavailable), and returns ErrNotHeld if that one released
+// the lock. With Options.AutoRenew no renewal starts once Release begins;
+// a renewal on its way when the release has been answered is cancelled,
+// and Release waits for it to return, within the same ReleaseTimeout, so
+// that the lease calls the backend no more once Release returns.
 func (ls *Lease) Release(ctx context.Context) error {
 	rctx := ls.releaseContext(ctx)
 	ls.mu.Lock()

@@ -160,8 +160,11 @@ func (b *XactBackend) lease(ctx context.Context, op, key, owner string) (*xactLe
 	return l, nil
 }
 
-// Release implements lock.Backend: it commits the lease's transaction. A
-// session the server ended for idleness (the TTL passed) gives ErrExpired.
+// Release implements lock.Backend: it commits the lease's transaction,
+// after a refresh on its way (waiting for it within ctx). A session the
+// server ended for idleness (the TTL passed) gives ErrExpired. The COMMIT
+// itself takes no context (database/sql's Tx.Commit): on a connection
+// that stopped answering it waits for the network, whatever ctx says.
 func (b *XactBackend) Release(ctx context.Context, key, owner string) error {
 	l, err := b.lease(ctx, "release", key, owner) // a refresh on its way finishes first
 	if err != nil {
