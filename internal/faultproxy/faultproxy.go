@@ -36,7 +36,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -487,4 +489,21 @@ func (l *link) write(dst *net.TCPConn, chunks <-chan chunk) error {
 			return err
 		}
 	}
+}
+
+// Front starts a Proxy to rawURL's host (a database or Redis URL) for the
+// rest of t, healed and closed when t ends, and returns rawURL through it.
+func Front(t testing.TB, rawURL string) (string, *Proxy) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatalf("faultproxy: %v", err)
+	}
+	p, err := Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Heal(); _ = p.Close() })
+	u.Host = p.Addr()
+	return u.String(), p
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -24,17 +23,8 @@ func slowXact(t *testing.T) (*sqllock.XactBackend, *faultproxy.Proxy) {
 	if dsn == "" {
 		t.Skip("ONCEGUARD_TEST_POSTGRES not set; skipping the integration test")
 	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Heal(); _ = p.Close() })
-	u.Host = p.Addr()
-	b, err := sqllock.NewXact(dbtest.OpenPostgres(t, u.String()))
+	dsn, p := faultproxy.Front(t, dsn)
+	b, err := sqllock.NewXact(dbtest.OpenPostgres(t, dsn))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
-	"net/url"
 	"os"
 	"testing"
 	"time"
@@ -22,17 +21,8 @@ func TestTimeoutBoundsStalledDatabase(t *testing.T) {
 	if dsn == "" {
 		t.Skip("ONCEGUARD_TEST_POSTGRES not set; skipping the integration test")
 	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Heal(); _ = p.Close() })
-	u.Host = p.Addr()
-	db, err := sql.Open("pgx", u.String())
+	dsn, p := faultproxy.Front(t, dsn)
+	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
