@@ -288,11 +288,21 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 		return
 	}
 	var group []*job
+	failed := map[*job]outcome{} // members whose function failed, with their outcome
 	answered := false
-	defer func() { // the goroutine ends otherwise (a driver's panic, runtime.Goexit in a function)
+	// committed: the COMMIT succeeded, so an answer the deferred function
+	// below gives (OnCommit panicked) is each member's own, not ErrGroupLost.
+	committed := false
+	// The goroutine ends otherwise (a driver's panic, runtime.Goexit in a
+	// function, OnCommit's panic).
+	defer func() {
 		if !answered {
 			for _, m := range group {
-				m.out <- outcome{err: fmt.Errorf("%w: its holder stopped", ErrGroupLost)}
+				if committed {
+					m.out <- failed[m]
+				} else {
+					m.out <- outcome{err: fmt.Errorf("%w: its holder stopped", ErrGroupLost)}
+				}
 			}
 		}
 	}()
@@ -304,7 +314,6 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 		}
 		answered = true
 	}
-	failed := map[*job]outcome{}
 	// inSavepoint runs m in tx in a savepoint, and reports false when the
 	// group is lost (answered).
 	inSavepoint := func(m *job) bool {
@@ -349,10 +358,14 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 					lost(err)
 					return
 				}
-				if tx, err = conn.BeginTx(ctx, nil); err != nil {
+				// A new variable: on an error BeginTx returns a nil *sql.Tx,
+				// which the deferred Rollback would dereference.
+				again, err := conn.BeginTx(ctx, nil)
+				if err != nil {
 					lost(err)
 					return
 				}
+				tx = again
 				rolled.Store(false)
 				if kept == 0 { // nothing but j's was undone: its failure stands
 					failed[j] = o
@@ -372,6 +385,7 @@ func (g *WriteGate) hold(db *sql.DB, first *job) {
 		}
 	}
 	err = tx.Commit()
+	committed = err == nil
 	g.mu.Lock()
 	g.careful = len(failed) > 0
 	g.mu.Unlock()

@@ -780,3 +780,82 @@ func TestSQLiteWatch(t *testing.T) {
 		t.Error("SQLiteWatch reported ok for a connection without a rollback hook")
 	}
 }
+
+// A bare group whose member fails, with others' work in the transaction,
+// rolls back and begins again; a BEGIN that fails then (SQLITE_BUSY past
+// the busy timeout: a writer outside the gate took the lock the ROLLBACK
+// freed, or an I/O error) loses the group: every Run returns
+// ErrGroupLost, no Run panics, and the gate goes on.
+func TestWriteGateBareRebeginFails(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	g.Watch = SQLiteWatch
+	locked := errors.New("database is locked")
+	refused := errors.New("refused")
+	var holderPanic any
+	errs := make([]error, 3)
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer func() { holderPanic = recover() }()
+		errs[0] = g.Run(context.Background(), db, func(ctx context.Context, tx *sql.Tx) error {
+			<-release
+			return exec("first")(ctx, tx)
+		})
+	})
+	waitHeld(t, g)
+	wg.Go(func() { errs[1] = g.Run(context.Background(), db, exec("a")) })
+	waitQueued(t, g, 1)
+	wg.Go(func() {
+		errs[2] = g.Run(context.Background(), db, func(ctx context.Context, tx *sql.Tx) error {
+			f.mu.Lock()
+			f.failBegin = locked // the group's next BEGIN fails
+			f.mu.Unlock()
+			return execThen("b", refused, nil)(ctx, tx)
+		})
+	})
+	waitQueued(t, g, 2)
+	close(release)
+	wg.Wait()
+	if holderPanic != nil {
+		t.Fatalf("the holder's Run panicked: %v\n%s", holderPanic, strings.Join(f.lines(), "\n"))
+	}
+	for i, err := range errs {
+		if !errors.Is(err, ErrGroupLost) || !errors.Is(err, locked) {
+			t.Errorf("Run %d = %v; want ErrGroupLost with the BEGIN's error", i, err)
+		}
+	}
+	f.mu.Lock()
+	f.failBegin = nil
+	f.mu.Unlock()
+	if err := g.Run(context.Background(), db, exec("after")); err != nil {
+		t.Errorf("Run after the lost group = %v", err)
+	}
+}
+
+// OnCommit that panics (a caller's metrics callback) after a COMMIT that
+// succeeded must not tell the group's Runs ErrGroupLost, which says that
+// nothing committed and a retry is safe.
+func TestWriteGateOnCommitPanicAfterCommit(t *testing.T) {
+	f, db := newFake(t)
+	g := NewWriteGate()
+	g.OnCommit = func(int, int) { panic("metrics") }
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer func() { _ = recover() }() // the holder's Run: OnCommit's panic is its caller's
+		_ = g.Run(context.Background(), db, func(ctx context.Context, tx *sql.Tx) error { <-release; return exec("first")(ctx, tx) })
+	})
+	waitHeld(t, g)
+	var member error
+	wg.Go(func() { member = g.Run(context.Background(), db, exec("a")) })
+	waitQueued(t, g, 1)
+	close(release)
+	wg.Wait()
+	if !slices.Contains(f.lines(), "COMMIT") {
+		t.Fatalf("no COMMIT: %v", f.lines())
+	}
+	if member != nil {
+		t.Errorf("a member of a group that committed = %v; want nil (ErrGroupLost says nothing committed)", member)
+	}
+}
