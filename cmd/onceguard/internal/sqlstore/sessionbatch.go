@@ -48,11 +48,11 @@ func (s *Store) liveMany(batch []*liveItem) {
 	start := time.Now()
 	found, err := s.liveManyStatement(ctx, live)
 	s.lives.ran(s.Observe, "session_live_batch", start, len(live), err)
-	for _, it := range live {
+	for i, it := range live {
 		switch {
 		case err != nil:
 			it.done <- err
-		case found[it.hash]:
+		case found[i]:
 			it.done <- nil
 		default:
 			it.done <- app.ErrNotFound
@@ -60,27 +60,30 @@ func (s *Store) liveMany(batch []*liveItem) {
 	}
 }
 
-// liveManyStatement returns which of batch's sessions are live, each at its request's time.
-// Each is looked up by its key (a lateral subquery with LIMIT 1 keeps the plan to one index
-// lookup per request, whatever the table's size).
-func (s *Store) liveManyStatement(ctx context.Context, batch []*liveItem) (map[string]bool, error) {
+// liveManyStatement returns which of batch's requests find their session live, each at its
+// request's time, by the request's index in batch (one session checked twice, at two times, may
+// be live at one and not the other). Each is looked up by its key (a lateral subquery with
+// LIMIT 1 keeps the plan to one index lookup per request, whatever the table's size).
+func (s *Store) liveManyStatement(ctx context.Context, batch []*liveItem) ([]bool, error) {
 	hashes, nows := make([]string, len(batch)), make([]int64, len(batch))
 	for i, it := range batch {
 		hashes[i], nows[i] = it.hash, us(it.now)
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT t.h FROM unnest($1::text[], $2::int8[]) AS t(h, now)
+	rows, err := s.db.QueryContext(ctx, `SELECT t.i FROM unnest($1::text[], $2::int8[]) WITH ORDINALITY AS t(h, now, i)
 CROSS JOIN LATERAL (SELECT 1 FROM sessions s WHERE s.token_hash = t.h::bpchar AND s.expires_at > t.now LIMIT 1) AS live`, hashes, nows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	found := make(map[string]bool, len(batch))
+	found := make([]bool, len(batch))
 	for rows.Next() {
-		var h string
-		if err := rows.Scan(&h); err != nil {
+		var i int64
+		if err := rows.Scan(&i); err != nil {
 			return nil, err
 		}
-		found[h] = true
+		if i >= 1 && i <= int64(len(found)) {
+			found[i-1] = true
+		}
 	}
 	return found, rows.Err()
 }

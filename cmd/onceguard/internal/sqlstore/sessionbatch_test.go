@@ -66,3 +66,43 @@ func TestSessionLiveBatched(t *testing.T) {
 		t.Errorf("%d statements checked %d sessions; want one that checked the %d queued", batches, n, len(checks)-1)
 	}
 }
+
+// Two checks of one session in one batch, at two times, the session expiring between them: each
+// is answered at its own request's time, as a check alone is (the later one is not live).
+func TestSessionLiveBatchedPerCheckTime(t *testing.T) {
+	s, _, now := withUserDB(t, databases[0])
+	s.BatchSessions = true
+	ctx := context.Background()
+	at := time.UnixMicro(now)
+	expires := at.Add(time.Hour)
+	if err := s.CreateSession(ctx, "sess", "u1", expires, at); err != nil {
+		t.Fatal(err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	s.HoldSessionBatches(func() { once.Do(func() { close(held); <-release }) })
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = s.SessionLive(ctx, "other", at) }) // its batch, of one, is held
+	<-held
+	nows := []time.Time{expires.Add(-time.Millisecond), expires.Add(time.Millisecond)} // live, then expired
+	errs := make([]error, len(nows))
+	for i, now := range nows {
+		wg.Go(func() { errs[i] = s.SessionLive(ctx, "sess", now) })
+	}
+	for deadline := time.Now().Add(10 * time.Second); s.SessionChecksQueued() < len(nows); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the checks never queued")
+		}
+	}
+	close(release)
+	wg.Wait()
+	if batches, n := s.SessionBatches(); batches != 1 || n != 2 {
+		t.Fatalf("%d batches of %d checks; want the two in one", batches, n)
+	}
+	if errs[0] != nil {
+		t.Errorf("SessionLive(before its expiry) = %v; want live", errs[0])
+	}
+	if !errors.Is(errs[1], app.ErrNotFound) {
+		t.Errorf("SessionLive(after its expiry) = %v; want app.ErrNotFound, as a check alone answers", errs[1])
+	}
+}
