@@ -61,6 +61,7 @@ func Do(ctx context.Context, store idemstore.Store, scope Scope, key, fingerprin
 		}
 	}
 	id := RecordID(scope, key)
+	begun := time.Now() // the lease runs from here, however long Begin takes
 	res, err := store.Begin(ctx, idemstore.BeginRequest{ID: id, Fingerprint: fingerprint, Lease: o.Lease, TTL: o.TTL, Now: o.Now()})
 	if err != nil {
 		return nil, false, fmt.Errorf("idempotency: do: %w", err)
@@ -75,7 +76,7 @@ func Do(ctx context.Context, store idemstore.Store, scope Scope, key, fingerprin
 	}
 	detached := context.WithoutCancel(ctx)
 	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fingerprint, Recovered: res.Recovered, replayHeaders: &noHeaders}
-	call.bind(ctx, o.Lease) // fn's context ends with ErrLeaseEnding
+	call.bind(ctx, o.Lease, begun) // fn's context ends with ErrLeaseEnding
 	defer call.endCtx()
 	panicked := true
 	defer func() {

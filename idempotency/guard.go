@@ -393,8 +393,8 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 
 	// 5. The key's record.
 	id := RecordID(scope, key)
-	now := o.Now()
-	held := time.Duration(-1) // the 429's wait when a key here holds the body's window
+	now, begun := o.Now(), time.Now() // begun: when the lease starts, on the monotonic clock
+	held := time.Duration(-1)         // the 429's wait when a key here holds the body's window
 	if deferred {
 		// A key in flight here is turned away before its handler runs
 		// (a double click, a client's storm), and one finished moments
@@ -402,7 +402,7 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 		// lock and transaction to learn that the key is taken.
 		switch done, state := g.local.claim(id); state {
 		case keyNew:
-			out := g.deferred(ctx, req, id, key, scope, fp, claim, now)
+			out := g.deferred(ctx, req, id, key, scope, fp, claim, now, begun)
 			out.Call.deferred.done = done
 			st := out.Call.deferred.start
 			left, ok := time.Duration(0), true
@@ -429,12 +429,15 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 			case <-ctx.Done():
 			}
 			t.Stop()
+			// The lease Begin gives runs from now, not from before the wait.
+			now, begun = o.Now(), time.Now()
 		}
 	}
 	breq := idemstore.BeginRequest{ID: id, Fingerprint: fp, Lease: o.Lease, TTL: o.TTL, Token: claim, Now: now}
 	res, err := o.Store.Begin(ctx, breq)
 	if err == nil && res.Outcome == idemstore.InProgress && o.Wait > 0 {
-		res, err = g.wait(ctx, r, breq)
+		res, err = g.wait(ctx, r, &breq, &begun)
+		now = breq.Now // the Begin that answered last: its lease, expiry and window
 	}
 	if err != nil {
 		return g.tokenError(ctx, r, err)
@@ -458,7 +461,7 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 	}
 	// One allocation carries the call, the handler's context and body.
 	call := &Call{ID: id, Lease: res.Lease, Key: key, Scope: scope, Fingerprint: fp, Recovered: res.Recovered, replayHeaders: &g.replayHeaders}
-	call.bind(ctx, o.Lease)
+	call.bind(ctx, o.Lease, begun)
 	// From here the key is ours: every way out completes or frees it.
 	detached := (*detachedCall)(call)
 
@@ -493,11 +496,11 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 
 // deferred is Begin's Call for Options.Deferred: the record, its token
 // and its window entry are the handler's to create (Call.Start).
-func (g *Guard[R]) deferred(ctx context.Context, req *Request, id, key string, scope Scope, fp string, claim *idemstore.TokenClaim, now time.Time) Outcome {
+func (g *Guard[R]) deferred(ctx context.Context, req *Request, id, key string, scope Scope, fp string, claim *idemstore.TokenClaim, now, begun time.Time) Outcome {
 	o := &g.o
 	lease := newLease()
 	call := &Call{ID: id, Lease: lease, Key: key, Scope: scope, Fingerprint: fp, replayHeaders: &g.replayHeaders}
-	call.bind(ctx, o.Lease)
+	call.bind(ctx, o.Lease, begun)
 	st := &idemstore.Start{ID: id, Fingerprint: fp, Lease: lease, LeaseUntil: now.Add(o.Lease), ExpiresAt: now.Add(o.TTL), Token: claim, Now: now}
 	if o.Windows != nil && o.Window > 0 {
 		st.WindowID = digest(scope.Principal, req.Method, req.Path, fp)
@@ -522,8 +525,9 @@ func newLease() string {
 // wait waits, up to Options.Wait, for the in-flight first request of
 // req's key to finish, asking the store again each time it is woken or a
 // poll interval passed. It returns the last Begin's answer: InProgress if
-// the wait ran out.
-func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (idemstore.BeginResult, error) {
+// the wait ran out. It leaves that Begin's Now in req, and in begun when
+// it was asked (time.Now): where the lease it gave starts.
+func (g *Guard[R]) wait(ctx context.Context, r R, req *idemstore.BeginRequest, begun *time.Time) (idemstore.BeginResult, error) {
 	wctx, cancel := context.WithTimeout(ctx, g.o.Wait)
 	defer cancel()
 	n, _ := g.o.Store.(idemstore.Notifier)
@@ -561,8 +565,8 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 				return idemstore.BeginResult{}, err // the client went away
 			}
 			// The wait ran out: one last look, then 409 as without it.
-			req.Now = g.o.Now()
-			return g.o.Store.Begin(ctx, req)
+			req.Now, *begun = g.o.Now(), time.Now()
+			return g.o.Store.Begin(ctx, *req)
 		case _, ok := <-woken:
 			if !ok {
 				// A closed channel is used up; watched again below only if
@@ -576,8 +580,8 @@ func (g *Guard[R]) wait(ctx context.Context, r R, req idemstore.BeginRequest) (i
 				poll = min(2*poll, 200*time.Millisecond)
 			}
 		}
-		req.Now = g.o.Now()
-		res, err := g.o.Store.Begin(ctx, req)
+		req.Now, *begun = g.o.Now(), time.Now()
+		res, err := g.o.Store.Begin(ctx, *req)
 		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return idemstore.BeginResult{Outcome: idemstore.InProgress}, nil // as above
 		}

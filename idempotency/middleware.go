@@ -317,10 +317,12 @@ var endedCall = new(boundCtx)
 var monoEpoch = time.Now()
 
 // bind makes ctx the request's context of c's handler, ending at nine
-// tenths of lease from now.
-func (c *Call) bind(ctx context.Context, lease time.Duration) {
+// tenths of lease from start: when the store was asked for the lease (a
+// time.Now taken before the Begin that gave it), not when its answer came
+// back, so that a slow Begin does not move the end past the lease's.
+func (c *Call) bind(ctx context.Context, lease time.Duration, start time.Time) {
 	c.parent = ctx
-	until := time.Since(monoEpoch) + lease - lease/10
+	until := start.Sub(monoEpoch) + lease - lease/10
 	if d, ok := ctx.Deadline(); !ok || monoEpoch.Add(until).Before(d) {
 		c.until = max(int64(until), 1)
 	}
