@@ -150,6 +150,12 @@ type recorder struct {
 
 func (r *recorder) Header() http.Header { return r.header }
 func (r *recorder) WriteHeader(status int) {
+	if status >= 100 && status <= 199 && status != http.StatusSwitchingProtocols {
+		// Informational (103 Early Hints): not the answer, whose status
+		// comes after it. It is not sent either: the answer goes out
+		// whole once stored.
+		return
+	}
 	if !r.wroteHeader {
 		r.status, r.wroteHeader = status, true
 	}
