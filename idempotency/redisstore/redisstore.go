@@ -37,11 +37,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -292,7 +290,8 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 		st, _ := res[1].(string)
 		resp.Status, _ = strconv.Atoi(st)
 		if h, _ := res[2].(string); h != "" {
-			if err := json.Unmarshal([]byte(h), &resp.Header); err != nil {
+			var err error
+			if resp.Header, err = idemstore.UnmarshalHeader(h); err != nil {
 				return idemstore.BeginResult{}, fmt.Errorf("redisstore: stored header of %s: %w", r.ID, err)
 			}
 		}
@@ -313,13 +312,9 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 
 // Complete implements idemstore.Store.
 func (s *Store) Complete(ctx context.Context, id, lease string, resp idemstore.Response, _ time.Time) error {
-	header := ""
-	if len(resp.Header) > 0 {
-		b, err := json.Marshal(http.Header(resp.Header))
-		if err != nil {
-			return err
-		}
-		header = string(b)
+	header, err := idemstore.MarshalHeader(resp.Header) // byte for byte, not UTF-8 only as JSON's strings
+	if err != nil {
+		return err
 	}
 	n, err := completeLua.Run(ctx, s.rdb, []string{s.recKey(id)}, lease, resp.Status, header, resp.Body).Int()
 	if err != nil {
@@ -458,8 +453,16 @@ func wrap(op string, err error) error {
 	}
 	var nerr net.Error
 	if errors.As(err, &nerr) || errors.Is(err, redis.ErrClosed) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) ||
 		strings.Contains(err.Error(), "connection refused") || strings.Contains(err.Error(), "EOF") {
 		return fmt.Errorf("redisstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
+	}
+	// A server that cannot serve now: restarting, a replica after a
+	// failover, a cluster without a quorum, out of client slots.
+	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "CLUSTERDOWN ", "TRYAGAIN ", "ERR max number of clients"} {
+		if strings.HasPrefix(err.Error(), p) {
+			return fmt.Errorf("redisstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
+		}
 	}
 	return fmt.Errorf("redisstore: %s: %w", op, err)
 }

@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -49,7 +48,8 @@ func (s *Store) inspect(ctx context.Context, q querier, id string) (idemstore.Re
 	if rec.State == idemstore.Completed {
 		rec.Response = &idemstore.Response{Status: int(status.Int64), Body: body}
 		if header.Valid && header.String != "" {
-			if err := json.Unmarshal([]byte(header.String), &rec.Response.Header); err != nil {
+			var err error
+			if rec.Response.Header, err = idemstore.UnmarshalHeader(header.String); err != nil {
 				return rec, fmt.Errorf("stored header of %s: %w", id, err)
 			}
 		}

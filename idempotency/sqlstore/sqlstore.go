@@ -21,7 +21,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
@@ -183,6 +182,9 @@ func (s *Store) Begin(ctx context.Context, r idemstore.BeginRequest) (idemstore.
 	for i := range 20 { // retried on write conflicts and deadlocks, with jittered backoff
 		res, err := s.begin(ctx, r, lease)
 		if err == nil || !retryable(err) {
+			if sqldb.Unavailable(err) && !errors.Is(err, idempotency.ErrUnavailable) {
+				err = wrap("begin", err) // a statement after BeginTx lost the database: say so
+			}
 			return res, err
 		}
 		last = err
@@ -258,7 +260,8 @@ func (s *Store) begin(ctx context.Context, r idemstore.BeginRequest, lease strin
 		case state == int(idemstore.Completed):
 			resp := &idemstore.Response{Status: int(status.Int64), Body: body}
 			if header.Valid && header.String != "" {
-				if err := json.Unmarshal([]byte(header.String), &resp.Header); err != nil {
+				var err error
+				if resp.Header, err = idemstore.UnmarshalHeader(header.String); err != nil {
 					return res, fmt.Errorf("sqlstore: stored header of %s: %w", r.ID, err)
 				}
 			}
@@ -494,13 +497,9 @@ func (s *Store) complete(ctx context.Context, e execer, id, lease string, resp i
 
 // completeArgs are the arguments of the complete query.
 func completeArgs(id, lease string, resp idemstore.Response) ([]any, error) {
-	header := ""
-	if len(resp.Header) > 0 {
-		b, err := json.Marshal(resp.Header)
-		if err != nil {
-			return nil, err
-		}
-		header = string(b)
+	header, err := idemstore.MarshalHeader(resp.Header) // byte for byte, not UTF-8 only as JSON's strings
+	if err != nil {
+		return nil, err
 	}
 	body := resp.Body
 	if body == nil {
