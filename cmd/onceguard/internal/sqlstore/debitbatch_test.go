@@ -21,9 +21,15 @@ import (
 // Records, and n users u0..u(n-1), each with 100.00 and a live session "s<i>".
 func debitSetup(t *testing.T, n int) (*sqlstore.Store, *sql.DB, *idemsql.Store, time.Time) {
 	t.Helper()
-	s, db, now := withUserDB(t, databases[0])
+	return debitSetupOn(t, n, databases[0])
+}
+
+// debitSetupOn is debitSetup on d, a PostgreSQL database.
+func debitSetupOn(t *testing.T, n int, d database) (*sqlstore.Store, *sql.DB, *idemsql.Store, time.Time) {
+	t.Helper()
+	s, db, now := withUserDB(t, d)
 	ctx := context.Background()
-	keys, err := idemsql.New(db, databases[0].dialect, nil)
+	keys, err := idemsql.New(db, d.dialect, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
