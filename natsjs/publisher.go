@@ -122,9 +122,11 @@ func (p *Publisher) ensure(ctx context.Context) error {
 }
 
 // EnsureStream creates the stream cfg names, or, if it exists, adds what
-// it lacks of cfg: its subjects and a duplicates window as long. Other
-// settings of an existing stream, and its other subjects, are left as they
-// are. A zero cfg.Duplicates means DefaultDuplicates.
+// it lacks of cfg: its subjects and a duplicates window as long, or as
+// long as the stream's MaxAge when that is shorter (JetStream allows no
+// longer window). Other settings of an existing stream, and its other
+// subjects, are left as they are. A zero cfg.Duplicates means
+// DefaultDuplicates.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("natsjs: EnsureStream needs a stream name")
@@ -154,7 +156,14 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 			want.Subjects = append(want.Subjects, subj)
 		}
 	}
-	want.Duplicates = max(want.Duplicates, cfg.Duplicates)
+	// JetStream refuses a window longer than the stream's MaxAge (a message
+	// older than that is gone anyway): the longest it allows, not a stream
+	// no event can ever be published to.
+	dup := cfg.Duplicates
+	if have.MaxAge > 0 {
+		dup = min(dup, have.MaxAge)
+	}
+	want.Duplicates = max(want.Duplicates, dup)
 	if len(want.Subjects) == len(have.Subjects) && want.Duplicates == have.Duplicates {
 		return s, nil
 	}
