@@ -403,6 +403,13 @@ func (s *Store) Settle(ctx context.Context, kind app.Kind, id string, outcome ap
 	}
 	err = s.gate.Run(ctx, s.db, func(ctx context.Context, tx *sql.Tx) (err error) {
 		if event != "" {
+			// MySQL: deliveries for one movement queue on its row before inserting their event
+			// id. Otherwise duplicates of an event whose first insert rolls back (it contradicts
+			// the movement, settled otherwise meanwhile) all hold shared locks on that key and
+			// all want to insert it: InnoDB deadlocks them (1213, answered 5xx, not 409 or 204).
+			if err := s.lockRow(ctx, tx, t, "id", id); err != nil {
+				return err
+			}
 			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO psp_events (event_id, movement_id, status, received_at) VALUES (?, ?, ?, ?)`),
 				event, id, string(outcome), us(now))
 			if duplicate(err) {
