@@ -121,7 +121,9 @@ type Options[R any] struct {
 	// StoreServerErrors stores and replays a 5xx answer as any other,
 	// instead of freeing the key: for a handler that cannot know whether
 	// the effect happened before the failure (a gateway in front of
-	// another service). Call.Forget still frees the key. Default: false.
+	// another service). An answer that could not be stored then never
+	// frees the key either (it is sent, the key left to its lease). Call.Forget
+	// still frees the key. Default: false.
 	StoreServerErrors bool
 	// MarkFirst sends Idempotent-Replayed: false on first answers, so a
 	// client can tell them from replays without relying on the header's
@@ -473,6 +475,12 @@ func (g *Guard[R]) begin(ctx context.Context, r R, req *Request, deferred bool) 
 		// key (after a crashed holder) is not a duplicate of itself, and a
 		// stale attempt frees only its own claim.
 		left, err := o.Windows.ClaimWindow(ctx, windowID, idemstore.WindowOwner(id, res.Lease), o.Window, now)
+		if (err != nil || left > 0) && res.Recovered && o.StoreServerErrors {
+			// Its crashed holder passed the window and may have made the
+			// effect, which its handler cannot know: freed, the key would
+			// run as new. The handler gets it, to say so.
+			windowID, err, left = "", nil, 0
+		}
 		if err != nil || left > 0 {
 			_ = o.Store.Abandon(detached, id, res.Lease) // not recorded: key and token stay usable
 			if err != nil {
@@ -654,13 +662,17 @@ func (g *Guard[R]) Finish(r R, call *Call, a Answer) *Problem {
 		resp := idemstore.Response{Status: a.Status, Header: h, Body: a.Body}
 		// A refusal (4xx) pins nothing: sent unstored, the key could run
 		// again after its lease and answer differently. Free the key and
-		// say 503 instead: the client retries.
+		// say 503 instead: the client retries. Not with StoreServerErrors:
+		// the handler cannot know that its effect did not happen, so a
+		// freed key could make it twice. Its answer is sent as a success's
+		// is, and the key stays in flight until its lease runs out (then
+		// Recovered: the handler knows it may have run).
 		err := g.o.Store.Complete(detached, call.ID, call.Lease, resp, g.o.Now())
 		if put {
 			clear(h)
 			headers.Put(h)
 		}
-		if err != nil && (a.Status < 200 || a.Status > 299) {
+		if err != nil && (a.Status < 200 || a.Status > 299) && !g.o.StoreServerErrors {
 			g.release(r, detached, call)
 			return g.fail(r, "store_unavailable", probUnavailable).Problem
 		}

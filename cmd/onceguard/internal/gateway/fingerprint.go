@@ -24,7 +24,9 @@ import (
 //   - application/x-www-form-urlencoded: the fields sorted by name, each
 //     field's values in the order sent, keyField removed;
 //   - an empty body: idempotency.Fingerprint's of "";
-//   - any other type: the body's bytes.
+//   - any other type: the body's bytes, unless keyField is set and the
+//     body is a JSON object holding it (the key was read from it): then
+//     as JSON, keyField removed.
 //
 // A JSON body that is not valid is 400 invalid_json, a form that does not
 // parse 400 invalid_request (both *idempotency.Problem).
@@ -46,8 +48,25 @@ func Fingerprint(contentType string, body []byte, keyField string) (string, erro
 		return digest("form", []byte(form.Encode())), nil // Encode sorts by name, keeps each name's values in order
 	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
 		return jsonFingerprint(body, keyField)
+	case keyField != "" && jsonHolds(body, keyField):
+		// The middleware reads the key field from a JSON object of any
+		// Content-Type (a fetch() without headers sends text/plain): the
+		// key is left out of such a body too, or one intent under two
+		// keys would have two fingerprints and pass the window.
+		return jsonFingerprint(body, keyField)
 	}
 	return digest("bytes", body), nil
+}
+
+// jsonHolds reports whether body is a JSON object with a top-level member
+// name: one the middleware takes the key from.
+func jsonHolds(body []byte, name string) bool {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(body, &obj) != nil {
+		return false
+	}
+	_, ok := obj[name]
+	return ok
 }
 
 func jsonFingerprint(body []byte, keyField string) (string, error) {

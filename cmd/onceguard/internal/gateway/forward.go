@@ -106,6 +106,14 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, route string) 
 	// which GetBody allows).
 	out.Header["idempotency-key"] = []string{call.Key}
 	out.ContentLength = int64(len(body))
+	switch out.Method {
+	case "GET", "HEAD", "OPTIONS", "TRACE":
+		// These the Transport re-sends after a written request's kept-alive
+		// connection broke whatever their headers: a body it cannot rewind
+		// (no GetBody) makes them not replayable. (An empty one is probed,
+		// found empty and not sent.)
+		out.Body, out.GetBody = io.NopCloser(bytes.NewReader(body)), nil
+	}
 	start := time.Now()
 	resp, err := g.cfg.Transport.RoundTrip(out)
 	if err != nil {

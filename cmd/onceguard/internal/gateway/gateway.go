@@ -161,7 +161,17 @@ func (g *Gateway) guard(r *Route) http.Handler {
 		Principal: g.principal,
 		KeyField:  c.KeyField,
 		Fingerprint: func(req *http.Request, body []byte) (string, error) {
-			return Fingerprint(req.Header.Get("Content-Type"), body, c.KeyField)
+			fp, err := Fingerprint(req.Header.Get("Content-Type"), body, c.KeyField)
+			if err != nil || req.URL.RawQuery == "" {
+				return fp, err
+			}
+			// The query is forwarded and acted on (pay.php?order=7): part
+			// of the request, in any order of its fields.
+			q := req.URL.RawQuery
+			if v, err := url.ParseQuery(q); err == nil {
+				q = v.Encode()
+			}
+			return digest("query", []byte(q+"\x00"+fp)), nil
 		},
 		ReplayHeaders:     []string{"*"},
 		StoreServerErrors: true, // at most once: the upstream may have acted before its 5xx
@@ -176,8 +186,13 @@ func (g *Gateway) guard(r *Route) http.Handler {
 // stored). None: 401 unauthenticated.
 func (g *Gateway) principal(r *http.Request) (string, error) {
 	if h := g.cfg.PrincipalHeader; h != "" {
-		if v := r.Header.Get(h); v != "" {
-			return HeaderPrincipal(v), nil
+		if vs := r.Header.Values(h); len(vs) > 1 {
+			// A proxy that appended its value to the client's: whose keys
+			// they are is not known.
+			return "", &idempotency.Problem{Status: http.StatusUnauthorized, Code: "unauthenticated", Title: "Authentication required",
+				Detail: "the request carries more than one " + h + " header"}
+		} else if len(vs) == 1 && vs[0] != "" {
+			return HeaderPrincipal(vs[0]), nil
 		}
 		return "", &idempotency.Problem{Status: http.StatusUnauthorized, Code: "unauthenticated", Title: "Authentication required",
 			Detail: "the request carries no " + h + " header"}
@@ -287,8 +302,20 @@ func (g *Gateway) dispatch(w http.ResponseWriter, r *http.Request, in *reqInfo) 
 		}
 	}
 	// A path that names a guarded route in another spelling (//withdraw,
-	// /a/../withdraw, /withdraw/) would reach the same upstream code
-	// unguarded: refused.
+	// /a/../withdraw, /withdraw/), or a method that does in another case
+	// (post: Django, Flask, Symfony upper-case it), would reach the same
+	// upstream code unguarded: refused.
+	if m := strings.ToUpper(r.Method); m != r.Method {
+		for i := range g.cfg.Routes {
+			rt := &g.cfg.Routes[i]
+			if rt.Match(m, p) || rt.Match(m, r.URL.EscapedPath()) || rt.Match(m, strings.TrimSuffix(path.Clean(p), "/")) {
+				in.route, in.outcome = rt.String(), "invalid_method"
+				idempotency.WriteProblem(w, &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request",
+					Detail: "the method names a guarded route in another case; send " + rt.Method})
+				return
+			}
+		}
+	}
 	if clean := strings.TrimSuffix(path.Clean(p), "/"); clean != p && clean != "" {
 		for i := range g.cfg.Routes {
 			if g.cfg.Routes[i].Match(r.Method, clean) {
