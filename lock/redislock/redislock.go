@@ -72,7 +72,10 @@ type Options struct {
 
 	// Timeout bounds each round trip to Redis, whatever the caller's
 	// context: a call that has been sent is always waited for, so that a
-	// lock taken on the way is never lost track of. Default: 0, the
+	// lock taken on the way is never lost track of, and an acquire that
+	// timed out is given back (owner-checked). It bounds socket reads and
+	// writes only on a client with ContextTimeoutEnabled; otherwise only
+	// the client's ReadTimeout and WriteTimeout do. Default: 0, the
 	// client's own ReadTimeout and WriteTimeout (go-redis: 3s); set it when
 	// those are disabled, or lower (e.g. 300ms) when a fallback should take
 	// over quickly from a Redis that stopped answering.
@@ -205,8 +208,15 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 	b.batch.do(ctx, c)
 	b.batch.put(c)
 	if err := set.Err(); err == redis.Nil {
-		return lock.Grant{}, fmt.Errorf("redislock: acquire %q: %w", r.Key, lock.ErrNotAcquired)
+		// Taken: by another owner, or by this very try when the client
+		// sent the pipeline again after a broken connection (go-redis's
+		// MaxRetries) and its first SET had run. Then it is ours, and this
+		// INCR, after that SET, its fence.
+		if !b.heldBy(ctx, r.Key, r.Owner) {
+			return lock.Grant{}, fmt.Errorf("redislock: acquire %q: %w", r.Key, lock.ErrNotAcquired)
+		}
 	} else if err != nil {
+		b.giveBack(ctx, r.Key, r.Owner, err)
 		return lock.Grant{}, wrap("acquire", r.Key, err)
 	}
 	fence, err := incr.Result()
@@ -245,6 +255,7 @@ func (b *Backend) acquireScript(ctx context.Context, r lock.Request) (lock.Grant
 		c.text(r.Owner), c.int(r.TTL.Milliseconds()), c.text(b.fence), c.int(wait))
 	res, err := b.run(ctx, c)
 	if err != nil {
+		b.giveBack(ctx, r.Key, r.Owner, err)
 		return lock.Grant{}, wrap("acquire", r.Key, err)
 	}
 	n, ok := res.(int64)
@@ -256,6 +267,37 @@ func (b *Backend) acquireScript(ctx context.Context, r lock.Request) (lock.Grant
 	}
 	g := lock.Grant{RetryAfter: time.Duration(-1-n) * time.Millisecond}
 	return g, fmt.Errorf("redislock: acquire %q: %w", r.Key, lock.ErrNotAcquired)
+}
+
+// heldBy reports whether key's lock holds owner (with or without the
+// waiters' mark); false when that cannot be read.
+func (b *Backend) heldBy(ctx context.Context, key, owner string) bool {
+	c := b.batch.get()
+	i, lockEnd, _ := c.name(b, key, fenceSuffix)
+	get := redis.NewStringCmd(ctx, c.list("get", c.arg(i, lockEnd))...)
+	c.command(get)
+	b.batch.do(ctx, c)
+	b.batch.put(c)
+	v, err := get.Result()
+	return err == nil && (v == owner || v == owner+"\n")
+}
+
+// giveBack releases a lock that an acquire whose answer was lost (err:
+// its round trip timed out or its connection broke after it was sent) may
+// have taken for owner. The release compares the owner, so it never
+// removes another holder's lock; an error Redis answered took nothing.
+func (b *Backend) giveBack(ctx context.Context, key, owner string, err error) {
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return
+	}
+	d := redisscript.GiveBackTimeout
+	if b.batch.timeout > 0 {
+		d = b.batch.timeout // a fallback is waiting for this answer
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	_ = b.Release(rctx, key, owner)
 }
 
 // queueScript makes c a run of s (release or leave) on key's lock, waiter

@@ -73,7 +73,9 @@ type Options struct {
 
 	// Timeout bounds each round trip to Redis, whatever the caller's
 	// context: a call that has been sent is always waited for, so that a
-	// lock taken on the way is never lost track of. Default: 0, the
+	// lock taken on the way is never lost track of, and an acquire that
+	// timed out is given back (an owner-checked release, bounded the same
+	// way: a fallback waits up to twice Timeout). Default: 0, the
 	// client's own ConnWriteTimeout (rueidis: 10 × Dialer.KeepAlive, 10s
 	// by default); set it lower (e.g. 300ms) when a fallback should take
 	// over quickly from a Redis that stopped answering.
@@ -209,6 +211,7 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 	if err := res[0].Error(); rueidis.IsRedisNil(err) {
 		return lock.Grant{}, fmt.Errorf("rueidislock: acquire %q: %w", r.Key, lock.ErrNotAcquired)
 	} else if err != nil {
+		b.giveBack(ctx, r.Key, r.Owner, err)
 		return lock.Grant{}, wrap("acquire", r.Key, err)
 	}
 	fence, err := res[1].AsInt64()
@@ -239,6 +242,7 @@ func (b *Backend) acquireScript(ctx context.Context, r lock.Request) (lock.Grant
 	n, err := b.exec(ctx, scriptAcquire, []string{lockKey, fenceKey, queue, deadlines},
 		[]string{r.Owner, strconv.FormatInt(r.TTL.Milliseconds(), 10), b.fence, strconv.FormatInt(wait, 10)})
 	if err != nil {
+		b.giveBack(ctx, r.Key, r.Owner, err)
 		return lock.Grant{}, wrap("acquire", r.Key, err)
 	}
 	if n > 0 {
@@ -246,6 +250,23 @@ func (b *Backend) acquireScript(ctx context.Context, r lock.Request) (lock.Grant
 	}
 	g := lock.Grant{RetryAfter: time.Duration(-1-n) * time.Millisecond}
 	return g, fmt.Errorf("rueidislock: acquire %q: %w", r.Key, lock.ErrNotAcquired)
+}
+
+// giveBack releases a lock that an acquire whose answer was lost (err:
+// its round trip timed out or its connection broke after it was sent) may
+// have taken for owner. The release compares the owner, so it never
+// removes another holder's lock; an error Redis answered took nothing.
+func (b *Backend) giveBack(ctx context.Context, key, owner string, err error) {
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		return
+	}
+	d := redisscript.GiveBackTimeout
+	if b.timeout > 0 {
+		d = b.timeout // a fallback is waiting for this answer
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	_ = b.Release(rctx, key, owner)
 }
 
 // Release implements lock.Backend.

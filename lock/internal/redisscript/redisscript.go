@@ -177,6 +177,11 @@ if not won then
     local mark = ''
     if redis.call('ZCARD', KEYS[3]) > 0 then mark = '\n' end
     redis.call('SET', KEYS[1], ARGV[1] .. mark, 'PX', ARGV[2])
+  elseif v == ARGV[1] or v == ARGV[1] .. '\n' then
+    -- Already ours: an earlier run of this very acquire (owner tokens are
+    -- random per acquire) took it and its reply was lost; a client that
+    -- runs the script again gets the lock, with a new fence.
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
   else
     local wait = tonumber(ARGV[4])
     if wait > 0 then
