@@ -248,8 +248,8 @@ func (b *Backend) recover() {
 	if drain == 0 {
 		drain = b.maxTTL
 	}
-	if drain > 0 {
-		b.drainUntil = time.Now().Add(drain)
+	if until := time.Now().Add(drain); drain > 0 && until.After(b.drainUntil) {
+		b.drainUntil = until
 	}
 	b.maxTTL = 0
 	b.recoveredN++
@@ -430,6 +430,12 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 		b.mu.Lock()
 		if cur, ok := b.held[owner]; ok {
 			cur.expires = time.Now().Add(ttl)
+			if cur.secondary && cur.expires.After(b.drainUntil) {
+				// A lease on the secondary that is renewed outlives the
+				// drain the breaker's closing started: acquires on the
+				// primary must keep taking the secondary as long as it lives.
+				b.drainUntil = cur.expires
+			}
 		}
 		b.mu.Unlock()
 	}
