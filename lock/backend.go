@@ -41,7 +41,10 @@ type Request struct {
 	// Wait is set by a blocking Acquire. A backend that queues waiters
 	// (see Waiter) then records Owner in the key's FIFO queue, for
 	// WaitTTL, when the lock is held, so that it is served before later
-	// arrivals; a non-waiting attempt never jumps that queue.
+	// arrivals; a non-waiting attempt never jumps that queue while the
+	// lock is held or handed over by a release. (On the Redis backends a
+	// lock whose holder let its TTL run out, a crashed holder, goes to
+	// whoever asks first, a try or a waiter's next attempt.)
 	Wait bool
 	// WaitTTL is how long a queued waiter keeps its place without trying
 	// again. A waiter that died is dropped after it.

@@ -22,7 +22,9 @@
 //
 // Blocked Acquires queue in Redis in arrival order; a release publishes the
 // token of the first waiter in line and wakes only it, within a round trip,
-// with polling only as a fallback.
+// with polling only as a fallback. The queue orders releases' hand-overs: a
+// lock whose holder let its TTL run out (a crashed holder) goes to whoever
+// asks first, a try or a waiter's next attempt.
 //
 // It needs Redis 6.2 or later (SET ... GET, KEEPTTL).
 //

@@ -20,7 +20,8 @@
 //
 // Blocked Acquires queue in Redis in arrival order; a release publishes
 // the token of the first waiter in line and wakes only it, within a round
-// trip, with polling only as a fallback. While someone waits, the Backend
+// trip, with polling only as a fallback (a lock whose holder let its TTL
+// run out goes to whoever asks first). While someone waits, the Backend
 // holds one dedicated connection of the client's (from its blocking pool)
 // for the subscriptions.
 //
