@@ -146,6 +146,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		r.Header.Set(Header, key)
 		if getBody != nil {
 			if r.Body, err = getBody(); err != nil {
+				if attempt > 1 { // an earlier attempt's outcome is unknown: keep its key
+					return nil, &Error{Key: key, Attempts: attempt - 1, Err: err}
+				}
 				return nil, err
 			}
 		}
@@ -312,6 +315,7 @@ func retryAfter(resp *http.Response) time.Duration {
 // backoff is a full-jitter exponential wait before attempt+1.
 func (t *Transport) backoff(attempt int) time.Duration {
 	lo, hi := or(t.MinBackoff, DefaultMinBackoff), or(t.MaxBackoff, DefaultMaxBackoff)
+	hi = max(hi, lo) // as idemgrpc's: rand.N panics when hi < lo/2
 	d := lo << min(attempt-1, 20)
 	if d <= 0 || d > hi {
 		d = hi

@@ -32,6 +32,9 @@ import (
 // o; the hooks of o (Principal, Fingerprint, OnEvent) get the request's
 // echo.Context. It panics where idempotency.NewGuard does.
 func New(o idempotency.Options[echo.Context]) echo.MiddlewareFunc {
+	if o.Deferred { // it would need Guard.Resume: a refused call would be answered an empty 200
+		panic("idemecho: Options.Deferred is supported by idempotency.Middleware only")
+	}
 	g := idempotency.NewGuard(o)
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {

@@ -44,6 +44,7 @@ package idemfiber
 
 import (
 	"bytes"
+	"io"
 	"net/http"
 	"sync"
 
@@ -57,6 +58,9 @@ import (
 // request it handles, as idempotency.Middleware does for net/http. It
 // panics where idempotency.NewGuard does.
 func New(o idempotency.Options[*fiber.Ctx]) fiber.Handler {
+	if o.Deferred { // it would need Guard.Resume: a refused call would be answered an empty 200
+		panic("idemfiber: Options.Deferred is supported by idempotency.Middleware only")
+	}
 	g := idempotency.NewGuard(o)
 	return func(c *fiber.Ctx) error { return serve(g, c) }
 }
@@ -70,9 +74,14 @@ var probStream = &idempotency.Problem{Status: http.StatusInternalServerError, Co
 
 func serve(g *idempotency.Guard[*fiber.Ctx], c *fiber.Ctx) error {
 	fr := c.Request()
+	body, err := rawBody(fr, g.MaxBody())
+	if err != nil {
+		writeProblem(c, errUnreadable)
+		return nil
+	}
 	// Begin keeps a copy: the stack reuses its buffers.
 	req := g.RawRequest(fr.Header.Method(), fr.URI().Path(), fr.Header.PeekAll("Idempotency-Key"),
-		fr.Header.ContentType(), fr.Body())
+		fr.Header.ContentType(), body)
 
 	uctx := c.UserContext()
 	out := g.Begin(uctx, c, &req)
@@ -98,7 +107,7 @@ func serve(g *idempotency.Guard[*fiber.Ctx], c *fiber.Ctx) error {
 	defer func() { saved.Reset(); before.Put(saved) }()
 	resp.Header.CopyTo(saved)
 	c.SetUserContext(call.Context())
-	err := next(g, c, call)
+	err = next(g, c, call)
 	c.SetUserContext(uctx)
 	if err != nil {
 		// The answer fiber's error handler would write once this returns:
@@ -142,6 +151,28 @@ func serve(g *idempotency.Guard[*fiber.Ctx], c *fiber.Ctx) error {
 		setHeader(&resp.Header, k, vs)
 	}
 	return nil
+}
+
+var errUnreadable = &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Unreadable body",
+	Detail: "the request body could not be read"}
+
+// rawBody returns the request's body, as idempotency.ReadBody does: with
+// StreamRequestBody, up to limit+1 bytes of the stream (more is 413, and
+// the rest is never read), an error as an error (fasthttp's Body would
+// make its text the body); a whole one is set back as the body, for the
+// handler.
+func rawBody(fr *fasthttp.Request, limit int64) ([]byte, error) {
+	if !fr.IsBodyStream() {
+		return fr.Body(), nil
+	}
+	b, err := io.ReadAll(io.LimitReader(fr.BodyStream(), limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) <= limit {
+		fr.SetBody(b)
+	}
+	return b, nil
 }
 
 // next runs the rest of the chain; a panic frees the key, then is

@@ -34,6 +34,9 @@ import (
 // Guard of o; the hooks of o (Principal, Fingerprint, OnEvent) get the
 // request's *gin.Context. It panics where idempotency.NewGuard does.
 func New(o idempotency.Options[*gin.Context]) gin.HandlerFunc {
+	if o.Deferred { // it would need Guard.Resume: a refused call would be answered an empty 200
+		panic("idemgin: Options.Deferred is supported by idempotency.Middleware only")
+	}
 	g := idempotency.NewGuard(o)
 	return func(c *gin.Context) {
 		r := c.Request

@@ -189,6 +189,9 @@ func newServer(o ServerOptions) *server {
 	if g.OfferToken {
 		panic("idemgrpc: Options.OfferToken is for HTTP answers")
 	}
+	if g.Deferred {
+		panic("idemgrpc: Options.Deferred is supported by idempotency.Middleware only")
+	}
 	g.ReplayHeaders = []string{"Content-Type"}
 	if g.MaxBody <= 0 {
 		g.MaxBody = DefaultMaxMessage

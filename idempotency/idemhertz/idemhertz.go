@@ -54,6 +54,9 @@ import (
 // request it handles, as idempotency.Middleware does for net/http. It
 // panics where idempotency.NewGuard does.
 func New(o idempotency.Options[*app.RequestContext]) app.HandlerFunc {
+	if o.Deferred { // it would need Guard.Resume: a refused call would be answered an empty 200
+		panic("idemhertz: Options.Deferred is supported by idempotency.Middleware only")
+	}
 	g := idempotency.NewGuard(o)
 	return func(ctx context.Context, c *app.RequestContext) { serve(g, ctx, c) }
 }
@@ -67,9 +70,15 @@ var probStream = &idempotency.Problem{Status: http.StatusInternalServerError, Co
 
 func serve(g *idempotency.Guard[*app.RequestContext], ctx context.Context, c *app.RequestContext) {
 	hr := &c.Request
+	body, err := rawBody(hr, g.MaxBody())
+	if err != nil {
+		c.Abort()
+		writeProblem(c, errUnreadable)
+		return
+	}
 	// Begin keeps a copy: the stack reuses its buffers.
 	req := g.RawRequest(hr.Header.Method(), hr.URI().Path(), hr.Header.PeekAll("Idempotency-Key"),
-		hr.Header.ContentType(), hr.Body())
+		hr.Header.ContentType(), body)
 
 	out := g.Begin(ctx, c, &req)
 	switch {
@@ -137,6 +146,28 @@ func serve(g *idempotency.Guard[*app.RequestContext], ctx context.Context, c *ap
 	for k, vs := range g.FirstExtra(ah, out.Expires) {
 		setHeader(&resp.Header, k, vs)
 	}
+}
+
+var errUnreadable = &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Unreadable body",
+	Detail: "the request body could not be read"}
+
+// rawBody returns the request's body, as idempotency.ReadBody does: with a
+// streamed body (server.WithStreamBody), up to limit+1 bytes of the stream
+// (more is 413, and the rest is never read), an error as an error (Body
+// would hide it as an empty body); a whole one is set back as the body,
+// for the handler.
+func rawBody(hr *protocol.Request, limit int64) ([]byte, error) {
+	if !hr.IsBodyStream() {
+		return hr.BodyE()
+	}
+	b, err := io.ReadAll(io.LimitReader(hr.BodyStream(), limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) <= limit {
+		hr.SetBody(b)
+	}
+	return b, nil
 }
 
 // next runs the rest of the chain with the Call's context; a panic
