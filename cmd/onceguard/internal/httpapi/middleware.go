@@ -25,6 +25,7 @@ type requestInfo struct {
 	body                     any          // the keyed request's body, decoded once by its fingerprint
 	sessionHash              string       // the session's hash, when its check is the transaction's
 	tokenUsed                bool         // a submit token passed the key check: its request ran
+	handled                  bool         // the keyed handler ran (its transaction checks the session)
 	released                 bool         // the key (and its token) were freed for a retry
 	abort                    bool         // a panic after the status was sent: abort the answer
 	status                   int
@@ -296,7 +297,15 @@ func (s *server) keyed(purpose string, fingerprint func(*http.Request, []byte) (
 		},
 		Fingerprint: fingerprint,
 		OnEvent:     s.keyEvent,
-	})(next)
+	})(s.ran(next))
+	if deferred {
+		// The principal came from memory: an answer the middleware gives before the debit's
+		// transaction checked the session (a refusal, a next token, a replay) checks it first.
+		inner := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			inner.ServeHTTP(&liveWriter{ResponseWriter: w, s: s, r: r}, r)
+		})
+	}
 	// The deadline comes first: the key's lease starts inside it.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), s.app.RequestTimeout())
@@ -351,3 +360,58 @@ func (s *server) keyEvent(r *http.Request, ev string) {
 		m.Tokens.WithLabelValues("foreign").Inc()
 	}
 }
+
+// ran notes in the request's info that the keyed handler ran.
+func (s *server) ran(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info(r).handled = true
+		next.ServeHTTP(w, r)
+	})
+}
+
+// liveWriter answers 401 unauthenticated in place of an answer the Idempotency-Key middleware
+// gives, without running the handler, to a session that is no longer live (signed out on
+// another instance, or expired, while this one remembered its user): no 400, no replay, no
+// Next-Submit-Token for it. A store failure lets the answer through, a refusal or a replay of
+// the session's own user.
+type liveWriter struct {
+	http.ResponseWriter
+	s       *server
+	r       *http.Request
+	decided bool
+	dropped bool // the middleware's answer, replaced
+}
+
+func (l *liveWriter) WriteHeader(code int) {
+	if l.dropped {
+		return
+	}
+	if !l.decided && code >= 200 { // an informational answer is not the answer
+		l.decided = true
+		if !info(l.r).handled && code != http.StatusUnauthorized && code != http.StatusRequestEntityTooLarge && code < 500 {
+			if _, err := l.s.user(l.r); err != nil && app.ErrorCode(err) == app.CodeNotFound {
+				l.dropped = true
+				h := l.ResponseWriter.Header()
+				for _, k := range []string{"Next-Submit-Token", "Next-Submit-Token-Expires", "Idempotent-Replayed", "Retry-After", "Content-Length", "Expires"} {
+					h.Del(k)
+				}
+				writeProblem(l.ResponseWriter, problemFor(app.CodeUnauthenticated, "sign in first"))
+				return
+			}
+		}
+	}
+	l.ResponseWriter.WriteHeader(code)
+}
+
+func (l *liveWriter) Write(b []byte) (int, error) {
+	if !l.decided {
+		l.WriteHeader(http.StatusOK)
+	}
+	if l.dropped {
+		return len(b), nil
+	}
+	return l.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (l *liveWriter) Unwrap() http.ResponseWriter { return l.ResponseWriter }
