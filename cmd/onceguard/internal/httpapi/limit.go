@@ -217,7 +217,7 @@ func (s *server) clientAddr(r *http.Request) string {
 				}
 			}
 			if ip := net.ParseIP(strings.TrimSpace(last)); ip != nil {
-				return ip.String()
+				return limitKey(ip)
 			}
 		}
 	}
@@ -225,7 +225,20 @@ func (s *server) clientAddr(r *http.Request) string {
 	if err != nil {
 		return r.RemoteAddr
 	}
+	if ip := net.ParseIP(host); ip != nil {
+		return limitKey(ip)
+	}
 	return host
+}
+
+// limitKey is the client an address counts as: an IPv4 address itself, an
+// IPv6 one its /64, which one host or subscriber has whole (every address
+// of it would otherwise be a fresh client to every limit).
+func limitKey(ip net.IP) string {
+	if ip.To4() != nil {
+		return ip.String()
+	}
+	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 // retryAfter is d in whole seconds, at least 1, for Retry-After.
