@@ -62,7 +62,7 @@ func Decode(body []byte, dst any) *idempotency.Problem {
 	if found {
 		return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: fmt.Sprintf("unknown member %q", unknown)}
 	}
-	if bytes.IndexByte(body, '\\') >= 0 && bytes.Contains(bytes.ToLower(body), []byte(`\u0000`)) { // no escape, no NUL
+	if nulEscape(body) {
 		return &idempotency.Problem{Status: http.StatusBadRequest, Code: "invalid_request", Title: "Invalid request", Detail: "strings must not contain NUL"}
 	}
 	if d, ok := dst.(membersDecoder); ok {
@@ -124,4 +124,24 @@ func fieldNames(dst any) map[string]bool {
 	}
 	fieldNameCache.Store(t, names)
 	return names
+}
+
+// nulEscape reports whether body (valid JSON) has a string holding NUL: an escape \u0000, whose
+// backslash is not itself escaped (the text \\u0000 is a backslash and "u0000").
+func nulEscape(body []byte) bool {
+	for i := 0; ; {
+		j := bytes.Index(body[i:], []byte(`\u0000`))
+		if j < 0 {
+			return false
+		}
+		at := i + j
+		n := 0 // backslashes before this one
+		for k := at - 1; k >= 0 && body[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
+			return true
+		}
+		i = at + 1
+	}
 }
