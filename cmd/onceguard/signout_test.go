@@ -13,12 +13,7 @@ import (
 func TestSignOutSeenAtOnce(t *testing.T) {
 	for name, db := range databases(t) {
 		t.Run(name, func(t *testing.T) {
-			args := append(db(t), "--require-submit-token", "none")
-			a := startServe(t, args...)
-			b := a
-			if name != "sqlite" {
-				b = startServe(t, args...)
-			}
+			a, b := twoInstances(t, name, append(db(t), "--require-submit-token", "none"))
 			alice := signUp(t, a, "alice")
 			onB := &client{t: t, base: b, token: alice.token}
 			alice.expect(alice.do("POST", "/api/v1/deposits", "dep-1", `{"amount":"50.00"}`), 201, "")
@@ -41,4 +36,15 @@ func TestSignOutSeenAtOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// twoInstances starts the service twice on the database of args and returns both addresses;
+// on the embedded default (named "sqlite"), whose file one process owns, once, both the same.
+func twoInstances(t *testing.T, name string, args []string) (a, b string) {
+	t.Helper()
+	a = startServe(t, args...)
+	if name == "sqlite" {
+		return a, a
+	}
+	return a, startServe(t, args...)
 }

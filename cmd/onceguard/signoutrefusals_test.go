@@ -10,12 +10,7 @@ import "testing"
 func TestSignOutSeenBeforeTheDebit(t *testing.T) {
 	for name, db := range databases(t) {
 		t.Run(name, func(t *testing.T) {
-			args := db(t)
-			a := startServe(t, args...)
-			b := a
-			if name != "sqlite" {
-				b = startServe(t, args...)
-			}
+			a, b := twoInstances(t, name, db(t))
 			alice := signUp(t, a, "alice")
 			onB := &client{t: t, base: b, token: alice.token}
 			alice.expect(alice.do("POST", "/api/v1/deposits", "dep-1", `{"amount":"50.00"}`), 201, "")
