@@ -12,10 +12,13 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/onceguard/onceguard/internal/sqldb"
 	"github.com/onceguard/onceguard/sqldialect"
@@ -106,8 +109,14 @@ func Migrate(ctx context.Context, db *sql.DB, d sqldialect.Dialect) error {
 	if err != nil {
 		return fmt.Errorf("sqlstore: migrate: lock: %w", err)
 	}
-	defer unlock()
-	return apply(ctx, conn, d, ms)
+	if err := apply(ctx, conn, d, ms); err != nil {
+		_ = unlock(false) // SQLite: roll back what the failed migration did
+		return err
+	}
+	if err := unlock(true); err != nil {
+		return fmt.Errorf("sqlstore: migrate: %w", err)
+	}
+	return nil
 }
 
 // migrator is a connection or a transaction.
@@ -136,14 +145,41 @@ func apply(ctx context.Context, c migrator, d sqldialect.Dialect, ms []migration
 		applied[v] = true
 	}
 	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("sqlstore: migrate: %w", err)
+	}
+	known := map[int]bool{}
+	for _, m := range ms {
+		known[m.version] = true
+	}
+	var unknown []int
+	for v := range applied {
+		if !known[v] {
+			unknown = append(unknown, v)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Ints(unknown)
+		return fmt.Errorf("sqlstore: migrate: the database has migration %d, which this version (migrations up to %03d) does not know: "+
+			"it was migrated by a newer onceguard; run that version or newer", unknown[len(unknown)-1], ms[len(ms)-1].version)
+	}
 	for _, m := range ms {
 		if applied[m.version] {
 			continue
 		}
+		resumed := true // still in the prefix a crash may have left applied
 		for _, stmt := range m.stmts {
-			if _, err := c.ExecContext(ctx, stmt); err != nil {
+			_, err := c.ExecContext(ctx, stmt)
+			if err != nil && d == sqldialect.MySQL && resumed && alreadyApplied(err) {
+				// MySQL's DDL is not transactional: a migrator that died
+				// between two statements left the first ones applied and
+				// no row. Those are skipped, up to the first that runs.
+				continue
+			}
+			if err != nil {
 				return fmt.Errorf("sqlstore: migration %s: %w", m.name, err)
 			}
+			resumed = false
 		}
 		q := `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`
 		if d == sqldialect.Postgres {
@@ -156,9 +192,20 @@ func apply(ctx context.Context, c migrator, d sqldialect.Dialect, ms []migration
 	return nil
 }
 
+// alreadyApplied reports MySQL's errors for DDL whose effect is there
+// already: table exists (1050), duplicate column (1060), duplicate key
+// name (1061).
+func alreadyApplied(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1050 || me.Number == 1060 || me.Number == 1061)
+}
+
 const migrateLockKey = 0x6f6e6365 // "once"
 
-func lockMigrations(ctx context.Context, conn *sql.Conn, d sqldialect.Dialect) (func(), error) {
+// lockMigrations takes the migration lock on conn; unlock(ok) releases
+// it, on SQLite committing the migrations' transaction if ok and rolling
+// it back if not.
+func lockMigrations(ctx context.Context, conn *sql.Conn, d sqldialect.Dialect) (unlock func(ok bool) error, _ error) {
 	bg := context.WithoutCancel(ctx)
 	switch d {
 	case sqldialect.MySQL:
@@ -169,12 +216,22 @@ func lockMigrations(ctx context.Context, conn *sql.Conn, d sqldialect.Dialect) (
 		if got.Int64 != 1 {
 			return nil, fmt.Errorf("GET_LOCK timed out")
 		}
-		return func() { _, _ = conn.ExecContext(bg, `SELECT RELEASE_LOCK('onceguard_migrate')`) }, nil
+		return func(bool) error {
+			_, _ = conn.ExecContext(bg, `SELECT RELEASE_LOCK('onceguard_migrate')`)
+			return nil
+		}, nil
 	case sqldialect.SQLite:
 		if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
 			return nil, err
 		}
-		return func() { _, _ = conn.ExecContext(bg, `COMMIT`) }, nil
+		return func(ok bool) error {
+			if !ok {
+				_, err := conn.ExecContext(bg, `ROLLBACK`)
+				return err
+			}
+			_, err := conn.ExecContext(bg, `COMMIT`)
+			return err
+		}, nil
 	}
 	return nil, fmt.Errorf("unknown dialect %q", d)
 }
