@@ -90,7 +90,9 @@ ON DUPLICATE KEY UPDATE owner = IF(expires_at <= ? OR owner = ? OR SUBSTRING(own
   INDEX {p}submit_tokens_keep (keep_until)) ENGINE=InnoDB`,
 			`CREATE TABLE IF NOT EXISTS {p}repeat_window (id VARCHAR(255) NOT NULL PRIMARY KEY, owner VARCHAR(255) NOT NULL,
   expires_at BIGINT NOT NULL) ENGINE=InnoDB`,
-			`CREATE UNIQUE INDEX IF NOT EXISTS {p}idempotency_token ON {p}idempotency (token_hash)`,
+			// No IF NOT EXISTS: MySQL 8 has none for CREATE INDEX (MariaDB
+			// has). Migrate takes its "Duplicate key name" (1061) as done.
+			`CREATE UNIQUE INDEX {p}idempotency_token ON {p}idempotency (token_hash)`,
 		}
 	case sqldialect.SQLite:
 		q.insertRecord = `INSERT OR IGNORE INTO {p}idempotency ` + cols

@@ -130,6 +130,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 	for _, stmt := range s.q.create {
 		if err := sqldb.Create(ctx, s.db, stmt); err != nil {
+			if s.dialect == sqldialect.MySQL && strings.Contains(err.Error(), "Error 1061") {
+				continue // the index is there (MySQL's CREATE INDEX has no IF NOT EXISTS)
+			}
 			return wrap("migrate", err)
 		}
 	}

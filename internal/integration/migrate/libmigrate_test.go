@@ -1,0 +1,90 @@
+package migrate_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/dbtest"
+	"github.com/onceguard/onceguard/lock/sqllock"
+	"github.com/onceguard/onceguard/outbox"
+	"github.com/onceguard/onceguard/sqldialect"
+)
+
+// Five processes (five pools) run the libraries' Migrate on a fresh
+// database at once, several rounds.
+func TestLibraryMigrateFivePools(t *testing.T) {
+	for _, d := range []string{"postgres", "mysql", "sqlite"} {
+		t.Run(d, func(t *testing.T) {
+			var open func() *sql.DB
+			var dialect sqldialect.Dialect
+			switch d {
+			case "postgres":
+				dsn := dbtest.FreshPostgres(t, "onceguard_libmigrate_five")
+				open, dialect = func() *sql.DB { return dbtest.OpenPostgres(t, dsn) }, sqldialect.Postgres
+			case "mysql":
+				if os.Getenv("ONCEGUARD_TEST_MYSQL") == "" {
+					t.Skip()
+				}
+				dsn := dbtest.FreshMySQL(t, "onceguard_libmigrate_five")
+				open, dialect = func() *sql.DB {
+					db, err := sql.Open("mysql", dsn)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { db.Close() })
+					return db
+				}, sqldialect.MySQL
+			default:
+				path := t.TempDir() + "/five.db"
+				open, dialect = func() *sql.DB {
+					db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { db.Close() })
+					return db
+				}, sqldialect.SQLite
+			}
+			dbs := make([]*sql.DB, 5)
+			for i := range dbs {
+				dbs[i] = open()
+			}
+			for round := range 5 {
+				prefix := fmt.Sprintf("r%d_", round)
+				errs := make(chan error, 3*len(dbs))
+				for _, db := range dbs {
+					go func() {
+						s, err := sqlstore.New(db, dialect, &sqlstore.Options{Prefix: prefix})
+						if err == nil {
+							err = s.Migrate(context.Background())
+						}
+						errs <- err
+					}()
+					go func() {
+						b, err := sqllock.New(db, dialect, &sqllock.Options{Table: prefix + "locks"})
+						if err == nil {
+							err = b.Migrate(context.Background())
+						}
+						errs <- err
+					}()
+					go func() {
+						o, err := outbox.New(db, dialect, &outbox.Options{Table: prefix + "outbox"})
+						if err == nil {
+							err = o.Migrate(context.Background())
+						}
+						errs <- err
+					}()
+				}
+				for range 3 * len(dbs) {
+					if err := <-errs; err != nil {
+						t.Errorf("round %d: Migrate = %v", round, err)
+					}
+				}
+			}
+		})
+	}
+}
