@@ -299,7 +299,8 @@ func (o *Outbox) claim(ctx context.Context, token string, now, leaseEnd time.Tim
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
 	defer rows.Close()
-	var out []claimed
+	var out, bad []claimed
+	var badErr error
 	for rows.Next() {
 		var c claimed
 		var headers []byte
@@ -310,7 +311,11 @@ func (o *Outbox) claim(ctx context.Context, token string, now, leaseEnd time.Tim
 		c.m.CreatedAt = time.UnixMicro(created)
 		if len(headers) > 0 {
 			if err := json.Unmarshal(headers, &c.m.Headers); err != nil {
-				return nil, fmt.Errorf("outbox: claim %s: headers: %w", c.m.ID, err)
+				// One row that cannot be read must not hold up the
+				// others: it is put back after the lease, with its error.
+				bad = append(bad, c)
+				badErr = errors.Join(badErr, fmt.Errorf("outbox: claim %s: headers: %w: %w", c.m.ID, errBadRow, err))
+				continue
 			}
 		}
 		out = append(out, c)
@@ -318,10 +323,20 @@ func (o *Outbox) claim(ctx context.Context, token string, now, leaseEnd time.Tim
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
+	rows.Close()
+	for _, c := range bad {
+		if err := o.markRetry(ctx, c, token, leaseEnd, "headers: not decodable"); err != nil {
+			badErr = errors.Join(badErr, fmt.Errorf("outbox: put %s back: %w", c.m.ID, err))
+		}
+	}
 	// Oldest first; RETURNING does not promise an order.
 	sortClaimed(out)
-	return out, nil
+	return out, badErr
 }
+
+// errBadRow marks claim's error for rows it could not read and put back:
+// the others it returns are claimed and to be published.
+var errBadRow = errors.New("row not readable")
 
 type claimed struct {
 	seq int64

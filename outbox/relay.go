@@ -169,8 +169,11 @@ func (r *Relay) batch(ctx context.Context) (claimed, published int, err error) {
 	token := newToken()
 	start := time.Now()
 	rows, err := r.o.claim(ctx, token, start, start.Add(r.opts.Lease), r.opts.Batch)
-	if err != nil {
+	if err != nil && !errors.Is(err, errBadRow) {
 		return 0, 0, err
+	}
+	if err != nil {
+		r.fail(err) // the rows it could not read are put back; the rest go on
 	}
 	// Publishing stops when less than one PublishTimeout is left of the
 	// lease: what is left goes back, due at once, for the next claim.
