@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,7 +64,7 @@ func openDB(c serveConfig) (*sql.DB, sqldialect.Dialect, string, error) {
 			"innodb_lock_wait_timeout": secs,
 		}), sqldialect.MySQL
 	default:
-		return nil, 0, "", fmt.Errorf("--db %q: want sqlite:///path, postgres://... or mysql://...", u)
+		return nil, 0, "", fmt.Errorf("--db %q: want sqlite:///path, postgres://... or mysql://...", redactURL(u))
 	}
 	var (
 		db  *sql.DB
@@ -265,13 +266,24 @@ func (c idleBound) Connect(ctx context.Context) (driver.Conn, error) {
 	return conn, nil
 }
 
-// redactURL hides a password in a database URL before it is logged.
+// passwordParam is a password given as a parameter (pgx takes password
+// and sslpassword in a URL's query, libpq's key/value form too).
+var passwordParam = regexp.MustCompile(`(?i)((?:^|[?&\s])(?:ssl)?password=)('[^']*'|[^&\s]*)`)
+
+// redactURL hides a password in a database URL (or DSN) before it is
+// logged: the user info's (with or without a scheme, as in
+// go-sql-driver's user:pass@tcp(host)/db) and a password parameter's.
 func redactURL(u string) string {
+	u = passwordParam.ReplaceAllString(u, "${1}***")
 	if at := strings.LastIndex(u, "@"); at > 0 {
-		if i := strings.Index(u, "://"); i >= 0 && i+3 < at {
-			cred := u[i+3 : at]
+		start := 0
+		if i := strings.Index(u, "://"); i >= 0 {
+			start = i + 3
+		}
+		if start < at {
+			cred := u[start:at]
 			if c := strings.Index(cred, ":"); c >= 0 {
-				return u[:i+3] + cred[:c] + ":***" + u[at:]
+				return u[:start] + cred[:c] + ":***" + u[at:]
 			}
 		}
 	}
