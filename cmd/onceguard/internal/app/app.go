@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math"
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
@@ -67,6 +68,9 @@ type Service struct {
 	log       *slog.Logger
 	hashSlots chan struct{} // password hashes running (see hashing)
 	sessions  sessionCache  // session token hash -> user (SessionPrincipal)
+
+	pendingMu    sync.Mutex
+	pendingAfter map[Kind]PendingCursor // where the reconciler's next pass reads on, by kind
 }
 
 // New returns a Service on cfg, its zero fields set to their defaults.

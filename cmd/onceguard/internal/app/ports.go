@@ -47,8 +47,9 @@ type Store interface {
 	Settle(ctx context.Context, kind Kind, id string, outcome Status, at time.Time, rec *Record, event string) (moved bool, status Status, err error)
 	// FindMovement returns the deposit or withdrawal with id, whoever's it is; ErrNotFound.
 	FindMovement(ctx context.Context, id string) (Movement, error)
-	// Pending returns up to limit pending movements of kind, oldest first.
-	Pending(ctx context.Context, kind Kind, limit int) ([]Movement, error)
+	// PendingAfter returns up to limit pending movements of kind, oldest first, starting
+	// after the one at after (the zero PendingCursor: from the oldest).
+	PendingAfter(ctx context.Context, kind Kind, after PendingCursor, limit int) ([]Movement, error)
 	// PendingCount counts every pending movement.
 	PendingCount(ctx context.Context) (int, error)
 	// Movements returns a user's movements of kind, newest first.

@@ -10,6 +10,13 @@ import (
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/money"
 )
 
+// PendingCursor is a place in the backlog's order (created_at, then id); the zero value is
+// its start.
+type PendingCursor struct {
+	CreatedAt time.Time
+	ID        string
+}
+
 // ReconcileResult counts what one reconciliation pass did.
 type ReconcileResult struct {
 	Checked, Succeeded, Failed, StillPending int
@@ -31,7 +38,9 @@ type Settlement struct {
 // asking the provider under the same key, the movement's id: found, it settles as the provider
 // says; not found (the call never reached it), it sends it again under that key; still unknown,
 // it stays pending. Never a new key: that could pay twice. It looks at up to limit movements
-// of each kind; a settlement that fails leaves its movement pending (StillPending), the pass
+// of each kind, going on where the last pass stopped and starting over from the oldest once it
+// reached the newest, so that movements which stay pending at the provider cannot hide the
+// ones behind them pass after pass; a settlement that fails leaves its movement pending (StillPending), the pass
 // goes on, and the first such error is returned with the result.
 func (s *Service) Reconcile(ctx context.Context, limit int) (ReconcileResult, error) {
 	var (
@@ -39,10 +48,24 @@ func (s *Service) Reconcile(ctx context.Context, limit int) (ReconcileResult, er
 		firstErr error
 	)
 	for _, kind := range []Kind{Deposit, Withdrawal} {
-		pending, err := s.cfg.Store.Pending(ctx, kind, limit)
+		s.pendingMu.Lock()
+		after := s.pendingAfter[kind]
+		s.pendingMu.Unlock()
+		pending, err := s.cfg.Store.PendingAfter(ctx, kind, after, limit)
 		if err != nil {
 			return res, err
 		}
+		next := PendingCursor{} // the newest reached: the next pass starts over
+		if len(pending) >= limit {
+			last := pending[len(pending)-1]
+			next = PendingCursor{CreatedAt: last.CreatedAt, ID: last.ID}
+		}
+		s.pendingMu.Lock()
+		if s.pendingAfter == nil {
+			s.pendingAfter = map[Kind]PendingCursor{}
+		}
+		s.pendingAfter[kind] = next
+		s.pendingMu.Unlock()
 		for _, m := range pending {
 			res.Checked++
 			st, err := s.cfg.Provider.Lookup(ctx, m.ID)

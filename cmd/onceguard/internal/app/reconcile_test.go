@@ -164,8 +164,9 @@ func TestReconcilerPass(t *testing.T) {
 		t.Errorf("audit lines %v; want none (nothing settled)", a)
 	}
 
-	// The provider answers: each pass settles up to 2 of each kind; every
-	// settlement has its audit line.
+	// The provider answers: each pass settles up to 2 of each kind, going on
+	// where the last pass stopped (after d1) and starting over from the
+	// oldest once it reached the newest; every settlement has its audit line.
 	sim := &psp.Sim{}
 	for i, id := range []string{"d0", "d1", "d2"} { // charged; their answers were lost
 		if _, err := sim.Do(ctx, psp.Charge, id, money.Amount(100*(i+1))); err != nil {
@@ -175,15 +176,14 @@ func TestReconcilerPass(t *testing.T) {
 	sim.Inject(psp.Decline)
 	prov.Provider = sim
 	res, err = rc.Pass(ctx)
-	if err != nil || res.Succeeded != 2 || res.Failed != 1 || res.StillPending != 0 {
-		t.Fatalf("Pass = %+v, %v; want d0, d1 succeeded, w0 failed (declined)", res, err)
+	if err != nil || res.Succeeded != 1 || res.Failed != 1 || res.StillPending != 0 {
+		t.Fatalf("Pass = %+v, %v; want d2 succeeded, w0 failed (declined)", res, err)
 	}
-	if g := gauge(); g != 1 {
-		t.Errorf("reconciler_pending = %v; want 1 (d2)", g)
+	if g := gauge(); g != 2 {
+		t.Errorf("reconciler_pending = %v; want 2 (d0, d1)", g)
 	}
 	want := map[string]string{
-		"d0": "deposit u1 1.00 CNY " + obs.Hash("key-d0") + " succeeded reconciler",
-		"d1": "deposit u1 2.00 CNY " + obs.Hash("key-d1") + " succeeded reconciler",
+		"d2": "deposit u1 3.00 CNY " + obs.Hash("key-d2") + " succeeded reconciler",
 		"w0": "withdrawal u1 4.00 CNY " + obs.Hash("key-w0") + " failed reconciler",
 	}
 	checkAudits := func(want map[string]string) {
@@ -198,10 +198,13 @@ func TestReconcilerPass(t *testing.T) {
 	}
 	checkAudits(want)
 	res, err = rc.Pass(ctx)
-	if err != nil || res.Succeeded != 1 || len(res.Settled) != 1 {
-		t.Fatalf("third Pass = %+v, %v; want d2 settled", res, err)
+	if err != nil || res.Succeeded != 2 || len(res.Settled) != 2 {
+		t.Fatalf("third Pass = %+v, %v; want d0, d1 settled", res, err)
 	}
-	checkAudits(map[string]string{"d2": "deposit u1 3.00 CNY " + obs.Hash("key-d2") + " succeeded reconciler"})
+	checkAudits(map[string]string{
+		"d0": "deposit u1 1.00 CNY " + obs.Hash("key-d0") + " succeeded reconciler",
+		"d1": "deposit u1 2.00 CNY " + obs.Hash("key-d1") + " succeeded reconciler",
+	})
 	if g := gauge(); g != 0 {
 		t.Errorf("reconciler_pending = %v; want 0", g)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/onceguard/onceguard/cmd/onceguard/internal/app"
@@ -24,13 +25,22 @@ func (s *Store) Balance(ctx context.Context, userID string) (balance, ledgerSum 
 
 // Pending returns up to limit movements of kind still pending, oldest
 // first: the reconciler's backlog.
-func (s *Store) Pending(ctx context.Context, kind app.Kind, limit int) (out []app.Movement, err error) {
+func (s *Store) Pending(ctx context.Context, kind app.Kind, limit int) ([]app.Movement, error) {
+	return s.PendingAfter(ctx, kind, app.PendingCursor{}, limit)
+}
+
+// PendingAfter is Pending starting after the movement at after (the zero cursor: the oldest).
+func (s *Store) PendingAfter(ctx context.Context, kind app.Kind, after app.PendingCursor, limit int) (out []app.Movement, err error) {
 	defer s.timed("pending", time.Now(), &err)
 	t, err := table(kind)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.db.QueryContext(ctx, s.q(pendingQuery(s.d, t)), limit)
+	q, args := pendingQuery(s.d, t), []any{limit}
+	if after != (app.PendingCursor{}) {
+		q, args = pendingAfterQuery(s.d, t), []any{us(after.CreatedAt), us(after.CreatedAt), after.ID, limit}
+	}
+	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -58,6 +68,16 @@ func pendingQuery(d sqldialect.Dialect, table string) string {
 	}
 	return `SELECT id, user_id, idempotency_key, amount, status, created_at FROM ` + table +
 		` WHERE status = 'pending' ORDER BY created_at, id LIMIT ?`
+}
+
+// pendingAfterQuery is pendingQuery from after a cursor: created_at ?, then id ?, come first.
+func pendingAfterQuery(d sqldialect.Dialect, table string) string {
+	col := ``
+	if d == sqldialect.Postgres {
+		col = `p.`
+	}
+	return strings.Replace(pendingQuery(d, table), ` ORDER BY`,
+		` AND (`+col+`created_at > ? OR (`+col+`created_at = ? AND `+col+`id > ?)) ORDER BY`, 1)
 }
 
 // kindOf is the backlog's kind of a movement table's rows.
