@@ -145,6 +145,37 @@ func FreshMySQL(t testing.TB, name string) string {
 	return dsn[:slash+1] + name + rest
 }
 
+// FreshPools creates a fresh database of kind ("postgres" or "mysql", as
+// FreshPostgres and FreshMySQL, skipping without their variable, or
+// "sqlite", a file in t's temp dir) for name, and opens n pools on it, as
+// n processes would.
+func FreshPools(t testing.TB, kind, name string, n int) []*sql.DB {
+	t.Helper()
+	var openOne func() *sql.DB
+	switch kind {
+	case "postgres":
+		dsn := FreshPostgres(t, name)
+		openOne = func() *sql.DB { return open(t, "pgx", dsn, dsn) }
+	case "mysql":
+		dsn := FreshMySQL(t, name)
+		openOne = func() *sql.DB { return open(t, "mysql", dsn, name) }
+	case "sqlite":
+		path := filepath.Join(t.TempDir(), name+".db")
+		openOne = func() *sql.DB {
+			return OpenSQLite(t, func(string) string {
+				return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
+			})
+		}
+	default:
+		t.Fatalf("dbtest: no database kind %q", kind)
+	}
+	dbs := make([]*sql.DB, n)
+	for i := range dbs {
+		dbs[i] = openOne()
+	}
+	return dbs
+}
+
 // processName is name with this process's id, within the 63 bytes a
 // PostgreSQL or MySQL database name may have.
 func processName(name string) string {

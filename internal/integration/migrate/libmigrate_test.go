@@ -2,9 +2,7 @@ package migrate_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"os"
 	"testing"
 
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
@@ -19,40 +17,8 @@ import (
 func TestLibraryMigrateFivePools(t *testing.T) {
 	for _, d := range []string{"postgres", "mysql", "sqlite"} {
 		t.Run(d, func(t *testing.T) {
-			var open func() *sql.DB
-			var dialect sqldialect.Dialect
-			switch d {
-			case "postgres":
-				dsn := dbtest.FreshPostgres(t, "onceguard_libmigrate_five")
-				open, dialect = func() *sql.DB { return dbtest.OpenPostgres(t, dsn) }, sqldialect.Postgres
-			case "mysql":
-				if os.Getenv("ONCEGUARD_TEST_MYSQL") == "" {
-					t.Skip()
-				}
-				dsn := dbtest.FreshMySQL(t, "onceguard_libmigrate_five")
-				open, dialect = func() *sql.DB {
-					db, err := sql.Open("mysql", dsn)
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { db.Close() })
-					return db
-				}, sqldialect.MySQL
-			default:
-				path := t.TempDir() + "/five.db"
-				open, dialect = func() *sql.DB {
-					db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { db.Close() })
-					return db
-				}, sqldialect.SQLite
-			}
-			dbs := make([]*sql.DB, 5)
-			for i := range dbs {
-				dbs[i] = open()
-			}
+			dialect := map[string]sqldialect.Dialect{"postgres": sqldialect.Postgres, "mysql": sqldialect.MySQL, "sqlite": sqldialect.SQLite}[d]
+			dbs := dbtest.FreshPools(t, d, "onceguard_libmigrate_five", 5)
 			for round := range 5 {
 				prefix := fmt.Sprintf("r%d_", round)
 				errs := make(chan error, 3*len(dbs))

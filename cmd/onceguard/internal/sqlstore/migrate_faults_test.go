@@ -2,7 +2,6 @@ package sqlstore_test
 
 import (
 	"context"
-	"database/sql"
 	"strings"
 	"testing"
 
@@ -40,7 +39,7 @@ func TestMigrateSQLiteFailureLeavesNothing(t *testing.T) {
 // must finish the migration rather than fail on what is already there.
 func TestMigrateMySQLResumesHalfAppliedMigration(t *testing.T) {
 	ctx := context.Background()
-	db := openMySQL(t, dbtest.FreshMySQL(t, "onceguard_migrate_half"))
+	db := dbtest.FreshPools(t, "mysql", "onceguard_migrate_half", 1)[0]
 	for _, tc := range []struct {
 		name    string
 		version int
@@ -97,12 +96,7 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 	ctx := context.Background()
 	for _, d := range databases[:3] {
 		t.Run(d.name, func(t *testing.T) {
-			var db = d.open(t)
-			if d.dialect == sqldialect.Postgres {
-				db = dbtest.OpenPostgres(t, dbtest.FreshPostgres(t, "onceguard_migrate_newer"))
-			} else if d.dialect == sqldialect.MySQL {
-				db = openMySQL(t, dbtest.FreshMySQL(t, "onceguard_migrate_newer"))
-			}
+			db := dbtest.FreshPools(t, d.name, "onceguard_migrate_newer", 1)[0] // a database of its own
 			if err := sqlstore.Migrate(ctx, db, d.dialect); err != nil {
 				t.Fatal(err)
 			}
@@ -117,44 +111,12 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 	}
 }
 
-func openMySQL(t *testing.T, dsn string) *sql.DB {
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(8)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
-
 // Five processes (five pools) migrate one fresh database at once.
 func TestMigrateFivePools(t *testing.T) {
 	for _, d := range []string{"postgres", "mysql", "sqlite"} {
 		t.Run(d, func(t *testing.T) {
-			var open func() *sql.DB
-			var dialect sqldialect.Dialect
-			switch d {
-			case "postgres":
-				dsn := dbtest.FreshPostgres(t, "onceguard_migrate_five")
-				open, dialect = func() *sql.DB { return dbtest.OpenPostgres(t, dsn) }, sqldialect.Postgres
-			case "mysql":
-				dsn := dbtest.FreshMySQL(t, "onceguard_migrate_five")
-				open, dialect = func() *sql.DB { return openMySQL(t, dsn) }, sqldialect.MySQL
-			default:
-				path := t.TempDir() + "/five.db"
-				open, dialect = func() *sql.DB {
-					db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { db.Close() })
-					return db
-				}, sqldialect.SQLite
-			}
-			dbs := make([]*sql.DB, 5)
-			for i := range dbs {
-				dbs[i] = open()
-			}
+			dialect := map[string]sqldialect.Dialect{"postgres": sqldialect.Postgres, "mysql": sqldialect.MySQL, "sqlite": sqldialect.SQLite}[d]
+			dbs := dbtest.FreshPools(t, d, "onceguard_migrate_five", 5)
 			errs := make(chan error, len(dbs))
 			for _, db := range dbs {
 				go func() { errs <- sqlstore.Migrate(context.Background(), db, dialect) }()
