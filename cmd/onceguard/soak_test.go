@@ -179,10 +179,11 @@ func openFDs() int {
 }
 
 // soakAddr is the n-th client address: IPv4 10.0.0.1 onwards, every
-// fourth one IPv6.
+// fourth one IPv6, each in a /64 of its own (the limits count an IPv6
+// client as its /64).
 func soakAddr(n uint64) string {
 	if n%4 == 0 {
-		return fmt.Sprintf("fd00::%x:%x", n>>16&0xffff, n&0xffff)
+		return fmt.Sprintf("fd00:%x:%x::1", n>>16&0xffff, n&0xffff)
 	}
 	return fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255)
 }
