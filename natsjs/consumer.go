@@ -48,6 +48,9 @@ type Inbox struct {
 	// Backoff is the delay of a nak, for a message whose handler failed or
 	// that another delivery holds, given how often it was delivered (1 for
 	// the first delivery). Default: 100ms doubled each time, at most 30s.
+	// A message another delivery holds is nak'ed for at least Lease, so
+	// that its redelivery comes once the holder has committed or its
+	// lease has run out, and does not spend the consumer's MaxDeliver.
 	Backoff func(delivered uint64) time.Duration
 	// OnError, if set, is told what Consume could not process (msg is nil
 	// for an error fetching messages); Process returns it instead.
@@ -85,7 +88,8 @@ func MsgID(msg jetstream.Msg) (string, error) {
 // the commit (ran is true). A message processed before is acked without
 // running h (ran false, err nil). If h fails, the transaction rolls back
 // and msg is nak'ed with Backoff's delay for a redelivery, as it is when
-// another delivery holds it now (idempotency.ErrInProgress); the error is
+// another delivery holds it now (idempotency.ErrInProgress), then for at
+// least Lease; the error is
 // returned. A message without an id (ErrNoID) is terminated: no
 // redelivery could process it once. An error acking a processed message
 // is returned too; its redelivery will be acked without running h.
@@ -115,13 +119,31 @@ func (in *Inbox) Process(ctx context.Context, msg jetstream.Msg, h Handler) (ran
 		if md, mdErr := msg.Metadata(); mdErr == nil {
 			delivered = md.NumDelivered
 		}
-		_ = msg.NakWithDelay(in.backoff(delivered))
+		delay := in.backoff(delivered)
+		if errors.Is(err, idempotency.ErrInProgress) {
+			// Another delivery holds the message until its lease ends: it
+			// commits (and acks) before then, or it died and the message
+			// may be taken over after. A redelivery sooner finds it held
+			// again, and each such nak spends one of the consumer's
+			// MaxDeliver: at 100 ms, 200 ms, 400 ms... a message whose
+			// holder died would be dropped before its lease ran out.
+			delay = max(delay, in.lease())
+		}
+		_ = msg.NakWithDelay(delay)
 		return false, fmt.Errorf("natsjs: message %s: %w", id, err)
 	}
 	if err := msg.Ack(); err != nil {
 		return ran, fmt.Errorf("natsjs: message %s processed, its ack failed: %w", id, err)
 	}
 	return ran, nil
+}
+
+// lease is Lease, or Do's default.
+func (in *Inbox) lease() time.Duration {
+	if in.Lease > 0 {
+		return in.Lease
+	}
+	return idempotency.DefaultLease
 }
 
 func (in *Inbox) backoff(delivered uint64) time.Duration {

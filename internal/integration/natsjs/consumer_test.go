@@ -22,6 +22,7 @@ import (
 	_ "modernc.org/sqlite" // driver "sqlite"
 
 	"github.com/onceguard/onceguard/idempotency/sqlstore"
+	"github.com/onceguard/onceguard/internal/dbtest"
 	"github.com/onceguard/onceguard/natsjs"
 	"github.com/onceguard/onceguard/sqldialect"
 )
@@ -31,7 +32,9 @@ type database struct {
 	name    string
 	dialect sqldialect.Dialect
 	// dsn returns the driver name and DSN of a database for t (SQLite: a
-	// new file; PostgreSQL: ONCEGUARD_TEST_POSTGRES, or a skip).
+	// new file; PostgreSQL: ONCEGUARD_TEST_POSTGRES, or a skip; MySQL: a
+	// fresh database on ONCEGUARD_TEST_MYSQL's server, or a skip). Call it
+	// once per test: MySQL's re-creates its database.
 	dsn func(t *testing.T) (driver, dsn string)
 }
 
@@ -45,6 +48,9 @@ var databases = []database{
 			t.Skip("ONCEGUARD_TEST_POSTGRES not set; skipping")
 		}
 		return "pgx", dsn
+	}},
+	{"mysql", sqldialect.MySQL, func(t *testing.T) (string, string) {
+		return "mysql", dbtest.FreshMySQL(t, "natsjs_inbox") // a skip without ONCEGUARD_TEST_MYSQL
 	}},
 }
 
