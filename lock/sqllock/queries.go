@@ -16,7 +16,9 @@ import (
 //	release: client now µs, key, owner
 //	refresh: client now µs, ttl µs, key, owner
 //	holder:  client now µs, key -> owner (NULL when free), live
-//	cleanup: client now µs, retention µs
+//	cleanup: client now µs, retention µs (a row goes once both its expiry
+//	         and its fence are older than that: a fence ahead of the clock,
+//	         after the clock stepped back, is kept until the clock passes it)
 type queries struct {
 	create, release, refresh, holder, cleanup string
 	acquire                                   func(ctx context.Context, db *sql.DB, key []byte, owner string, ttl, now int64) (fence int64, won bool, err error)
@@ -64,20 +66,37 @@ RETURNING l.fence`, t, now)
 		release: sub(`UPDATE {t} SET owner = NULL WHERE $1::bigint IS NOT NULL AND name = $2 AND owner = $3 AND expires_at > {now}`, t, now),
 		refresh: sub(`UPDATE {t} SET expires_at = {now} + $2 WHERE $1::bigint IS NOT NULL AND name = $3 AND owner = $4 AND expires_at > {now}`, t, now),
 		holder:  sub(`SELECT owner, expires_at > {now} FROM {t} WHERE $1::bigint IS NOT NULL AND name = $2`, t, now),
-		cleanup: sub(`DELETE FROM {t} WHERE expires_at < {now} - $2 AND $1::bigint IS NOT NULL`, t, now),
+		cleanup: sub(`DELETE FROM {t} WHERE expires_at < {now} - $2 AND fence < {now} - $2 AND $1::bigint IS NOT NULL`, t, now),
 	}
 }
 
 // returning runs an upsert that returns the fence only when it took the row.
+//
+// On a PostgreSQL whose default isolation is REPEATABLE READ or
+// SERIALIZABLE (default_transaction_isolation), the upsert fails with a
+// serialization failure (SQLSTATE 40001) when another statement changed
+// the row since its snapshot: contention, not an outage. It runs again on
+// a new snapshot, and if the row keeps changing the lock is reported held.
 func returning(q string) func(context.Context, *sql.DB, []byte, string, int64, int64) (int64, bool, error) {
 	return func(ctx context.Context, db *sql.DB, key []byte, owner string, ttl, now int64) (int64, bool, error) {
-		var fence int64
-		err := db.QueryRowContext(ctx, q, key, owner, ttl, now).Scan(&fence)
-		if err == sql.ErrNoRows {
-			return 0, false, nil
+		for range 3 {
+			var fence int64
+			err := db.QueryRowContext(ctx, q, key, owner, ttl, now).Scan(&fence)
+			if err == sql.ErrNoRows {
+				return 0, false, nil
+			}
+			if err != nil && serializationFailure(err) && ctx.Err() == nil {
+				continue
+			}
+			return fence, err == nil, err
 		}
-		return fence, err == nil, err
+		return 0, false, nil
 	}
+}
+
+// serializationFailure reports SQLSTATE 40001 (pgx, lib/pq).
+func serializationFailure(err error) bool {
+	return strings.Contains(err.Error(), "could not serialize access")
 }
 
 func sqlite(t string) queries {
@@ -99,7 +118,7 @@ RETURNING fence`, t, "")
 		release: sub(`UPDATE {t} SET owner = NULL WHERE name = ?2 AND owner = ?3 AND expires_at > ?1`, t, ""),
 		refresh: sub(`UPDATE {t} SET expires_at = ?1 + ?2 WHERE name = ?3 AND owner = ?4 AND expires_at > ?1`, t, ""),
 		holder:  sub(`SELECT owner, expires_at > ?1 FROM {t} WHERE name = ?2`, t, ""),
-		cleanup: sub(`DELETE FROM {t} WHERE expires_at < ?1 - ?2`, t, ""),
+		cleanup: sub(`DELETE FROM {t} WHERE expires_at < ?1 - ?2 AND fence < ?1 - ?2`, t, ""),
 	}
 }
 
@@ -153,6 +172,6 @@ WHERE name = ? AND (owner IS NULL OR expires_at <= {now})`, t, now)
 		release: sub(`UPDATE {t} SET owner = NULL WHERE ? IS NOT NULL AND name = ? AND owner = ? AND expires_at > {now}`, t, now),
 		refresh: sub(`UPDATE {t} SET expires_at = IF(? IS NULL, 0, {now} + ?) WHERE name = ? AND owner = ? AND expires_at > {now}`, t, now),
 		holder:  sub(`SELECT owner, expires_at > {now} FROM {t} WHERE ? IS NOT NULL AND name = ?`, t, now),
-		cleanup: sub(`DELETE FROM {t} WHERE ? IS NOT NULL AND expires_at < {now} - ?`, t, now),
+		cleanup: sub(`DELETE FROM {t} WHERE ? IS NOT NULL AND GREATEST(expires_at, fence) < {now} - ?`, t, now),
 	}
 }

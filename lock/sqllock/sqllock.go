@@ -183,6 +183,10 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 	fence, won, err := b.q.acquire(ctx, b.db, []byte(r.Key), r.Owner, ttl, b.now())
 	done()
 	if err != nil {
+		if ctx.Err() != nil || unavailable(err) {
+			// The answer may be lost with the lock taken: give it back.
+			b.giveBack(ctx, r.Key, r.Owner)
+		}
 		return lock.Grant{}, wrap("acquire", r.Key, err)
 	}
 	if b.acquires.Add(1)%cleanupEvery == 0 {
@@ -192,6 +196,21 @@ func (b *Backend) Acquire(ctx context.Context, r lock.Request) (lock.Grant, erro
 		return lock.Grant{}, fmt.Errorf("sqllock: acquire %q: %w", r.Key, lock.ErrNotAcquired)
 	}
 	return lock.Grant{Fence: fence}, nil
+}
+
+// giveBackTimeout bounds the release that gives back a lock an acquire
+// whose answer was lost may have taken.
+const giveBackTimeout = 3 * time.Second
+
+// giveBack releases the lock an acquire whose answer was lost (its
+// connection broke, or its context ended, after the statement was sent)
+// may have taken for owner, so that it is not left held for its TTL with
+// nobody holding it. The release compares the owner: it never frees
+// another holder's lock.
+func (b *Backend) giveBack(ctx context.Context, key, owner string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+	defer cancel()
+	_ = b.Release(rctx, key, owner)
 }
 
 // cleanupEvery is how many acquires pass between two cleanups.
@@ -217,7 +236,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 		return wrap("release", key, err)
 	}
 	defer done()
-	res, err := b.db.ExecContext(ctx, b.q.release, b.now(), []byte(key), owner)
+	res, err := b.exec(ctx, b.q.release, b.now(), []byte(key), owner)
 	return b.changed(ctx, "release", key, owner, res, err)
 }
 
@@ -231,8 +250,21 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 		return wrap("refresh", key, err)
 	}
 	defer done()
-	res, err := b.db.ExecContext(ctx, b.q.refresh, b.now(), ttl.Microseconds(), []byte(key), owner)
+	res, err := b.exec(ctx, b.q.refresh, b.now(), ttl.Microseconds(), []byte(key), owner)
 	return b.changed(ctx, "refresh", key, owner, res, err)
+}
+
+// exec runs a release or refresh, again on a serialization failure (a
+// PostgreSQL whose default isolation is SERIALIZABLE or REPEATABLE READ
+// refuses a statement that raced another: it changed nothing, and the
+// conditional UPDATE is safe to run again).
+func (b *Backend) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	for try := 0; ; try++ {
+		res, err := b.db.ExecContext(ctx, q, args...)
+		if err == nil || try == 2 || !serializationFailure(err) || ctx.Err() != nil {
+			return res, err
+		}
+	}
 }
 
 // changed turns the result of a conditional UPDATE into nil, ErrExpired or
