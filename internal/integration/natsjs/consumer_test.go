@@ -191,6 +191,13 @@ func consume(t testing.TB, a *app, cons jetstream.Consumer, h natsjs.Handler) (s
 	}
 }
 
+// appOn is openApp on d, with a table and a source of its own.
+func appOn(t *testing.T, d database) *app {
+	t.Helper()
+	driver, dsn := d.dsn(t)
+	return openApp(t, d.dialect, driver, dsn, tableFor(t, d), fmt.Sprint("test/", time.Now().UnixNano()))
+}
+
 // tableFor returns a table name for t's effects, dropped when t ends.
 func tableFor(t testing.TB, db database) string {
 	t.Helper()
@@ -215,8 +222,7 @@ func TestInbox(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
 			js := jsFor(t)
-			driver, dsn := d.dsn(t)
-			a := openApp(t, d.dialect, driver, dsn, tableFor(t, d), fmt.Sprint("test/", time.Now().UnixNano()))
+			a := appOn(t, d)
 			stream, name := newStream(t, js)
 			ctx := context.Background()
 			cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "app", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second})
@@ -440,8 +446,7 @@ func (m *stallingMsg) Ack() error {
 func TestInboxNoID(t *testing.T) {
 	js := jsFor(t)
 	d := databases[0]
-	driver, dsn := d.dsn(t)
-	a := openApp(t, d.dialect, driver, dsn, tableFor(t, d), fmt.Sprint("test/", time.Now().UnixNano()))
+	a := appOn(t, d)
 	a.inbox.ID = func(jetstream.Msg) (string, error) { return "", nil }
 	stream, name := newStream(t, js)
 	ctx := context.Background()

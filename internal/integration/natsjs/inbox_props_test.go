@@ -63,8 +63,7 @@ func TestInboxRedeliveredAfterCommit(t *testing.T) {
 		} {
 			t.Run(d.name+"/"+lost.name, func(t *testing.T) {
 				js := jsFor(t)
-				driver, dsn := d.dsn(t)
-				a := openApp(t, d.dialect, driver, dsn, tableFor(t, d), fmt.Sprint("test/", time.Now().UnixNano()))
+				a := appOn(t, d)
 				stream, name := newStream(t, js)
 				ctx := context.Background()
 				cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "app", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second})
@@ -198,8 +197,7 @@ func TestInboxConsumeCancelled(t *testing.T) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
 			js := jsFor(t)
-			driver, dsn := d.dsn(t)
-			a := openApp(t, d.dialect, driver, dsn, tableFor(t, d), fmt.Sprint("test/", time.Now().UnixNano()))
+			a := appOn(t, d)
 			stream, name := newStream(t, js)
 			ctx := context.Background()
 			cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "app", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 2 * time.Second})
@@ -255,8 +253,7 @@ func TestInboxConsumeCancelled(t *testing.T) {
 func TestInboxInProgressKeepsDeliveries(t *testing.T) {
 	d := databases[0] // SQLite: the Inbox's nak delay does not depend on the database
 	js := jsFor(t)
-	driver, dsn := d.dsn(t)
-	a := openApp(t, d.dialect, driver, dsn, tableFor(t, d), fmt.Sprint("test/", time.Now().UnixNano()))
+	a := appOn(t, d)
 	const ackWait, maxDeliver, lease = time.Second, 4, 3 * time.Second // 3 s < 1 s × 4
 	a.inbox.Lease = lease
 	a.inbox.Backoff = nil // the documented default: 100 ms doubling
@@ -346,8 +343,7 @@ func (m *oddMsg) RawData() []byte                  { return nil }
 // caller's, a failing handler naks it (delivery count unknown: 1).
 func TestInboxOddMessage(t *testing.T) {
 	d := databases[0]
-	driver, dsn := d.dsn(t)
-	a := openApp(t, d.dialect, driver, dsn, tableFor(t, d), fmt.Sprint("test/", time.Now().UnixNano()))
+	a := appOn(t, d)
 	a.inbox.ID = nil
 	ctx := context.Background()
 	m := &oddMsg{}
@@ -377,8 +373,7 @@ func TestInboxOddMessage(t *testing.T) {
 func TestInboxRecordsPruned(t *testing.T) {
 	d := databases[0]
 	js := jsFor(t)
-	driver, dsn := d.dsn(t)
-	a := openApp(t, d.dialect, driver, dsn, tableFor(t, d), fmt.Sprint("test/", time.Now().UnixNano()))
+	a := appOn(t, d)
 	store, err := sqlstore.New(a.db, d.dialect, &sqlstore.Options{Prefix: "natsjs_", PruneEvery: 1})
 	if err != nil {
 		t.Fatal(err)
